@@ -1,0 +1,9 @@
+// dibs/dibs.hpp: every part of dibs that needs only Boost headers and fmt.
+// Adapters with a dependency of their own have their own header:
+//   <dibs/sqlite.hpp>   (CMake target dibs::sqlite, links libsqlite3)
+#pragma once
+
+#include <dibs/backoff.hpp>
+#include <dibs/error.hpp>
+#include <dibs/retry.hpp>
+#include <dibs/version.hpp>

@@ -1,0 +1,288 @@
+// dibs/sqlite.hpp: a small RAII SQLite connection that models
+// dibs::transactional, for dibs::transact.
+//
+// CMake target dibs::sqlite (links libsqlite3). The only dibs header that
+// includes <sqlite3.h>.
+//
+//   dibs::sqlite::connection db{"orders.db"};
+//   dibs::transact(policy, db, [&] { db.exec("UPDATE orders SET qty = qty + 1"); });
+//
+// Errors are std::system_error in dibs::sqlite::category(), carrying SQLite's
+// extended result code. SQLITE_BUSY and SQLITE_LOCKED (and their extended
+// variants) are dibs::is_transient; every other code is not. Messages name the
+// database path, the statement, SQLite's own message and a hint.
+#pragma once
+
+#include <sqlite3.h>
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <dibs/error.hpp>
+#include <dibs/retry.hpp>
+
+namespace dibs::sqlite {
+
+namespace detail {
+
+class category_impl final : public std::error_category {
+public:
+  const char* name() const noexcept override { return "sqlite"; }
+  std::string message(int rc) const override { return ::sqlite3_errstr(rc); }
+
+  bool equivalent(int rc, const std::error_condition& cond) const noexcept override {
+    if (cond == make_error_condition(condition::transient)) {
+      const int primary = rc & 0xff;
+      return primary == SQLITE_BUSY || primary == SQLITE_LOCKED;
+    }
+    return default_error_condition(rc) == cond;
+  }
+};
+
+inline const char* hint(int rc) noexcept {
+  switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED: return " (another connection holds the lock; retry the transaction with dibs::transact)";
+    case SQLITE_CANTOPEN: return " (does the directory exist, and may this user write to it?)";
+    case SQLITE_READONLY: return " (is the file, or its directory, read-only for this user?)";
+    case SQLITE_PERM: return " (permission denied)";
+    case SQLITE_NOTADB: return " (is this file a SQLite database?)";
+    case SQLITE_CORRUPT: return " (the database file is damaged)";
+    case SQLITE_FULL: return " (is the disk full?)";
+    case SQLITE_IOERR: return " (an I/O error: check the disk and the filesystem)";
+    default: return "";
+  }
+}
+
+}  // namespace detail
+
+/// Returns: the category of SQLite result codes (a single object per program).
+inline const std::error_category& category() noexcept {
+  static const detail::category_impl c;
+  return c;
+}
+
+inline std::error_code make_error_code(int rc) noexcept { return {rc, category()}; }
+
+/// How a connection is opened.
+struct options {
+  /// SQLite's own busy handler. 0 by default: contention surfaces at once as
+  /// SQLITE_BUSY, and dibs::transact retries the whole transaction with backoff
+  /// and jitter instead of SQLite sleeping inside a statement.
+  std::chrono::milliseconds busy_timeout{0};
+  /// PRAGMA journal_mode set at open ("" leaves the database's own). WAL lets
+  /// readers run while one writer commits.
+  std::string journal_mode = "WAL";
+  /// PRAGMA synchronous ("" leaves the default).
+  std::string synchronous = "NORMAL";
+  bool create = true;      ///< create the file if it does not exist
+  bool read_only = false;  ///< open for reading only
+};
+
+class connection;
+
+/// A prepared statement. Parameters are numbered from 1, columns from 0, as in
+/// SQLite's C API.
+class statement {
+public:
+  statement(connection& db, std::string_view sql);
+  statement(const statement&) = delete;
+  statement& operator=(const statement&) = delete;
+  statement(statement&& o) noexcept : db_(o.db_), stmt_(std::exchange(o.stmt_, nullptr)), sql_(std::move(o.sql_)) {}
+  ~statement() { ::sqlite3_finalize(stmt_); }
+
+  statement& bind(int index, std::int64_t v);
+  statement& bind(int index, double v);
+  statement& bind(int index, std::string_view v);
+  statement& bind(int index, std::nullptr_t);
+  template <std::integral I>
+  statement& bind(int index, I v) {
+    return bind(index, static_cast<std::int64_t>(v));
+  }
+
+  /// Effects: runs the statement to its next row.
+  /// Returns: true if a row is there, false when done.
+  /// Throws: std::system_error naming the statement and the database.
+  bool step();
+
+  /// Effects: makes the statement ready to run again; bindings are kept.
+  void reset() noexcept { ::sqlite3_reset(stmt_); }
+
+  std::int64_t column_int64(int col) const noexcept { return ::sqlite3_column_int64(stmt_, col); }
+  double column_double(int col) const noexcept { return ::sqlite3_column_double(stmt_, col); }
+  bool column_is_null(int col) const noexcept { return ::sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
+  std::string column_text(int col) const {
+    const auto* p = ::sqlite3_column_text(stmt_, col);
+    return p ? std::string(reinterpret_cast<const char*>(p), static_cast<std::size_t>(::sqlite3_column_bytes(stmt_, col)))
+             : std::string{};
+  }
+
+  ::sqlite3_stmt* native_handle() const noexcept { return stmt_; }
+
+private:
+  void check_bind(int rc, int index);
+
+  connection* db_;
+  ::sqlite3_stmt* stmt_ = nullptr;
+  std::string sql_;
+};
+
+/// One connection to a SQLite database file. Use it from one thread at a time,
+/// and open a new one in a child process after fork() (SQLite forbids carrying
+/// a connection across fork).
+class connection {
+public:
+  /// Effects: opens (or creates) the database and applies `opts`. Setting the
+  /// journal mode needs a moment of exclusive access, so it is retried while
+  /// other processes hold the database.
+  /// Throws: std::system_error naming the path, e.g. for a missing directory,
+  /// a file that is not a database, or a read-only file opened for writing.
+  explicit connection(std::filesystem::path path, const options& opts = {}) : path_(std::move(path)) {
+    int flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE;
+    flags |= opts.read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE;
+    if (opts.create && !opts.read_only) flags |= SQLITE_OPEN_CREATE;
+    const int rc = ::sqlite3_open_v2(path_.c_str(), &db_, flags, nullptr);
+    if (rc != SQLITE_OK) {
+      const std::string msg = db_ ? ::sqlite3_errmsg(db_) : ::sqlite3_errstr(rc);
+      ::sqlite3_close_v2(db_);
+      db_ = nullptr;
+      throw std::system_error(make_error_code(rc), fmt::format("sqlite: cannot open database '{}': {}{}",
+                                                               path_.string(), msg, detail::hint(rc)));
+    }
+    try {
+      ::sqlite3_extended_result_codes(db_, 1);
+      ::sqlite3_busy_timeout(db_, static_cast<int>(opts.busy_timeout.count()));
+      if (!opts.read_only && ::sqlite3_db_readonly(db_, "main") == 1)
+        throw std::system_error(make_error_code(SQLITE_READONLY),
+                                fmt::format("sqlite: database '{}' can only be opened read-only{}", path_.string(),
+                                            detail::hint(SQLITE_READONLY)));
+      // Touch the file now, so that a file that is not a database is reported
+      // here, by name, and not by the first statement of some transaction.
+      const auto setup = retry_policy{}.deadline(std::chrono::seconds{30}).unlimited_attempts();
+      retry(setup, [&] { exec("SELECT count(*) FROM sqlite_schema"); });
+      if (!opts.journal_mode.empty() && !opts.read_only)
+        retry(setup, [&] { exec(fmt::format("PRAGMA journal_mode={}", opts.journal_mode)); });
+      if (!opts.synchronous.empty()) exec(fmt::format("PRAGMA synchronous={}", opts.synchronous));
+    } catch (...) {
+      ::sqlite3_close_v2(db_);
+      db_ = nullptr;
+      throw;
+    }
+  }
+
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
+  connection(connection&& o) noexcept : path_(std::move(o.path_)), db_(std::exchange(o.db_, nullptr)) {}
+  connection& operator=(connection&& o) noexcept {
+    if (this != &o) {
+      ::sqlite3_close_v2(db_);
+      path_ = std::move(o.path_);
+      db_ = std::exchange(o.db_, nullptr);
+    }
+    return *this;
+  }
+  /// Effects: closes the connection; an open transaction is rolled back by SQLite.
+  ~connection() { ::sqlite3_close_v2(db_); }
+
+  /// Effects: runs one or more statements that return no rows of interest.
+  /// Throws: std::system_error naming the statement and the database.
+  void exec(std::string_view sql) {
+    const std::string text(sql);
+    char* err = nullptr;
+    const int rc = ::sqlite3_exec(db_, text.c_str(), nullptr, nullptr, &err);
+    if (rc != SQLITE_OK) {
+      const std::string msg = err ? err : ::sqlite3_errmsg(db_);
+      ::sqlite3_free(err);
+      fail(rc, text, msg);
+    }
+  }
+
+  /// Effects: BEGIN IMMEDIATE: takes the write lock up front. A deferred
+  /// transaction that reads and then writes can fail on its upgrade in a way
+  /// no retry of the statement fixes (SQLITE_BUSY_SNAPSHOT in WAL mode); taking
+  /// the lock first makes every failure a clean "retry the whole unit".
+  void begin() { exec("BEGIN IMMEDIATE"); }
+  void commit() { exec("COMMIT"); }
+  /// Effects: rolls back the open transaction, if any (a no-op if SQLite has
+  /// already rolled it back, as it does after some errors).
+  void rollback() {
+    if (in_transaction()) exec("ROLLBACK");
+  }
+  bool in_transaction() const noexcept { return ::sqlite3_get_autocommit(db_) == 0; }
+
+  statement prepare(std::string_view sql) { return statement{*this, sql}; }
+
+  /// Returns: the first column of the first row of `sql`, or nullopt if there
+  /// is no row or it is NULL.
+  std::optional<std::int64_t> query_int64(std::string_view sql) {
+    statement s{*this, sql};
+    if (!s.step() || s.column_is_null(0)) return std::nullopt;
+    return s.column_int64(0);
+  }
+
+  std::int64_t changes() const noexcept { return ::sqlite3_changes64(db_); }
+  const std::filesystem::path& path() const noexcept { return path_; }
+  ::sqlite3* native_handle() const noexcept { return db_; }
+
+  /// Throws: std::system_error for result code `rc` of statement `sql`.
+  [[noreturn]] void fail(int rc, std::string_view sql, std::string_view message) const {
+    throw std::system_error(make_error_code(rc), fmt::format("sqlite: '{}' on database '{}' failed: {}{}", sql,
+                                                             path_.string(), message, detail::hint(rc)));
+  }
+
+private:
+  std::filesystem::path path_;
+  ::sqlite3* db_ = nullptr;
+};
+
+static_assert(dibs::transactional<connection>);
+
+inline statement::statement(connection& db, std::string_view sql) : db_(&db), sql_(sql) {
+  const int rc = ::sqlite3_prepare_v2(db.native_handle(), sql_.data(), static_cast<int>(sql_.size()), &stmt_, nullptr);
+  if (rc != SQLITE_OK) db.fail(rc, sql_, ::sqlite3_errmsg(db.native_handle()));
+}
+
+inline void statement::check_bind(int rc, int index) {
+  if (rc != SQLITE_OK)
+    db_->fail(rc, sql_, fmt::format("cannot bind parameter {}: {}", index, ::sqlite3_errmsg(db_->native_handle())));
+}
+
+inline statement& statement::bind(int index, std::int64_t v) {
+  check_bind(::sqlite3_bind_int64(stmt_, index, v), index);
+  return *this;
+}
+inline statement& statement::bind(int index, double v) {
+  check_bind(::sqlite3_bind_double(stmt_, index, v), index);
+  return *this;
+}
+inline statement& statement::bind(int index, std::string_view v) {
+  check_bind(::sqlite3_bind_text(stmt_, index, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT), index);
+  return *this;
+}
+inline statement& statement::bind(int index, std::nullptr_t) {
+  check_bind(::sqlite3_bind_null(stmt_, index), index);
+  return *this;
+}
+
+inline bool statement::step() {
+  const int rc = ::sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) {
+    ::sqlite3_reset(stmt_);
+    return false;
+  }
+  const std::string msg = ::sqlite3_errmsg(db_->native_handle());
+  ::sqlite3_reset(stmt_);
+  db_->fail(rc, sql_, msg);
+}
+
+}  // namespace dibs::sqlite
