@@ -265,15 +265,16 @@ TEST_CASE("one budget shared by many threads pays for exactly its capacity of re
   auto p = dibs::retry_policy{}.unlimited_attempts().sleeper([](ns, std::stop_token) {}).budget(budget);
   std::atomic<int> attempts{0};
   std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i)
-    threads.emplace_back([&] {
-      auto out = dibs::try_retry(p, [&] {
-        attempts.fetch_add(1);
-        throw sys_error(EBUSY);
-      });
-      CHECK(out.status == dibs::retry_status::budget_exhausted);
+  std::vector<dibs::retry_status> statuses(4);  // Catch2 assertions are not thread-safe: check after join
+  for (std::size_t i = 0; i < statuses.size(); ++i)
+    threads.emplace_back([&, i] {
+      statuses[i] = dibs::try_retry(p, [&] {
+                      attempts.fetch_add(1);
+                      throw sys_error(EBUSY);
+                    }).status;
     });
   for (auto& th : threads) th.join();
+  for (auto st : statuses) CHECK(st == dibs::retry_status::budget_exhausted);
   CHECK(attempts.load() == 4 + 50);
 }
 
