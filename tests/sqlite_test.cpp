@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "support.hpp"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,21 +18,9 @@ using namespace std::chrono_literals;
 using Catch::Contains;
 namespace fs = std::filesystem;
 
-namespace {
+using dibs_test::temp_dir;
 
-// A fresh directory under the system temp dir, removed at scope exit.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string tmpl = (fs::temp_directory_path() / "dibs-sqlite-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+namespace {
 
 std::error_code sqlite_code(int rc) { return dibs::sqlite::make_error_code(rc); }
 

@@ -1,0 +1,433 @@
+// dibs/file_mutex.hpp: a lock on a file through the kernel's advisory locks.
+//
+//   dibs::file_mutex m{"/var/lock/nightly.lock"};
+//   std::scoped_lock hold{m};            // also: try_lock_for, std::shared_lock
+//
+// Why a kernel lock: the kernel releases it when the holder dies, however it
+// dies, so it never goes stale and there is nothing to break. What the kernel
+// does not give, this class adds:
+//   - threads of one process exclude each other (the kernel lock belongs to an
+//     open file description, which all threads share): an in-process registry
+//     keyed by (device, inode) serialises them first;
+//   - a forked child never releases its parent's lock: the child inherits the
+//     descriptor, but the registry knows it was forked and the child's
+//     unlock() leaves the parent's lock alone; the child locks through a
+//     descriptor of its own;
+//   - descriptors are O_CLOEXEC, so a lock never leaks into a program the
+//     holder starts;
+//   - the file is never unlinked, so the unlink race (a waiter locking a dead
+//     inode while a third process creates a new file) cannot happen.
+//
+// Two kernel lock families exist, and they do not see each other:
+//   lock_family::flock (default)  flock(2): interoperates with util-linux flock(1)
+//   lock_family::posix            open-file-description record locks (F_OFD_SETLK),
+//                                 falling back to classic fcntl locks on old kernels:
+//                                 interoperates with lockf(3), fcntl(2) and
+//                                 Boost.Interprocess file_lock.
+#pragma once
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <dibs/backoff.hpp>
+#include <dibs/detail/posix.hpp>
+#include <dibs/error.hpp>
+
+namespace dibs {
+
+enum class lock_family {
+  flock,  ///< flock(2), as util-linux flock(1)
+  posix,  ///< POSIX record locks on the whole file (OFD locks where the kernel has them)
+};
+
+struct file_mutex_options {
+  lock_family family = lock_family::flock;
+  /// Write "pid <pid> host <host>" into the file on each exclusive lock, so a
+  /// person can see who holds it (`cat` the file). Costs one pwrite per lock.
+  bool write_owner = true;
+  /// Permissions of a lock file that does not exist yet (the umask applies).
+  mode_t mode = 0644;
+};
+
+namespace detail {
+
+struct inode_key {
+  dev_t dev;
+  ino_t ino;
+  auto operator<=>(const inode_key&) const = default;
+};
+
+// One per (device, inode) per process: holds the descriptor that owns the
+// kernel lock and the in-process reader/writer state in front of it.
+struct lock_entry {
+  std::filesystem::path path;
+  unique_fd fd;
+  bool writable = false;
+  std::string owner;  // the owner line this process writes (made after any fork, so its pid is right)
+  std::mutex m;
+  std::condition_variable cv;
+  bool writer = false;      // a thread of this process holds (or is taking) it exclusively
+  int readers = 0;          // threads of this process holding it shared
+  bool acquiring = false;   // the first reader is taking the kernel's shared lock
+  int waiting_writers = 0;  // readers let writers go first, so writers do not starve
+};
+
+struct lock_registry {
+  std::mutex m;
+  std::map<inode_key, std::weak_ptr<lock_entry>> entries;
+  // Bumped in a forked child: every entry made before the fork belongs to the
+  // parent's locks, and the child must neither unlock nor reuse them.
+  std::atomic<std::uint64_t> generation{0};
+
+  static lock_registry& instance() {
+    // Leaked on purpose: file_mutex objects with static storage may outlive it otherwise.
+    static lock_registry* r = [] {
+      auto* reg = new lock_registry;
+      ::pthread_atfork([] { instance().m.lock(); }, [] { instance().m.unlock(); },
+                       [] {
+                         auto& self = instance();
+                         // Only this thread exists in the child; abandon the parent's entries
+                         // (their mutexes may be held by threads that are not here).
+                         self.entries.clear();
+                         self.generation.fetch_add(1, std::memory_order_relaxed);
+                         self.m.unlock();
+                       });
+      return reg;
+    }();
+    return *r;
+  }
+};
+
+inline std::string owner_line() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  std::string s = fmt::format("pid {} host {}", ::getpid(), host);
+  // Fixed width, so a shorter line never leaves the tail of a longer one behind.
+  if (s.size() < 127) s.resize(127, ' ');
+  s += '\n';
+  return s;
+}
+
+}  // namespace detail
+
+/// A mutex over a file, shared with other processes through the kernel.
+/// Meets Lockable, TimedLockable, SharedLockable and SharedTimedLockable.
+/// Not recursive: a thread that locks a file_mutex it holds deadlocks, as with
+/// std::mutex.
+class file_mutex {
+public:
+  /// Effects: opens (creating if needed) the file at `path`. A file this user
+  /// may only read is opened read-only; flock locks still work on it (the
+  /// owner line is not written), POSIX write locks do not.
+  /// Throws: std::system_error naming the path (missing directory, a
+  /// directory, no permission).
+  explicit file_mutex(std::filesystem::path path, file_mutex_options opts = {})
+      : path_(std::move(path)), opts_(opts) {
+    attach();
+  }
+
+  file_mutex(const file_mutex&) = delete;
+  file_mutex& operator=(const file_mutex&) = delete;
+  ~file_mutex() = default;
+
+  /// Effects: blocks (in the kernel, once no other thread of this process is
+  /// ahead) until this process holds the lock exclusively.
+  /// Throws: std::system_error naming the path if the kernel refuses.
+  void lock() { (void)acquire(true, nullptr); }
+  bool try_lock() { return acquire(true, &now_deadline); }
+  template <class Rep, class Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
+    return try_lock_until(std::chrono::steady_clock::now() + d);
+  }
+  template <class Clock, class Duration>
+  bool try_lock_until(const std::chrono::time_point<Clock, Duration>& t) {
+    const auto until = to_steady(t);
+    return acquire(true, &until);
+  }
+  /// Requires: this process holds the lock exclusively, taken through this
+  /// object or another file_mutex on the same file. In a forked child of the
+  /// holder it does nothing: the lock is the parent's.
+  void unlock() { release(true); }
+
+  void lock_shared() { (void)acquire(false, nullptr); }
+  bool try_lock_shared() { return acquire(false, &now_deadline); }
+  template <class Rep, class Period>
+  bool try_lock_shared_for(const std::chrono::duration<Rep, Period>& d) {
+    return try_lock_shared_until(std::chrono::steady_clock::now() + d);
+  }
+  template <class Clock, class Duration>
+  bool try_lock_shared_until(const std::chrono::time_point<Clock, Duration>& t) {
+    const auto until = to_steady(t);
+    return acquire(false, &until);
+  }
+  void unlock_shared() { release(false); }
+
+  const std::filesystem::path& path() const noexcept { return path_; }
+  /// Returns: the descriptor that holds the kernel lock (shared by every
+  /// file_mutex of this process on the same file).
+  int native_handle() const noexcept { return entry_->fd.get(); }
+
+private:
+  using steady = std::chrono::steady_clock;
+  static inline const steady::time_point now_deadline = steady::time_point::min();
+
+  template <class Clock, class Duration>
+  static steady::time_point to_steady(const std::chrono::time_point<Clock, Duration>& t) {
+    if constexpr (std::is_same_v<Clock, steady>) return std::chrono::time_point_cast<steady::duration>(t);
+    else return steady::now() + std::chrono::duration_cast<steady::duration>(t - Clock::now());
+  }
+
+  // Finds or makes this process's entry for the file.
+  void attach() {
+    auto& reg = detail::lock_registry::instance();
+    bool writable = true;
+    int fd = detail::open_retry(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY, opts_.mode);
+    if (fd < 0 && (errno == EACCES || errno == EROFS) && opts_.family == lock_family::flock) {
+      // An existing file we may only read still takes a flock; if there is
+      // none, the error to report is the first one.
+      const int first = errno;
+      writable = false;
+      fd = detail::open_retry(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+      if (fd < 0) errno = first;
+    }
+    if (fd < 0) throw detail::path_error(errno, "dibs::file_mutex: cannot open lock file", path_);
+    detail::unique_fd owned{fd};
+    struct ::stat st {};
+    if (::fstat(fd, &st) != 0) throw detail::path_error(errno, "dibs::file_mutex: cannot stat lock file", path_);
+    if (!S_ISREG(st.st_mode))
+      throw detail::path_error(EINVAL, "dibs::file_mutex: lock file is not a regular file:", path_);
+
+    std::lock_guard lock{reg.m};
+    generation_ = reg.generation.load(std::memory_order_relaxed);
+    const detail::inode_key key{st.st_dev, st.st_ino};
+    if (auto it = reg.entries.find(key); it != reg.entries.end()) {
+      if (auto e = it->second.lock()) {
+        entry_ = std::move(e);
+        return;  // `owned` closes our descriptor; closing a second one never drops a flock or OFD lock
+      }
+    }
+    auto e = std::make_shared<detail::lock_entry>();
+    e->path = path_;
+    e->fd = std::move(owned);
+    e->writable = writable;
+    if (writable && opts_.write_owner) e->owner = detail::owner_line();
+    reg.entries[key] = e;
+    entry_ = std::move(e);
+  }
+
+  // After fork() the entry is the parent's; take one of our own.
+  bool forked() const noexcept {
+    return detail::lock_registry::instance().generation.load(std::memory_order_relaxed) != generation_;
+  }
+  void reattach() {
+    // The parent's entry may have mutexes held by threads that do not exist
+    // here: leak it rather than destroy it. Its descriptor can be closed:
+    // that never releases a flock or OFD lock the parent still holds through
+    // its own copy.
+    static auto* graveyard = new std::vector<std::shared_ptr<detail::lock_entry>>;
+    entry_->fd.reset();
+    graveyard->push_back(std::move(entry_));
+    attach();
+  }
+
+  // Returns: true if acquired. deadline == nullptr: block; *deadline == now_deadline: one try.
+  bool acquire(bool exclusive, const steady::time_point* deadline) {
+    if (forked()) reattach();
+    auto& e = *entry_;
+    std::unique_lock lock{e.m};
+    if (exclusive) {
+      ++e.waiting_writers;
+      const bool got = wait(lock, deadline, [&] { return !e.writer && e.readers == 0 && !e.acquiring; });
+      --e.waiting_writers;
+      if (!got) return false;
+      e.writer = true;
+      lock.unlock();
+      bool ok = false;
+      try {
+        ok = kernel_lock(true, deadline);
+      } catch (...) {
+        give_back(true);
+        throw;
+      }
+      if (!ok) {
+        give_back(true);
+        return false;
+      }
+      if (opts_.write_owner && e.writable) write_owner();
+      return true;
+    }
+    const bool got = wait(lock, deadline, [&] { return !e.writer && !e.acquiring && e.waiting_writers == 0; });
+    if (!got) return false;
+    if (e.readers > 0) {  // the kernel's shared lock is already ours
+      ++e.readers;
+      return true;
+    }
+    e.readers = 1;
+    e.acquiring = true;
+    lock.unlock();
+    bool ok = false;
+    try {
+      ok = kernel_lock(false, deadline);
+    } catch (...) {
+      give_back(false);
+      throw;
+    }
+    if (!ok) {
+      give_back(false);
+      return false;
+    }
+    lock.lock();
+    e.acquiring = false;
+    e.cv.notify_all();
+    return true;
+  }
+
+  void give_back(bool exclusive) noexcept {
+    auto& e = *entry_;
+    std::lock_guard lock{e.m};
+    if (exclusive) e.writer = false;
+    else {
+      e.readers = 0;
+      e.acquiring = false;
+    }
+    e.cv.notify_all();
+  }
+
+  template <class Pred>
+  bool wait(std::unique_lock<std::mutex>& lock, const steady::time_point* deadline, Pred ready) {
+    auto& e = *entry_;
+    if (!deadline) {
+      e.cv.wait(lock, ready);
+      return true;
+    }
+    if (*deadline == now_deadline) return ready();
+    return e.cv.wait_until(lock, *deadline, ready);
+  }
+
+  void release(bool exclusive) {
+    if (forked()) return;  // the parent's lock: not ours to release
+    auto& e = *entry_;
+    std::lock_guard lock{e.m};
+    if (exclusive) {
+      kernel_unlock();
+      e.writer = false;
+    } else {
+      if (e.readers <= 0) return;
+      if (--e.readers == 0) kernel_unlock();
+    }
+    e.cv.notify_all();
+  }
+
+  // One kernel call: true if acquired, false if held elsewhere (non-blocking).
+  bool kernel_try(bool exclusive, bool block) {
+    const int fd = entry_->fd.get();
+    for (;;) {
+      int rc;
+      if (opts_.family == lock_family::flock) {
+        rc = ::flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | (block ? 0 : LOCK_NB));
+      } else {
+        struct ::flock fl {};
+        fl.l_type = static_cast<short>(exclusive ? F_WRLCK : F_RDLCK);
+        fl.l_whence = SEEK_SET;
+        rc = ::fcntl(fd, posix_cmd(block), &fl);
+        if (rc != 0 && errno == EINVAL && use_ofd()) {
+          ofd_unsupported().store(true);  // kernel before 3.15: classic process-owned locks
+          continue;
+        }
+      }
+      if (rc == 0) return true;
+      if (errno == EINTR) continue;
+      if (!block && (errno == EWOULDBLOCK || errno == EAGAIN || errno == EACCES)) return false;
+      throw detail::path_error(errno, exclusive ? "dibs::file_mutex: cannot lock" : "dibs::file_mutex: cannot lock shared",
+                               path_);
+    }
+  }
+
+  bool kernel_lock(bool exclusive, const steady::time_point* deadline) {
+    if (!deadline) return kernel_try(exclusive, true);
+    if (kernel_try(exclusive, false)) return true;
+    if (*deadline == now_deadline) return false;
+    // Neither flock(2) nor F_OFD_SETLKW takes a timeout, and interrupting them
+    // would need a signal, which a library must not take from its program. A
+    // timed wait therefore polls, with jittered backoff capped at 2 ms so a
+    // handoff is noticed quickly; an untimed lock() blocks in the kernel.
+    const exponential_backoff schedule{std::chrono::microseconds{20}, 2.0, std::chrono::milliseconds{2}, jitter::equal};
+    thread_local std::minstd_rand rng{std::random_device{}()};
+    for (std::uint64_t n = 0;; ++n) {
+      const auto left = *deadline - steady::now();
+      if (left <= steady::duration::zero()) return false;
+      const double u = std::uniform_real_distribution<double>{0.0, 1.0}(rng);
+      std::this_thread::sleep_for(std::min<steady::duration>(left, schedule.delay(n, {}, u)));
+      if (kernel_try(exclusive, false)) return true;
+    }
+  }
+
+  void kernel_unlock() noexcept {
+    const int fd = entry_->fd.get();
+    int rc;
+    if (opts_.family == lock_family::flock) {
+      do rc = ::flock(fd, LOCK_UN);
+      while (rc != 0 && errno == EINTR);
+    } else {
+      struct ::flock fl {};
+      fl.l_type = F_UNLCK;
+      fl.l_whence = SEEK_SET;
+      do rc = ::fcntl(fd, posix_cmd(false), &fl);
+      while (rc != 0 && errno == EINTR);
+    }
+    // Unlocking a lock we hold cannot fail on Linux; if it ever does, closing
+    // the descriptor at exit releases it, so there is nothing better to do here.
+    (void)rc;
+  }
+
+  void write_owner() noexcept {
+    // Best effort: the lock is held whether or not the note is written.
+    const std::string& line = entry_->owner;
+    (void)!::pwrite(entry_->fd.get(), line.data(), line.size(), 0);
+  }
+
+  static std::atomic<bool>& ofd_unsupported() {
+    static std::atomic<bool> v{false};
+    return v;
+  }
+  static bool use_ofd() noexcept {
+#ifdef F_OFD_SETLK
+    return !ofd_unsupported().load(std::memory_order_relaxed);
+#else
+    return false;
+#endif
+  }
+  static int posix_cmd(bool block) noexcept {
+#ifdef F_OFD_SETLK
+    if (use_ofd()) return block ? F_OFD_SETLKW : F_OFD_SETLK;
+#endif
+    return block ? F_SETLKW : F_SETLK;
+  }
+
+  std::filesystem::path path_;
+  file_mutex_options opts_;
+  std::shared_ptr<detail::lock_entry> entry_;
+  std::uint64_t generation_ = 0;
+};
+
+}  // namespace dibs
