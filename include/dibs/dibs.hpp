@@ -5,5 +5,7 @@
 
 #include <dibs/backoff.hpp>
 #include <dibs/error.hpp>
+#include <dibs/file_mutex.hpp>
 #include <dibs/retry.hpp>
+#include <dibs/shared_log.hpp>
 #include <dibs/version.hpp>
