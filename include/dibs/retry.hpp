@@ -32,6 +32,8 @@
 #include <utility>
 #include <variant>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <dibs/backoff.hpp>
@@ -202,6 +204,9 @@ public:
   std::optional<duration> deadline() const noexcept {
     return deadline_ > duration::zero() ? std::optional{deadline_} : std::nullopt;
   }
+  /// Returns: the deadline, or zero if there is none (for the hot path, where
+  /// building a std::optional measurably costs; see docs/BENCHMARKS.md).
+  duration deadline_or_zero() const noexcept { return deadline_; }
   const exponential_backoff& backoff() const noexcept { return backoff_; }
 
   /// Returns: whether an exception thrown by an attempt is retried.
@@ -241,7 +246,16 @@ private:
     return static_cast<double>(bits >> 11) * 0x1.0p-53;  // 53 random bits -> [0, 1)
   }
   static std::uint64_t default_bits() {
-    thread_local std::mt19937_64 engine{std::random_device{}()};
+    // Seeded per thread and again in a forked child: children forked from
+    // one parent must not draw the same "random" delays, or they retry in
+    // lock-step, which is what jitter is there to prevent.
+    thread_local pid_t owner = 0;
+    thread_local std::mt19937_64 engine;
+    if (const pid_t self = ::getpid(); self != owner) {
+      std::random_device device;
+      engine.seed((static_cast<std::uint64_t>(device()) << 32) ^ device() ^ static_cast<std::uint64_t>(self));
+      owner = self;
+    }
     return engine();
   }
 
@@ -334,50 +348,59 @@ struct accept_any {
 template <class F>
 using result_t = std::remove_cvref_t<std::invoke_result_t<F&>>;
 
-// The one retry loop; every public spelling calls it.
+// Records a failed attempt in `out`. Returns: true if it may be retried.
+template <class T>
+bool absorb_failure(const retry_policy& p, retry_outcome<T>& out, std::exception_ptr error) {
+  out.value.reset();
+  out.error = error;
+  out.code = {};
+  try {
+    std::rethrow_exception(std::move(error));
+  } catch (const std::exception& e) {
+    if (const auto* se = dynamic_cast<const std::system_error*>(&e)) out.code = se->code();
+    if (p.is_retryable(e)) return true;
+  } catch (...) {
+  }
+  out.status = retry_status::permanent_error;
+  return false;
+}
+
+// The one retry loop; every public spelling calls it. `first`, if set, is
+// what attempt 1 already threw (retry()'s fast path makes attempt 1 itself).
 template <class F, class Reject>
-retry_outcome<result_t<F>> run(const retry_policy& p, F& fn, Reject& reject, std::stop_token st) {
+retry_outcome<result_t<F>> run(const retry_policy& p, F& fn, Reject& reject, std::stop_token st,
+                               std::exception_ptr first = nullptr) {
   using T = result_t<F>;
   retry_outcome<T> out;
   // The clock is read only when a deadline is set, so the default policy adds
   // no clock read to a call that succeeds at once.
-  const auto deadline = p.deadline();
-  const auto end = deadline ? p.now() + *deadline : retry_clock::time_point::max();
+  const auto deadline = p.deadline_or_zero();
+  const bool has_deadline = deadline > std::chrono::nanoseconds::zero();
+  const auto end = has_deadline ? p.now() + deadline : retry_clock::time_point::max();
   std::chrono::nanoseconds previous{0};
 
   for (std::uint64_t attempt = 1;; ++attempt) {
     out.attempts = attempt;
-    try {
-      if constexpr (std::is_void_v<T>) {
-        std::invoke(fn);
-        out.value.emplace();
-      } else {
-        out.value.emplace(std::invoke(fn));
-      }
-      if (!reject(*out.value)) {
-        out.status = retry_status::succeeded;
+    std::exception_ptr failed = attempt == 1 ? std::move(first) : nullptr;
+    if (!failed) {
+      try {
+        if constexpr (std::is_void_v<T>) {
+          std::invoke(fn);
+          out.value.emplace();
+        } else {
+          out.value.emplace(std::invoke(fn));
+        }
         out.error = nullptr;
         out.code = {};
-        return out;
+        if (!reject(*out.value)) {
+          out.status = retry_status::succeeded;
+          return out;
+        }
+      } catch (...) {
+        failed = std::current_exception();
       }
-      out.error = nullptr;
-      out.code = {};
-    } catch (const std::exception& e) {
-      out.value.reset();
-      out.error = std::current_exception();
-      const auto* se = dynamic_cast<const std::system_error*>(&e);
-      out.code = se ? se->code() : std::error_code{};
-      if (!p.is_retryable(e)) {
-        out.status = retry_status::permanent_error;
-        return out;
-      }
-    } catch (...) {
-      out.value.reset();
-      out.error = std::current_exception();
-      out.code = {};
-      out.status = retry_status::permanent_error;
-      return out;
     }
+    if (failed && !absorb_failure(p, out, std::move(failed))) return out;
 
     if (attempt >= p.max_attempts()) {
       out.status = retry_status::attempts_exhausted;
@@ -389,7 +412,7 @@ retry_outcome<result_t<F>> run(const retry_policy& p, F& fn, Reject& reject, std
     }
     const auto planned = p.next_delay(attempt - 1, previous);
     auto delay = planned;
-    if (deadline) {
+    if (has_deadline) {
       const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(end - p.now());
       if (left <= std::chrono::nanoseconds::zero()) {
         out.status = retry_status::deadline_exceeded;
@@ -441,7 +464,18 @@ auto try_retry_while(const retry_policy& policy, Pred&& retry_if, F&& fn, std::s
 template <class F>
   requires std::invocable<F&>
 auto retry(const retry_policy& policy, F&& fn, std::stop_token st = {}) -> detail::result_t<F> {
-  return try_retry(policy, fn, std::move(st)).get();
+  detail::accept_any accept;
+  if (policy.deadline_or_zero() > std::chrono::nanoseconds::zero())
+    return detail::run(policy, fn, accept, std::move(st)).get();
+  // Without a deadline nothing needs to happen before attempt 1, so make it
+  // here, with no bookkeeping: a call that succeeds at once costs the call.
+  std::exception_ptr first;
+  try {
+    return std::invoke(fn);
+  } catch (...) {
+    first = std::current_exception();
+  }
+  return detail::run(policy, fn, accept, std::move(st), std::move(first)).get();
 }
 
 /// As retry, with try_retry_while's result predicate. When the policy gives up

@@ -58,6 +58,17 @@
 #include <dibs/error.hpp>
 #include <dibs/file_mutex.hpp>
 
+#if defined(__SANITIZE_THREAD__)
+#define DIBS_DETAIL_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DIBS_DETAIL_TSAN 1
+#endif
+#endif
+#ifndef DIBS_DETAIL_TSAN
+#define DIBS_DETAIL_TSAN 0
+#endif
+
 namespace dibs {
 
 /// When appended records are forced to stable storage.
@@ -233,11 +244,20 @@ private:
     ~held_lock() { ::pthread_mutex_unlock(m); }
   };
 
+  // ThreadSanitizer does not intercept pthread_mutex_clocklock, and would then
+  // report every unlock as an unlock of an unlocked mutex: under it, use
+  // timedlock, whose deadline is on the realtime clock.
+#if DIBS_DETAIL_TSAN
+  static constexpr clockid_t lock_clock = CLOCK_REALTIME;
+#else
+  static constexpr clockid_t lock_clock = CLOCK_MONOTONIC;
+#endif
+
   // Effects: takes the shared mutex within the lock timeout, repairing what a
   // dead holder left behind. Returns: an error, or {} with the mutex held.
   std::error_code lock_state(const char*& what) {
     timespec deadline{};
-    ::clock_gettime(CLOCK_MONOTONIC, &deadline);
+    ::clock_gettime(lock_clock, &deadline);
     const auto ms = opts_.lock_timeout.count();
     deadline.tv_sec += static_cast<time_t>(ms / 1000);
     deadline.tv_nsec += static_cast<long>((ms % 1000) * 1'000'000);
@@ -245,7 +265,11 @@ private:
       deadline.tv_sec += 1;
       deadline.tv_nsec -= 1'000'000'000;
     }
-    const int rc = ::pthread_mutex_clocklock(&state_->mutex, CLOCK_MONOTONIC, &deadline);
+#if DIBS_DETAIL_TSAN
+    const int rc = ::pthread_mutex_timedlock(&state_->mutex, &deadline);
+#else
+    const int rc = ::pthread_mutex_clocklock(&state_->mutex, lock_clock, &deadline);
+#endif
     if (rc == ETIMEDOUT) {
       what = "timed out waiting for the lock of log";
       return errc::timed_out;
