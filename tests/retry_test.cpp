@@ -2,6 +2,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -439,4 +442,33 @@ TEST_CASE("the default policy: 10 attempts, only transient codes") {
   });
   CHECK(out.status == dibs::retry_status::attempts_exhausted);
   CHECK(calls == 10);
+}
+
+TEST_CASE("forked children draw different delays from the default random source") {
+  // The parent draws first, so a per-thread engine would be copied into every child.
+  const dibs::retry_policy p;
+  (void)p.next_delay(5, {});
+  auto child_draws = [&] {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      std::int64_t d[4];
+      for (auto& x : d) x = p.next_delay(5, {}).count();
+      (void)!::write(fds[1], d, sizeof d);
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    std::vector<std::int64_t> d(4);
+    REQUIRE(::read(fds[0], d.data(), sizeof(std::int64_t) * d.size()) == static_cast<ssize_t>(sizeof(std::int64_t) * d.size()));
+    ::close(fds[0]);
+    int status;
+    ::waitpid(pid, &status, 0);
+    return d;
+  };
+  const auto a = child_draws();
+  const auto b = child_draws();
+  CHECK(a != b);
 }
