@@ -362,3 +362,20 @@ TEST_CASE("a full filesystem: the error names the log, and no part of the record
   // A small record that still fits goes in.
   log.append("x");
 }
+
+TEST_CASE("durability settings append the same bytes; bad options are refused by name") {
+  temp_dir dir;
+  for (auto d : {dibs::durability::none, dibs::durability::per_record, dibs::durability::per_batch}) {
+    const auto path = dir.path / ("d" + std::to_string(static_cast<int>(d)) + ".log");
+    {
+      dibs::shared_log log{path, {.sync = d, .batch_records = 3}};
+      for (int i = 0; i < 10; ++i) log.append("r" + std::to_string(i));
+      log.flush();
+    }
+    CHECK(slurp(path) == "r0\nr1\nr2\nr3\nr4\nr5\nr6\nr7\nr8\nr9\n");
+  }
+  CHECK_THROWS_WITH((dibs::shared_log{dir.path / "x.log", {.sync = dibs::durability::per_batch, .batch_records = 0}}),
+                    Contains("batch_records"));
+  CHECK_THROWS_WITH((dibs::shared_log{dir.path / "x.log", {.lock_timeout = std::chrono::milliseconds{-1}}}),
+                    Contains("lock_timeout"));
+}
