@@ -507,27 +507,20 @@ concept transactional = requires(T& t) {
 /// no longer be trusted.
 template <transactional Tx, class F>
 auto transact(const retry_policy& policy, Tx& tx, F&& body, std::stop_token st = {}) {
+  auto call = [&]() -> decltype(auto) {
+    if constexpr (std::invocable<F&, Tx&>) return std::invoke(body, tx);
+    else return std::invoke(body);
+  };
   auto unit = [&]() -> decltype(auto) {
     tx.begin();
     try {
-      if constexpr (std::invocable<F&, Tx&>) {
-        if constexpr (std::is_void_v<std::invoke_result_t<F&, Tx&>>) {
-          std::invoke(body, tx);
-          tx.commit();
-        } else {
-          auto result = std::invoke(body, tx);
-          tx.commit();
-          return result;
-        }
+      if constexpr (std::is_void_v<decltype(call())>) {
+        call();
+        tx.commit();
       } else {
-        if constexpr (std::is_void_v<std::invoke_result_t<F&>>) {
-          std::invoke(body);
-          tx.commit();
-        } else {
-          auto result = std::invoke(body);
-          tx.commit();
-          return result;
-        }
+        auto result = call();
+        tx.commit();
+        return result;
       }
     } catch (...) {
       std::exception_ptr original = std::current_exception();
