@@ -6,6 +6,8 @@
 #include <dibs/backoff.hpp>
 #include <dibs/error.hpp>
 #include <dibs/file_mutex.hpp>
+#include <dibs/memory_store.hpp>
 #include <dibs/retry.hpp>
 #include <dibs/shared_log.hpp>
+#include <dibs/store.hpp>
 #include <dibs/version.hpp>

@@ -1,0 +1,94 @@
+// dibs/store.hpp: the shared_store concept: versioned records that many
+// processes (or machines) read and change with compare-and-set.
+//
+// | expression              | returns                 | meaning                                        |
+// | ---                     | ---                     | ---                                            |
+// | s.read(key)             | std::optional<record>   | the current value and version, or nothing      |
+// | s.create(key, value)    | std::optional<version>  | insert if absent; nothing if the key exists    |
+// | s.replace(key, v, value)| std::optional<version>  | compare-and-set on version v; nothing if moved |
+// | s.erase(key, v)         | bool                    | delete if the version is still v               |
+//
+// Every model keeps these invariants (include/dibs/testing/store_conformance.hpp
+// checks them):
+//   - each operation is atomic with respect to every other user of the medium;
+//   - the versions of a key only grow, also across erase and create, because
+//     policies use the version as a fencing token;
+//   - losing a race is a result (nullopt / false), never an exception;
+//   - a failure of the medium throws std::system_error, and dibs::is_transient
+//     says whether a retry can help;
+//   - a bad key or value is refused before anything is written, with
+//     std::system_error(errc::invalid_argument) naming the key and the rule.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include <dibs/error.hpp>
+
+namespace dibs {
+
+/// A record's version: grows with every change of the key, never reused.
+using version = std::uint64_t;
+
+/// A value and the version it was stored at.
+struct record {
+  std::string value;
+  dibs::version version = 0;
+  friend bool operator==(const record&, const record&) = default;
+};
+
+template <class S>
+concept shared_store = requires(S& s, std::string_view key, std::string_view value, dibs::version v) {
+  { s.read(key) } -> std::same_as<std::optional<record>>;
+  { s.create(key, value) } -> std::same_as<std::optional<dibs::version>>;
+  { s.replace(key, v, value) } -> std::same_as<std::optional<dibs::version>>;
+  { s.erase(key, v) } -> std::same_as<bool>;
+};
+
+/// The rules every store applies to keys and values before writing anything.
+struct key_rules {
+  static constexpr std::size_t max_key_size = 200;
+  static constexpr std::size_t max_value_size = 1 << 20;
+};
+
+/// Throws: std::system_error(errc::invalid_argument) naming the key and the
+/// rule it breaks: empty, longer than 200 bytes, ".", "..", containing '/',
+/// a NUL or another control character.
+inline void validate_key(std::string_view key) {
+  auto fail = [&](std::string_view rule) {
+    std::string shown;
+    for (const char ch : key.substr(0, 80)) {
+      const auto c = static_cast<unsigned char>(ch);
+      shown += c < 0x20 || c == 0x7f ? fmt::format("\\x{:02x}", c) : std::string(1, ch);
+    }
+    if (key.size() > 80) shown += "...";
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            fmt::format("dibs: invalid key '{}': {}", shown, rule));
+  };
+  if (key.empty()) fail("a key must not be empty");
+  if (key.size() > key_rules::max_key_size)
+    fail(fmt::format("a key must be at most {} bytes (it has {})", key_rules::max_key_size, key.size()));
+  if (key == "." || key == "..") fail("'.' and '..' are not keys");
+  for (const char ch : key) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '/') fail("a key must not contain '/'");
+    if (c < 0x20 || c == 0x7f) fail("a key must not contain NUL or other control characters");
+  }
+}
+
+/// Throws: std::system_error(errc::invalid_argument) naming the key if the
+/// value is larger than 1 MiB.
+inline void validate_value(std::string_view key, std::string_view value) {
+  if (value.size() > key_rules::max_value_size)
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            fmt::format("dibs: value for key '{}' is {} bytes; at most {} are allowed", key,
+                                        value.size(), key_rules::max_value_size));
+}
+
+}  // namespace dibs

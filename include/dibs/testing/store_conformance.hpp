@@ -1,0 +1,295 @@
+// dibs/testing/store_conformance.hpp: the checks every dibs::shared_store
+// model must pass, for dibs's own adapters and for yours.
+//
+// Framework-neutral: each check throws dibs::testing::conformance_failure
+// (a std::runtime_error saying which rule broke) and returns normally if the
+// store keeps the rules. With Catch2:
+//
+//   dibs::memory_store s;
+//   REQUIRE_NOTHROW(dibs::testing::check_semantics(s, "t1-"));
+//   REQUIRE_NOTHROW(dibs::testing::check_counter_race_processes(
+//       [&] { return my_store{dir}; }, 8, 1000, "counter"));
+//
+// Keys used start with the given prefix and must not exist beforehand.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <dibs/store.hpp>
+
+namespace dibs::testing {
+
+struct conformance_failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Models dibs::shared_store and nothing more: code written against the
+/// concept compiles with it (declared only; never called).
+struct store_archetype {
+  std::optional<record> read(std::string_view key);
+  std::optional<dibs::version> create(std::string_view key, std::string_view value);
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value);
+  bool erase(std::string_view key, dibs::version expected);
+};
+static_assert(shared_store<store_archetype>);
+
+namespace detail {
+
+inline void expect(bool ok, std::string_view rule) {
+  if (!ok) throw conformance_failure(fmt::format("shared_store conformance: {}", rule));
+}
+
+// Returns: true if f() threw std::system_error(errc::invalid_argument)
+// whose message contains `mention`.
+template <class F>
+bool refuses(F&& f, std::string_view mention) {
+  try {
+    f();
+  } catch (const std::system_error& e) {
+    return e.code() == dibs::errc::invalid_argument && std::string_view(e.what()).find(mention) != std::string_view::npos;
+  }
+  return false;
+}
+
+// Waits for every child; returns their exit codes.
+inline std::vector<int> wait_all(const std::vector<pid_t>& pids) {
+  std::vector<int> codes;
+  for (pid_t p : pids) {
+    int status = 0;
+    while (::waitpid(p, &status, 0) < 0 && errno == EINTR) {
+    }
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0));
+  }
+  return codes;
+}
+
+// Forks n children that each wait at a barrier, then run body(i) and exit
+// with its result (99 if it threw: losing a race must not throw).
+template <class Body>
+std::vector<int> race_processes(int n, Body body) {
+  int gate[2];
+  if (::pipe(gate) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
+  std::vector<pid_t> pids;
+  for (int i = 0; i < n; ++i) {
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::system_error(errno, std::generic_category(), "fork");
+    if (pid == 0) {
+      ::close(gate[1]);
+      char c;
+      while (::read(gate[0], &c, 1) < 0 && errno == EINTR) {
+      }
+      int code = 99;
+      try {
+        code = body(i);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "conformance child %d: %s\n", i, e.what());
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  ::close(gate[0]);
+  ::close(gate[1]);  // everyone starts at once
+  return wait_all(pids);
+}
+
+template <shared_store S>
+std::uint64_t increment(S& s, std::string_view key, std::uint64_t& losses) {
+  for (;;) {
+    auto r = s.read(key);
+    if (!r) throw conformance_failure("counter record vanished");
+    const std::uint64_t next = std::stoull(r->value) + 1;
+    if (s.replace(key, r->version, std::to_string(next))) return next;
+    ++losses;
+  }
+}
+
+}  // namespace detail
+
+/// Single-process semantics of the four operations, versions across erase and
+/// re-create, and binary and empty values.
+template <shared_store S>
+void check_semantics(S& s, std::string_view prefix) {
+  using detail::expect;
+  const std::string k = std::string(prefix) + "item";
+  const std::string other = std::string(prefix) + "other";
+  expect(!s.read(k), "read of an absent key returns nothing");
+  expect(!s.replace(k, 1, "x"), "replace of an absent key returns nothing");
+  expect(!s.erase(k, 1), "erase of an absent key returns false");
+
+  const auto v1 = s.create(k, "one");
+  expect(v1.has_value(), "create of an absent key succeeds");
+  expect(s.read(k) == record{"one", *v1}, "read returns the created value and version");
+  expect(!s.create(k, "again"), "create of an existing key returns nothing");
+  expect(s.read(k) == record{"one", *v1}, "a failed create changes nothing");
+
+  expect(!s.replace(k, *v1 + 1000, "wrong"), "replace with a wrong version returns nothing");
+  expect(s.read(k) == record{"one", *v1}, "a failed replace changes nothing");
+  const auto v2 = s.replace(k, *v1, "two");
+  expect(v2.has_value(), "replace with the current version succeeds");
+  expect(*v2 > *v1, "replace gives a larger version");
+  expect(s.read(k) == record{"two", *v2}, "read returns the replaced value");
+  expect(!s.replace(k, *v1, "stale"), "replace with a stale version returns nothing");
+
+  expect(s.create(other, "").has_value(), "create of a second key succeeds, with an empty value");
+  expect(s.read(other).has_value() && s.read(other)->value.empty(), "an empty value reads back empty");
+  expect(s.read(k) == record{"two", *v2}, "keys are independent");
+
+  expect(!s.erase(k, *v1), "erase with a stale version returns false");
+  expect(s.read(k).has_value(), "a failed erase changes nothing");
+  expect(s.erase(k, *v2), "erase with the current version succeeds");
+  expect(!s.read(k), "an erased key reads as absent");
+  expect(!s.erase(k, *v2), "erase of an erased key returns false");
+  expect(!s.replace(k, *v2, "ghost"), "replace of an erased key returns nothing");
+
+  const auto v3 = s.create(k, "three");
+  expect(v3.has_value(), "create after erase succeeds");
+  expect(*v3 > *v2, "versions grow across erase and re-create (they are fencing tokens)");
+
+  std::string binary = "a\nb";
+  binary += '\0';
+  binary += "c\r\x01\xff";
+  const auto v4 = s.replace(k, *v3, binary);
+  expect(v4.has_value() && s.read(k) == record{binary, *v4}, "values are bytes: newlines, NUL and high bytes survive");
+  const std::string big(key_rules::max_value_size, 'v');
+  const auto v5 = s.replace(k, *v4, big);
+  expect(v5.has_value() && s.read(k)->value == big, "a value of the maximum size round-trips");
+}
+
+/// Bad keys and values are refused by every operation with a message naming
+/// the key and the rule, and nothing is written.
+template <shared_store S>
+void check_bad_input(S& s, std::string_view prefix) {
+  using detail::expect;
+  using detail::refuses;
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"", "empty"},
+      {std::string(prefix) + "a/b", "'/'"},
+      {".", "'..'"},
+      {"..", "'..'"},
+      {std::string(prefix) + std::string("nul\0x", 5), "control"},
+      {std::string(prefix) + "tab\tx", "control"},
+      {std::string(prefix) + std::string(key_rules::max_key_size, 'k'), "at most"},
+  };
+  for (const auto& entry : bad) {
+    const std::string& key = entry.first;  // not a structured binding: clang 14 cannot capture those
+    const std::string& rule = entry.second;
+    const std::string what = fmt::format("a bad key ({}) is refused", rule);
+    expect(refuses([&] { (void)s.read(key); }, rule), what + " by read");
+    expect(refuses([&] { (void)s.create(key, "v"); }, rule), what + " by create");
+    expect(refuses([&] { (void)s.replace(key, 1, "v"); }, rule), what + " by replace");
+    expect(refuses([&] { (void)s.erase(key, 1); }, rule), what + " by erase");
+  }
+  const std::string k = std::string(prefix) + "big";
+  const std::string huge(key_rules::max_value_size + 1, 'h');
+  expect(refuses([&] { (void)s.create(k, huge); }, k), "a too large value is refused by create, naming the key");
+  expect(!s.read(k), "a refused create writes nothing");
+  const auto v = s.create(k, "small");
+  expect(refuses([&] { (void)s.replace(k, *v, huge); }, k), "a too large value is refused by replace, naming the key");
+  expect(s.read(k) == record{"small", *v}, "a refused replace writes nothing");
+}
+
+/// n processes, each opening the store with open(), create one key at the same
+/// moment: exactly one wins, and the value is the winner's.
+template <class Open>
+void check_create_race_processes(Open open, int n, std::string_view key) {
+  const std::string k(key);
+  const auto codes = detail::race_processes(n, [&](int i) {
+    auto s = open();
+    return s.create(k, fmt::format("winner {}", i)) ? 0 : 1;
+  });
+  int winners = 0, winner = -1;
+  for (int i = 0; i < n; ++i) {
+    detail::expect(codes[i] == 0 || codes[i] == 1, "losing a create race is a result, not an exception or a crash");
+    if (codes[i] == 0) {
+      ++winners;
+      winner = i;
+    }
+  }
+  detail::expect(winners == 1, fmt::format("exactly one of {} racing creates wins (won: {})", n, winners));
+  auto s = open();
+  detail::expect(s.read(k) && s.read(k)->value == fmt::format("winner {}", winner), "the stored value is the winner's");
+}
+
+/// n processes each compare-and-set-increment one counter `increments` times:
+/// it ends at exactly n * increments, with no exception on a lost race.
+template <class Open>
+void check_counter_race_processes(Open open, int n, int increments, std::string_view key) {
+  const std::string k(key);
+  {
+    auto s = open();
+    detail::expect(s.create(k, "0").has_value(), "the counter record can be created");
+  }
+  const auto codes = detail::race_processes(n, [&](int) {
+    auto s = open();
+    std::uint64_t losses = 0, last = 0;
+    for (int j = 0; j < increments; ++j) {
+      const std::uint64_t now = detail::increment(s, k, losses);
+      if (now <= last) return 2;  // a process saw the counter go backwards
+      last = now;
+    }
+    return 0;
+  });
+  for (int c : codes) detail::expect(c == 0, fmt::format("every incrementing process finishes cleanly (exit {})", c));
+  auto s = open();
+  const auto r = s.read(k);
+  const auto expected = static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(increments);
+  detail::expect(r && std::stoull(r->value) == expected,
+                 fmt::format("{} x {} compare-and-set increments end at {} (got {})", n, increments, expected,
+                             r ? r->value : "nothing"));
+}
+
+/// The same two races with threads sharing one store object, for stores that
+/// live in one process.
+template <shared_store S>
+void check_races_threads(S& s, int n, int increments, std::string_view prefix) {
+  const std::string k = std::string(prefix) + "created";
+  std::atomic<int> winners{0}, errors{0};
+  {
+    std::vector<std::jthread> ts;
+    for (int i = 0; i < n; ++i) ts.emplace_back([&, i] {
+      try {
+        if (s.create(k, std::to_string(i))) winners.fetch_add(1);
+      } catch (...) {
+        errors.fetch_add(1);
+      }
+    });
+  }
+  detail::expect(errors == 0, "losing a create race is a result, not an exception");
+  detail::expect(winners == 1, fmt::format("exactly one of {} racing creates wins (won: {})", n, winners.load()));
+  const std::string c = std::string(prefix) + "counter";
+  detail::expect(s.create(c, "0").has_value(), "the counter record can be created");
+  {
+    std::vector<std::jthread> ts;
+    for (int i = 0; i < n; ++i) ts.emplace_back([&] {
+      try {
+        std::uint64_t losses = 0;
+        for (int j = 0; j < increments; ++j) detail::increment(s, c, losses);
+      } catch (...) {
+        errors.fetch_add(1);
+      }
+    });
+  }
+  detail::expect(errors == 0, "lost compare-and-set races are results, not exceptions");
+  const auto expected = static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(increments);
+  detail::expect(std::stoull(s.read(c)->value) == expected,
+                 fmt::format("{} x {} compare-and-set increments end at {}", n, increments, expected));
+}
+
+}  // namespace dibs::testing

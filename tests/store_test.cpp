@@ -1,0 +1,90 @@
+#include <dibs/memory_store.hpp>
+#include <dibs/store.hpp>
+#include <dibs/testing/store_conformance.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace {
+
+// Each of these misses one part of the concept.
+struct no_erase {
+  std::optional<dibs::record> read(std::string_view);
+  std::optional<dibs::version> create(std::string_view, std::string_view);
+  std::optional<dibs::version> replace(std::string_view, dibs::version, std::string_view);
+};
+struct erase_returns_void {
+  std::optional<dibs::record> read(std::string_view);
+  std::optional<dibs::version> create(std::string_view, std::string_view);
+  std::optional<dibs::version> replace(std::string_view, dibs::version, std::string_view);
+  void erase(std::string_view, dibs::version);
+};
+struct create_returns_bool {
+  std::optional<dibs::record> read(std::string_view);
+  bool create(std::string_view, std::string_view);
+  std::optional<dibs::version> replace(std::string_view, dibs::version, std::string_view);
+  bool erase(std::string_view, dibs::version);
+};
+struct replace_without_version {
+  std::optional<dibs::record> read(std::string_view);
+  std::optional<dibs::version> create(std::string_view, std::string_view);
+  std::optional<dibs::version> replace(std::string_view, std::string_view);
+  bool erase(std::string_view, dibs::version);
+};
+
+static_assert(dibs::shared_store<dibs::testing::store_archetype>);
+static_assert(dibs::shared_store<dibs::memory_store>);
+static_assert(!dibs::shared_store<no_erase>);
+static_assert(!dibs::shared_store<erase_returns_void>);
+static_assert(!dibs::shared_store<create_returns_bool>);
+static_assert(!dibs::shared_store<replace_without_version>);
+
+// A broken store (versions restart after erase) that the suite must catch.
+class forgetful_store {
+public:
+  std::optional<dibs::record> read(std::string_view k) { return inner_.read(k); }
+  std::optional<dibs::version> create(std::string_view k, std::string_view v) {
+    auto r = inner_.create(k, v);
+    return r ? std::optional<dibs::version>{1} : std::nullopt;  // every new key starts again at 1
+  }
+  std::optional<dibs::version> replace(std::string_view k, dibs::version e, std::string_view v) {
+    auto cur = inner_.read(k);
+    if (!cur) return std::nullopt;
+    return inner_.replace(k, e == 1 ? cur->version : e + 1000, v);
+  }
+  bool erase(std::string_view k, dibs::version e) {
+    auto cur = inner_.read(k);
+    return cur && inner_.erase(k, cur->version) && (e == 1 || true);
+  }
+
+private:
+  dibs::memory_store inner_;
+};
+
+}  // namespace
+
+TEST_CASE("memory_store passes the conformance suite") {
+  dibs::memory_store s;
+  REQUIRE_NOTHROW(dibs::testing::check_semantics(s, "sem-"));
+  REQUIRE_NOTHROW(dibs::testing::check_bad_input(s, "bad-"));
+  REQUIRE_NOTHROW(dibs::testing::check_races_threads(s, 8, 1000, "race-"));
+}
+
+TEST_CASE("the conformance suite catches a store whose versions restart after erase") {
+  forgetful_store s;
+  CHECK_THROWS_AS(dibs::testing::check_semantics(s, "f-"), dibs::testing::conformance_failure);
+}
+
+TEST_CASE("bad keys are named in the message, control characters shown escaped") {
+  dibs::memory_store s;
+  try {
+    (void)s.read(std::string("a\x01z"));
+    FAIL("accepted");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == dibs::errc::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains("'a\\x01z'") && Catch::Contains("control"));
+  }
+}
