@@ -215,11 +215,11 @@ void check_create_race_processes(Open open, int n, std::string_view key) {
     return s.create(k, fmt::format("winner {}", i)) ? 0 : 1;
   });
   int winners = 0, winner = -1;
-  for (int i = 0; i < n; ++i) {
+  for (std::size_t i = 0; i < codes.size(); ++i) {
     detail::expect(codes[i] == 0 || codes[i] == 1, "losing a create race is a result, not an exception or a crash");
     if (codes[i] == 0) {
       ++winners;
-      winner = i;
+      winner = static_cast<int>(i);
     }
   }
   detail::expect(winners == 1, fmt::format("exactly one of {} racing creates wins (won: {})", n, winners));

@@ -1,0 +1,306 @@
+// dibs/file_store.hpp: a dibs::shared_store of one file per key in a
+// directory, shared by every process that opens the same directory.
+//
+//   dibs::file_store store{"/var/spool/app/claims"};
+//   if (auto v = store.create("msg-1", "processing")) { ... }
+//
+// A record file `<dir>/<key>.rec` is text a person can read:
+//
+//   dibs-record 1
+//   version 7
+//   state live                  (or: erased)
+//   size 10
+//   crc32 5d0bd0a3
+//
+//   processing
+//
+// The crc32 covers the header lines above it and the value, so a torn or
+// damaged file is reported (errc::corrupt_record, naming the file), never
+// misread.
+//
+// How each operation is atomic, with no state that a SIGKILL can leave wedged:
+//   - every record is written whole to a temporary file first, then put in
+//     place by link() (create: fails if the key exists) or rename() (replace,
+//     erase): a reader sees the old record or the new one, never half of one;
+//   - replace and erase are compare-and-set under a kernel flock on the record
+//     file, which the kernel releases if the holder dies; after taking it the
+//     holder checks that the path still names the same inode, so a writer that
+//     waited on a file since replaced starts again;
+//   - erase leaves an "erased" record that keeps the version, so a later
+//     create continues from it: versions never go back (they are fencing
+//     tokens);
+//   - temporary files of dead processes are removed when a store is opened.
+// One host or many: flock, link and rename are atomic on local filesystems;
+// over NFS only link is (use a server-backed store there).
+#pragma once
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <charconv>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include <boost/crc.hpp>
+#include <fmt/format.h>
+
+#include <dibs/detail/posix.hpp>
+#include <dibs/error.hpp>
+#include <dibs/store.hpp>
+
+namespace dibs {
+
+struct file_store_options {
+  /// fsync each record and its directory before an operation returns, so a
+  /// record survives a crash of the machine, not only of the process.
+  bool sync = false;
+  mode_t mode = 0644;
+};
+
+class file_store {
+public:
+  /// Effects: opens the store in an existing directory and removes temporary
+  /// files left by processes that are gone.
+  /// Throws: std::system_error naming the directory if it is missing, not a
+  /// directory, or not writable by this user.
+  explicit file_store(std::filesystem::path directory, file_store_options opts = {})
+      : dir_(std::move(directory)), opts_(opts) {
+    struct ::stat st {};
+    if (::stat(dir_.c_str(), &st) != 0) throw detail::path_error(errno, "dibs::file_store: cannot open directory", dir_);
+    if (!S_ISDIR(st.st_mode)) throw detail::path_error(ENOTDIR, "dibs::file_store: not a directory:", dir_);
+    if (::access(dir_.c_str(), W_OK | X_OK) != 0)
+      throw detail::path_error(errno, "dibs::file_store: cannot write to directory", dir_);
+    remove_dead_temporaries();
+  }
+
+  /// Returns: the live record of `key`, or nothing.
+  /// Throws: std::system_error(errc::corrupt_record) naming the file if it is
+  /// damaged or not a dibs record; errc::invalid_argument for a bad key.
+  std::optional<record> read(std::string_view key) const {
+    validate_key(key);
+    auto r = load(path_of(key));
+    if (!r || !r->live) return std::nullopt;
+    return record{std::move(r->value), r->version};
+  }
+
+  std::optional<dibs::version> create(std::string_view key, std::string_view value) {
+    validate_key(key);
+    validate_value(key, value);
+    const auto path = path_of(key);
+    const auto tmp = write_temporary(key, 1, true, value);
+    if (::link(tmp.c_str(), path.c_str()) == 0) {
+      ::unlink(tmp.c_str());
+      sync_dir();
+      return dibs::version{1};
+    }
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    if (e != EEXIST) throw detail::path_error(e, "dibs::file_store: cannot create record", path);
+    // The key exists: live (we lost) or erased (continue from its version).
+    return swap_if(key, [](const stored& cur) { return !cur.live; }, true, value);
+  }
+
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
+    validate_key(key);
+    validate_value(key, value);
+    return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, true, value);
+  }
+
+  bool erase(std::string_view key, dibs::version expected) {
+    validate_key(key);
+    return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, false, {})
+        .has_value();
+  }
+
+  const std::filesystem::path& directory() const noexcept { return dir_; }
+  std::filesystem::path path_of(std::string_view key) const { return dir_ / (std::string(key) + ".rec"); }
+
+private:
+  struct stored {
+    dibs::version version = 0;
+    bool live = false;
+    std::string value;
+  };
+
+  static std::uint32_t crc(std::string_view header, std::string_view value) noexcept {
+    boost::crc_32_type c;
+    c.process_bytes(header.data(), header.size());
+    c.process_bytes(value.data(), value.size());
+    return c.checksum();
+  }
+
+  static std::string encode(dibs::version v, bool live, std::string_view value) {
+    std::string header = fmt::format("dibs-record 1\nversion {}\nstate {}\nsize {}\n", v, live ? "live" : "erased",
+                                     value.size());
+    std::string out = header + fmt::format("crc32 {:08x}\n\n", crc(header, value));
+    out.append(value);
+    return out;
+  }
+
+  [[noreturn]] static void corrupt(const std::filesystem::path& path, std::string_view why) {
+    throw std::system_error(make_error_code(errc::corrupt_record),
+                            fmt::format("dibs::file_store: record file '{}' is damaged or not a dibs record ({}); "
+                                        "move it away to let the key be used again",
+                                        path.string(), why));
+  }
+
+  static stored decode(const std::filesystem::path& path, std::string_view text) {
+    auto line = [&](std::string_view prefix) -> std::string_view {
+      if (text.substr(0, prefix.size()) != prefix) corrupt(path, fmt::format("expected '{}'", prefix));
+      const auto nl = text.find('\n');
+      if (nl == std::string_view::npos) corrupt(path, "header cut short");
+      const auto field = text.substr(prefix.size(), nl - prefix.size());
+      text.remove_prefix(nl + 1);
+      return field;
+    };
+    auto number = [&](std::string_view field, int base) {
+      std::uint64_t n = 0;
+      const auto [p, ec] = std::from_chars(field.data(), field.data() + field.size(), n, base);
+      if (ec != std::errc{} || p != field.data() + field.size()) corrupt(path, fmt::format("bad number '{}'", field));
+      return n;
+    };
+    const std::string_view all = text;
+    if (text.substr(0, 12) == "dibs-record " && text.substr(0, 14) != "dibs-record 1\n")
+      corrupt(path, "a record format this version of dibs does not read");
+    line("dibs-record 1");
+    stored s;
+    s.version = number(line("version "), 10);
+    const auto state = line("state ");
+    if (state != "live" && state != "erased") corrupt(path, fmt::format("unknown state '{}'", state));
+    s.live = state == "live";
+    const auto size = number(line("size "), 10);
+    const std::string_view header = all.substr(0, all.size() - text.size());
+    const auto sum = number(line("crc32 "), 16);
+    line("");
+    if (text.size() != size) corrupt(path, fmt::format("value has {} bytes, header says {}", text.size(), size));
+    if (crc(header, text) != sum) corrupt(path, "checksum mismatch");
+    s.value = std::string(text);
+    return s;
+  }
+
+  static std::optional<std::string> slurp(int fd, const std::filesystem::path& path) {
+    std::string out;
+    char buf[65536];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw detail::path_error(errno, "dibs::file_store: cannot read record", path);
+      if (n == 0) return out;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+
+  static std::optional<stored> load(const std::filesystem::path& path) {
+    detail::unique_fd fd{detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC)};
+    if (!fd) {
+      if (errno == ENOENT) return std::nullopt;
+      throw detail::path_error(errno, "dibs::file_store: cannot open record", path);
+    }
+    return load(fd.get(), path);
+  }
+  static std::optional<stored> load(int fd, const std::filesystem::path& path) {
+    return decode(path, *slurp(fd, path));
+  }
+
+  // Writes a whole record to a fresh temporary file; returns its path.
+  std::filesystem::path write_temporary(std::string_view key, dibs::version v, bool live, std::string_view value) const {
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    const auto tmp = dir_ / fmt::format(".tmp.{}.{:016x}.{}", ::getpid(), rng(), key);
+    detail::unique_fd fd{detail::open_retry(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, opts_.mode)};
+    if (!fd) throw detail::path_error(errno, "dibs::file_store: cannot create a temporary file in", dir_);
+    const std::string data = encode(v, live, value);
+    std::size_t done = 0;
+    while (done < data.size()) {
+      const ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int e = n < 0 ? errno : ENOSPC;
+        ::unlink(tmp.c_str());
+        throw detail::path_error(e, "dibs::file_store: cannot write a record into", dir_);
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    if (opts_.sync && ::fsync(fd.get()) != 0) {
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      throw detail::path_error(e, "dibs::file_store: cannot fsync a record in", dir_);
+    }
+    return tmp;
+  }
+
+  void sync_dir() const {
+    if (!opts_.sync) return;
+    detail::unique_fd d{detail::open_retry(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+    if (!d || ::fsync(d.get()) != 0) throw detail::path_error(errno, "dibs::file_store: cannot fsync directory", dir_);
+  }
+
+  // Compare-and-set: under the record file's flock, if ok(current) holds,
+  // puts a new record (current version + 1) in its place.
+  template <class Pred>
+  std::optional<dibs::version> swap_if(std::string_view key, Pred ok, bool live, std::string_view value) {
+    const auto path = path_of(key);
+    for (;;) {
+      detail::unique_fd fd{detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC)};
+      if (!fd) {
+        if (errno == ENOENT) return std::nullopt;
+        throw detail::path_error(errno, "dibs::file_store: cannot open record", path);
+      }
+      int rc;
+      do rc = ::flock(fd.get(), LOCK_EX);
+      while (rc != 0 && errno == EINTR);
+      if (rc != 0) throw detail::path_error(errno, "dibs::file_store: cannot lock record", path);
+      // Replaced while we waited? Then our descriptor is a dead inode: again.
+      struct ::stat held {}, now {};
+      if (::fstat(fd.get(), &held) != 0) throw detail::path_error(errno, "dibs::file_store: cannot stat record", path);
+      if (::stat(path.c_str(), &now) != 0) {
+        if (errno == ENOENT) return std::nullopt;
+        throw detail::path_error(errno, "dibs::file_store: cannot stat record", path);
+      }
+      if (held.st_ino != now.st_ino || held.st_dev != now.st_dev) continue;
+      const auto cur = load(fd.get(), path);
+      if (!cur || !ok(*cur)) return std::nullopt;
+      const dibs::version next = cur->version + 1;
+      const auto tmp = write_temporary(key, next, live, value);
+      if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int e = errno;
+        ::unlink(tmp.c_str());
+        throw detail::path_error(e, "dibs::file_store: cannot replace record", path);
+      }
+      sync_dir();
+      return next;  // the flock goes with the old inode when fd closes
+    }
+  }
+
+  void remove_dead_temporaries() const {
+    DIR* d = ::opendir(dir_.c_str());
+    if (!d) return;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string_view name = e->d_name;
+      if (name.substr(0, 5) != ".tmp.") continue;
+      const auto dot = name.find('.', 5);
+      long pid = 0;
+      const auto [p, ec] = std::from_chars(name.data() + 5, name.data() + (dot == std::string_view::npos ? name.size() : dot), pid);
+      (void)p;
+      if (ec != std::errc{} || pid <= 0) continue;
+      if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) ::unlinkat(::dirfd(d), e->d_name, 0);
+    }
+    ::closedir(d);
+  }
+
+  std::filesystem::path dir_;
+  file_store_options opts_;
+};
+
+static_assert(shared_store<file_store>);
+
+}  // namespace dibs
