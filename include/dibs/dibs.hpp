@@ -7,6 +7,7 @@
 #include <dibs/error.hpp>
 #include <dibs/file_mutex.hpp>
 #include <dibs/file_store.hpp>
+#include <dibs/lease_mutex.hpp>
 #include <dibs/memory_store.hpp>
 #include <dibs/retry.hpp>
 #include <dibs/shared_log.hpp>

@@ -37,11 +37,15 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <poll.h>
 #include <sys/file.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
@@ -50,6 +54,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 
 #include <boost/crc.hpp>
 #include <fmt/format.h>
@@ -65,6 +70,9 @@ struct file_store_options {
   /// record survives a crash of the machine, not only of the process.
   bool sync = false;
   mode_t mode = 0644;
+  /// Appended to the key to name its file (dibs::lock_file uses "", so the
+  /// lock file is exactly the path it was given).
+  std::string suffix = ".rec";
 };
 
 class file_store {
@@ -123,7 +131,38 @@ public:
   }
 
   const std::filesystem::path& directory() const noexcept { return dir_; }
-  std::filesystem::path path_of(std::string_view key) const { return dir_ / (std::string(key) + ".rec"); }
+  std::filesystem::path path_of(std::string_view key) const { return dir_ / (std::string(key) + opts_.suffix); }
+
+  /// Effects: blocks until the file of `key` may have changed (inotify on the
+  /// directory), or `timeout` passes. A change just before the call can be
+  /// missed; callers re-read after at most `timeout` anyway.
+  /// Returns: true if a change of the key was seen.
+  bool wait_for_change(std::string_view key, std::chrono::nanoseconds timeout) const {
+    detail::unique_fd fd{::inotify_init1(IN_CLOEXEC | IN_NONBLOCK)};
+    const auto sleep_instead = [&] {
+      std::this_thread::sleep_for(timeout);
+      return false;
+    };
+    if (!fd) return sleep_instead();
+    if (::inotify_add_watch(fd.get(), dir_.c_str(), IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM | IN_CLOSE_WRITE) < 0)
+      return sleep_instead();
+    const std::string name = std::string(key) + opts_.suffix;
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      pollfd p{fd.get(), POLLIN, 0};
+      const int rc = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, left.count() + 1)));
+      if (rc <= 0) return false;
+      alignas(inotify_event) char buf[4096];
+      const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+      for (ssize_t off = 0; off < n;) {
+        const auto* ev = reinterpret_cast<const inotify_event*>(buf + off);
+        if (ev->len > 0 && name == ev->name) return true;
+        off += static_cast<ssize_t>(sizeof(inotify_event) + ev->len);
+      }
+      if (std::chrono::steady_clock::now() >= end) return false;
+    }
+  }
 
 private:
   struct stored {
