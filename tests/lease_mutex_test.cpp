@@ -112,7 +112,7 @@ TEST_CASE("8 processes x 2,000 locked increments with 20 SIGKILLs: no overlap, n
     const std::size_t victim = std::uniform_int_distribution<std::size_t>{0, pids.size() - 1}(rng);
     ::kill(pids[victim], SIGKILL);
     dibs_test::wait_exit(pids[victim]);
-    pids[victim] = start_worker(cycles / 4);
+    pids[victim] = start_worker(cycles);  // the replacement does a whole run
   }
   ::close(acks[1]);
   int failed = 0;
@@ -125,7 +125,7 @@ TEST_CASE("8 processes x 2,000 locked increments with 20 SIGKILLs: no overlap, n
   INFO("acknowledged " << acked << ", counter " << value);
   CHECK(failed == 0);
   CHECK(overlaps == 0);
-  CHECK(acked >= cycles * workers / 4);  // real work was done
+  CHECK(acked >= cycles * workers);  // the last 8 workers each finished all their cycles
   // Every acknowledged increment is in; at most one more per kill (done, not yet acknowledged).
   CHECK(value >= acked);
   CHECK(value <= acked + kills);
