@@ -8,6 +8,7 @@
 #include <dibs/file_mutex.hpp>
 #include <dibs/file_store.hpp>
 #include <dibs/lease_mutex.hpp>
+#include <dibs/marker_claim.hpp>
 #include <dibs/memory_store.hpp>
 #include <dibs/retry.hpp>
 #include <dibs/shared_log.hpp>
