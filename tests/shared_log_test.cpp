@@ -241,7 +241,7 @@ TEST_CASE("a lock that cannot be had in time is a timed_out error, and the recor
   REQUIRE(::pipe(ready) == 0);
   const pid_t holder = dibs_test::spawn([&] {
     auto* st = map_lock(log.lock_path());
-    if (!st || ::pthread_mutex_lock(&st->mutex) != 0) return 2;
+    if (!st || ::pthread_mutex_lock(&st->mutex.m) != 0) return 2;
     if (::write(ready[1], "r", 1) != 1) return 3;
     for (;;) ::pause();
   });
@@ -272,7 +272,7 @@ TEST_CASE("a writer killed half-way through a record: the next writer cuts the f
   log.append("whole record 1");
   const pid_t w = dibs_test::spawn([&] {
     auto* st = map_lock(log.lock_path());
-    if (!st || ::pthread_mutex_lock(&st->mutex) != 0) return 2;
+    if (!st || ::pthread_mutex_lock(&st->mutex.m) != 0) return 2;
     // Exactly what a writer does, stopped in the middle of its record.
     st->pending_start = static_cast<std::int64_t>(fs::file_size(path));
     const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND);

@@ -55,19 +55,9 @@
 #include <fmt/format.h>
 
 #include <dibs/detail/posix.hpp>
+#include <dibs/detail/robust_mutex.hpp>
 #include <dibs/error.hpp>
 #include <dibs/file_mutex.hpp>
-
-#if defined(__SANITIZE_THREAD__)
-#define DIBS_DETAIL_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define DIBS_DETAIL_TSAN 1
-#endif
-#endif
-#ifndef DIBS_DETAIL_TSAN
-#define DIBS_DETAIL_TSAN 0
-#endif
 
 namespace dibs {
 
@@ -97,18 +87,11 @@ struct log_shared_state {
   static constexpr char magic_value[8] = {'d', 'i', 'b', 's', 'l', 'o', 'g', '2'};
   char magic[8];
   char boot_id[40];           // the boot that set the mutex up; after a reboot it is set up anew
-  pthread_mutex_t mutex;      // robust, process-shared
+  robust_mutex mutex;
   std::uint64_t generation;   // bumped by every rotation
   std::uint64_t next_rotation;  // n of the next `<log>.<n>`
   std::int64_t pending_start;   // where the record being written began; -1: none
 };
-
-inline std::string boot_id() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return id;
-}
 
 }  // namespace detail
 
@@ -204,13 +187,8 @@ private:
     if (fresh || std::strncmp(state_->boot_id, boot.c_str(), sizeof state_->boot_id) != 0) {
       // New, or left by an earlier boot: no process of this boot can hold the
       // mutex (or it would have set the page up itself), so set it up anew.
-      pthread_mutexattr_t attr;
-      ::pthread_mutexattr_init(&attr);
-      ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-      ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-      const int rc = ::pthread_mutex_init(&state_->mutex, &attr);
-      ::pthread_mutexattr_destroy(&attr);
-      if (rc != 0) throw detail::path_error(rc, "dibs::shared_log: cannot set up the lock in", lp);
+      if (const int rc = state_->mutex.init(); rc != 0)
+        throw detail::path_error(rc, "dibs::shared_log: cannot set up the lock in", lp);
       if (fresh) {
         state_->generation = 1;
         state_->next_rotation = 1;
@@ -240,53 +218,28 @@ private:
 
   // The held lock; unlocks on scope exit.
   struct held_lock {
-    pthread_mutex_t* m;
-    ~held_lock() { ::pthread_mutex_unlock(m); }
+    detail::robust_mutex* m;
+    ~held_lock() { m->unlock(); }
   };
-
-  // ThreadSanitizer does not intercept pthread_mutex_clocklock, and would then
-  // report every unlock as an unlock of an unlocked mutex: under it, use
-  // timedlock, whose deadline is on the realtime clock.
-#if DIBS_DETAIL_TSAN
-  static constexpr clockid_t lock_clock = CLOCK_REALTIME;
-#else
-  static constexpr clockid_t lock_clock = CLOCK_MONOTONIC;
-#endif
 
   // Effects: takes the shared mutex within the lock timeout, repairing what a
   // dead holder left behind. Returns: an error, or {} with the mutex held.
   std::error_code lock_state(const char*& what) {
-    timespec deadline{};
-    ::clock_gettime(lock_clock, &deadline);
-    const auto ms = opts_.lock_timeout.count();
-    deadline.tv_sec += static_cast<time_t>(ms / 1000);
-    deadline.tv_nsec += static_cast<long>((ms % 1000) * 1'000'000);
-    if (deadline.tv_nsec >= 1'000'000'000) {
-      deadline.tv_sec += 1;
-      deadline.tv_nsec -= 1'000'000'000;
-    }
-#if DIBS_DETAIL_TSAN
-    const int rc = ::pthread_mutex_timedlock(&state_->mutex, &deadline);
-#else
-    const int rc = ::pthread_mutex_clocklock(&state_->mutex, lock_clock, &deadline);
-#endif
+    const int rc = state_->mutex.lock_for(opts_.lock_timeout);
     if (rc == ETIMEDOUT) {
       what = "timed out waiting for the lock of log";
       return errc::timed_out;
     }
-    if (rc == EOWNERDEAD) {
-      // Its holder died holding it, and the kernel gave it to us. Mark it
-      // consistent first: pending_start is kept until a repair succeeds, so a
-      // repair that fails here is tried again by the next holder.
-      ::pthread_mutex_consistent(&state_->mutex);
-    } else if (rc != 0) {
+    if (rc != 0 && rc != EOWNERDEAD) {
       what = "cannot take the lock of log";
       return {rc, std::system_category()};
     }
+    // Cut off what a dead holder left half-written (pending_start survives
+    // until this succeeds, so a failed repair is tried again by the next holder).
     try {
-      repair();  // cut off what a dead holder left half-written; nobody has appended after it
+      repair();
     } catch (...) {
-      ::pthread_mutex_unlock(&state_->mutex);
+      state_->mutex.unlock();
       throw;
     }
     return {};

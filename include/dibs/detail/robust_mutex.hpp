@@ -1,0 +1,89 @@
+// dibs/detail/robust_mutex.hpp: a robust, process-shared pthread mutex that
+// lives in shared memory (a mapped file or a shared memory segment). If its
+// holder dies, the kernel hands it to the next locker with EOWNERDEAD, which
+// repairs what the dead holder left half-done and goes on.
+#pragma once
+
+#include <pthread.h>
+#include <time.h>
+
+#include <cerrno>
+#include <chrono>
+#include <fstream>
+#include <string>
+
+#if defined(__SANITIZE_THREAD__)
+#define DIBS_DETAIL_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DIBS_DETAIL_TSAN 1
+#endif
+#endif
+#ifndef DIBS_DETAIL_TSAN
+#define DIBS_DETAIL_TSAN 0
+#endif
+
+namespace dibs::detail {
+
+/// Returns: this boot's id. A mutex word written in an earlier boot may name
+/// a thread that no longer exists and will never be cleaned up: shared state
+/// records the boot that set it up, and is set up anew after a reboot.
+inline std::string boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+struct robust_mutex {
+  pthread_mutex_t m;
+
+  /// Requires: nobody uses the mutex (it is new, or from an earlier boot).
+  /// Returns: 0 or an errno value.
+  int init() noexcept {
+    pthread_mutexattr_t attr;
+    ::pthread_mutexattr_init(&attr);
+    ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+    const int rc = ::pthread_mutex_init(&m, &attr);
+    ::pthread_mutexattr_destroy(&attr);
+    return rc;
+  }
+
+  /// Effects: waits up to `timeout` for the mutex.
+  /// Returns: 0 if taken; EOWNERDEAD if taken from a holder that died (already
+  /// marked consistent: the caller repairs the state it protects before
+  /// unlocking); ETIMEDOUT; or another errno value.
+  int lock_for(std::chrono::nanoseconds timeout) noexcept {
+    // ThreadSanitizer does not intercept pthread_mutex_clocklock (and would
+    // then report every unlock as bad): under it, use timedlock, whose
+    // deadline is on the realtime clock.
+#if DIBS_DETAIL_TSAN
+    constexpr clockid_t clock = CLOCK_REALTIME;
+#else
+    constexpr clockid_t clock = CLOCK_MONOTONIC;
+#endif
+    timespec deadline{};
+    ::clock_gettime(clock, &deadline);
+    const auto ns = timeout.count() < 0 ? 0 : timeout.count();
+    deadline.tv_sec += static_cast<time_t>(ns / 1'000'000'000);
+    deadline.tv_nsec += static_cast<long>(ns % 1'000'000'000);
+    if (deadline.tv_nsec >= 1'000'000'000) {
+      deadline.tv_sec += 1;
+      deadline.tv_nsec -= 1'000'000'000;
+    }
+#if DIBS_DETAIL_TSAN
+    const int rc = ::pthread_mutex_timedlock(&m, &deadline);
+#else
+    const int rc = ::pthread_mutex_clocklock(&m, clock, &deadline);
+#endif
+    // Consistent at once: the protected state carries its own undo record, so
+    // a repair that fails is simply tried again by the next holder.
+    if (rc == EOWNERDEAD) ::pthread_mutex_consistent(&m);
+    return rc;
+  }
+
+  void unlock() noexcept { ::pthread_mutex_unlock(&m); }
+};
+
+}  // namespace dibs::detail
