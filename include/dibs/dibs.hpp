@@ -12,5 +12,6 @@
 #include <dibs/memory_store.hpp>
 #include <dibs/retry.hpp>
 #include <dibs/shared_log.hpp>
+#include <dibs/shm_store.hpp>
 #include <dibs/store.hpp>
 #include <dibs/version.hpp>
