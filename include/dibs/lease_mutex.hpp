@@ -54,7 +54,7 @@ struct lease_options {
   bool renew = true;
   /// Called once, from the renewal thread or unlock(), when the lease turns
   /// out to have been taken over: stop the work the lock protected.
-  std::function<void()> on_lost;
+  std::function<void()> on_lost{};
   /// Waiting between tries (woken early by the store's change notification,
   /// where it has one).
   exponential_backoff wait{std::chrono::microseconds{500}, 2.0, std::chrono::milliseconds{50}, jitter::full};
