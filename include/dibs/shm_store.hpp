@@ -128,7 +128,8 @@ public:
                                 fmt::format("dibs::shm_store '{}': cannot set up its mutex", name_));
       std::memset(head_->boot_id, 0, sizeof head_->boot_id);
       std::memcpy(head_->boot_id, boot.data(), std::min(boot.size(), sizeof head_->boot_id - 1));
-      std::atomic_thread_fence(std::memory_order_seq_cst);
+      // Written last; every opener reads it only under the same flock, whose
+      // release and acquisition order these writes before its reads.
       std::memcpy(head_->magic, detail::shm_header::magic_value, 8);
     }
   }
