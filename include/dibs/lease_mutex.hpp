@@ -41,6 +41,7 @@
 
 #include <dibs/backoff.hpp>
 #include <dibs/detail/owner.hpp>
+#include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/error.hpp>
 #include <dibs/file_store.hpp>
 #include <dibs/store.hpp>
@@ -50,7 +51,8 @@ namespace dibs {
 struct lease_options {
   /// How long a holder that stops renewing keeps the lock.
   std::chrono::milliseconds lease{10'000};
-  /// Renew in a background thread about every third of the lease.
+  /// Renew about every third of the lease, from one renewal thread per
+  /// process (no thread is started per lock).
   bool renew = true;
   /// Called once, from the renewal thread or unlock(), when the lease turns
   /// out to have been taken over: stop the work the lock protected.
@@ -213,46 +215,34 @@ private:
     token_ = v;
     seen_version_.reset();
     if (opts_.renew) {
-      renewal_ = std::jthread([this](std::stop_token st) { renew_loop(st); });
+      last_renewed_ = std::chrono::steady_clock::now();
+      renewal_id_ = detail::renewal_keeper::instance().add(opts_.lease / 3, [this] { return renew_tick(); });
     }
     return true;
   }
 
-  void renew_loop(std::stop_token st) {
-    const auto every = opts_.lease / 3;
-    auto last_ok = std::chrono::steady_clock::now();
-    std::mutex sleep_m;
-    std::condition_variable_any cv;
-    for (;;) {
+  // Called by the process's renewal thread. Returns: false to stop renewing.
+  bool renew_tick() {
+    try {
+      if (!renew()) return false;
+      last_renewed_ = std::chrono::steady_clock::now();
+      return true;
+    } catch (...) {
+      // The store failed for a moment: try again next time, unless the
+      // lease has run out meanwhile, in which case it cannot be trusted.
+      if (std::chrono::steady_clock::now() - last_renewed_ < opts_.lease) return true;
+      bool newly_lost;
       {
-        std::unique_lock l{sleep_m};
-        if (cv.wait_for(l, st, every, [] { return false; }); st.stop_requested()) return;
+        std::lock_guard g{m_};
+        newly_lost = mark_lost();
       }
-      try {
-        if (!renew()) return;
-        last_ok = std::chrono::steady_clock::now();
-      } catch (...) {
-        // The store failed for a moment: try again next time, unless the
-        // lease has run out meanwhile, in which case it cannot be trusted.
-        if (std::chrono::steady_clock::now() - last_ok >= opts_.lease) {
-          bool newly_lost;
-          {
-            std::lock_guard g{m_};
-            newly_lost = mark_lost();
-          }
-          notify_lost(newly_lost);
-          return;
-        }
-      }
+      notify_lost(newly_lost);
+      return false;
     }
   }
 
   void stop_renewal() {
-    if (renewal_.joinable()) {
-      renewal_.request_stop();
-      if (renewal_.get_id() != std::this_thread::get_id()) renewal_.join();
-      else renewal_.detach();  // on_lost called unlock(): the loop ends by itself
-    }
+    if (renewal_id_) detail::renewal_keeper::instance().remove(std::exchange(renewal_id_, 0));
   }
 
   // Requires: m_ held. Returns: true the first time.
@@ -272,7 +262,8 @@ private:
   dibs::version token_ = 0;    // the version at acquisition
   std::optional<dibs::version> seen_version_;
   std::chrono::steady_clock::time_point seen_since_{};
-  std::jthread renewal_;
+  std::uint64_t renewal_id_ = 0;
+  std::chrono::steady_clock::time_point last_renewed_{};
 };
 
 namespace detail {
