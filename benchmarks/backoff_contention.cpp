@@ -7,7 +7,12 @@
 // commits K transactions through dibs::transact (BEGIN IMMEDIATE; read the
 // counter row, write it + 1; COMMIT). A transaction that loses the lock gets
 // SQLITE_BUSY at once and is retried whole, after the delay the schedule under
-// test asks for. Per run the harness counts
+// test asks for. With --hold-us H, each transaction also does H microseconds
+// of simulated work between the read and the write, while it holds the write
+// lock (BEGIN IMMEDIATE takes it): a busy-wait on steady_clock by default, so
+// the work needs a CPU as real computation would, or a sleep with
+// --hold-mode sleep, which models waiting on something else (I/O, a remote
+// call) while holding the lock. Per run the harness counts
 //
 //   attempts  every call of the transaction unit (K per process, plus one per
 //             on_retry call), summed over all processes;
@@ -20,6 +25,7 @@
 // shows medians.
 //
 //   backoff_contention [--n 10,25,50] [--k 20] [--reps 9] [--schedules LIST]
+//                      [--hold-us H] [--hold-mode spin|sleep]
 //                      [--deadline SECONDS] [--csv PATH] [--json PATH] [--dir PATH]
 //
 // Schedules (unlimited attempts, a deadline of --deadline per transaction):
@@ -54,6 +60,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -167,11 +174,17 @@ dibs::retry_policy make_policy(const schedule_spec& s, std::chrono::seconds dead
 // ---------------------------------------------------------------------------
 // Command line
 
+enum class hold_mode { spin, sleep };
+
+const char* to_string(hold_mode m) { return m == hold_mode::spin ? "spin" : "sleep"; }
+
 struct config {
   std::vector<int> ns{10, 25, 50};
   int k = 20;
   int reps = 9;
   std::vector<schedule_spec> schedules;
+  std::chrono::microseconds hold{0};  // simulated work per transaction, lock held
+  hold_mode mode = hold_mode::spin;
   std::chrono::seconds deadline{600};
   fs::path csv, json, dir;
 };
@@ -182,6 +195,7 @@ const char* const default_schedules =
 [[noreturn]] void usage(int code) {
   std::fprintf(code ? stderr : stdout,
                "usage: backoff_contention [--n LIST] [--k K] [--reps R] [--schedules LIST]\n"
+               "                          [--hold-us H] [--hold-mode spin|sleep]\n"
                "                          [--deadline SECONDS] [--csv PATH] [--json PATH] [--dir PATH]\n"
                "\n"
                "  For each N in LIST (default 10,25,50) and each schedule, N processes commit K\n"
@@ -197,6 +211,10 @@ const char* const default_schedules =
                "                full[@B]  full jitter               } x2, cap 1 s, as\n"
                "                equal[@B] equal jitter              } dibs::exponential_backoff{}\n"
                "                decorr[@B] decorrelated jitter      } B like 1ms or 500us\n"
+               "  --hold-us H   in every transaction, between the read and the write, hold the\n"
+               "                write lock for H microseconds of simulated work (default 0)\n"
+               "  --hold-mode   spin (default): busy-wait on steady_clock, the work needs a CPU;\n"
+               "                sleep: sleep_for(H), the work waits on something else\n"
                "  --deadline    retry deadline of each transaction, seconds (default 600)\n"
                "  --csv PATH    write one row per run\n"
                "  --json PATH   write the machine, the configuration, every run and the medians\n"
@@ -246,6 +264,13 @@ config parse(int argc, char** argv) {
     } else if (opt == "--k") c.k = to_int(opt, value(), 1, 1'000'000);
     else if (opt == "--reps") c.reps = to_int(opt, value(), 1, 1000);
     else if (opt == "--schedules") schedules = value();
+    else if (opt == "--hold-us") c.hold = std::chrono::microseconds{to_int(opt, value(), 0, 10'000'000)};
+    else if (opt == "--hold-mode") {
+      const std::string m = value();
+      if (m == "spin") c.mode = hold_mode::spin;
+      else if (m == "sleep") c.mode = hold_mode::sleep;
+      else bad_option(fmt::format("--hold-mode is spin or sleep (got '{}')", m));
+    }
     else if (opt == "--deadline") c.deadline = std::chrono::seconds{to_int(opt, value(), 1, 86'400)};
     else if (opt == "--csv") c.csv = value();
     else if (opt == "--json") c.json = value();
@@ -280,6 +305,20 @@ std::int64_t now_ns() {
   return std::chrono::duration_cast<nanos>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The simulated work of one transaction, done while it holds the write lock.
+void hold_lock(const config& cfg) {
+  if (cfg.hold <= std::chrono::microseconds::zero()) return;
+  if (cfg.mode == hold_mode::sleep) {
+    std::this_thread::sleep_for(cfg.hold);
+    return;
+  }
+  // Wall time, not CPU time: a holder that the scheduler takes off the CPU
+  // keeps the lock for longer, as a real one would.
+  const auto until = std::chrono::steady_clock::now() + cfg.hold;
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
 bool write_all(int fd, const void* data, std::size_t size) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
@@ -305,10 +344,9 @@ int child_main(const config& cfg, const schedule_spec& spec, const fs::path& db_
     auto read_counter = db.prepare("SELECT value FROM counter WHERE id = 1");
     auto write_counter = db.prepare("UPDATE counter SET value = ?1 WHERE id = 1");
 
-    // Every child gets its own seeded engine. The library's default source is
-    // a thread_local engine seeded on first use; a child forked after the
-    // parent had used it would inherit the parent's state, and all children
-    // would draw the same "random" delays. This harness never lets that happen.
+    // Every child gets its own seeded engine. (The library's default source
+    // reseeds itself in a forked child too; seeding here keeps the harness
+    // independent of that.)
     std::random_device rd;
     std::seed_seq seq{rd(), rd(), static_cast<unsigned>(::getpid()), static_cast<unsigned>(id)};
     std::mt19937_64 engine{seq};
@@ -336,6 +374,7 @@ int child_main(const config& cfg, const schedule_spec& spec, const fs::path& db_
         if (!read_counter.step()) throw std::runtime_error("the counter row is missing");
         const std::int64_t value = read_counter.column_int64(0);
         read_counter.reset();
+        hold_lock(cfg);  // the work between the read and the write, lock held
         write_counter.bind(1, value + 1);
         write_counter.step();
       });
@@ -546,8 +585,8 @@ void print_table(const config& cfg, const summary_map& sums) {
       fewest = std::min(fewest, s.attempts);
     }
     const long total = static_cast<long>(n) * cfg.k;
-    fmt::print("\nN = {} processes x K = {} transactions = {} commits; median of {} runs\n", n, cfg.k, total,
-               cfg.reps);
+    fmt::print("\nN = {} processes x K = {} transactions = {} commits, hold {} us ({}); median of {} runs\n", n,
+               cfg.k, total, cfg.hold.count(), to_string(cfg.mode), cfg.reps);
     fmt::print("  {:<12} {:<38} {:>9} {:>8} {:>7} {:>6} {:>9} {:>7} {:>17} {:>8}\n", "schedule", "", "attempts",
                "retries", "per tx", "worst", "makespan", "x best", "makespan min-max", "x fewest");
     for (std::size_t si = 0; si < cfg.schedules.size(); ++si) {
@@ -605,13 +644,14 @@ std::string json_string(std::string_view s) {
 
 void write_csv(const config& cfg, const std::vector<run_result>& runs) {
   std::ofstream f{cfg.csv};
-  f << "n,k,schedule,description,rep,attempts,retries,attempts_per_tx,worst_tx_attempts,makespan_s,slept_s\n";
+  f << "n,k,hold_us,hold_mode,schedule,description,rep,attempts,retries,attempts_per_tx,worst_tx_attempts,makespan_s,"
+       "slept_s\n";
   for (const auto& r : runs) {
     const auto& s = cfg.schedules[r.schedule];
     const auto commits = static_cast<std::uint64_t>(r.n) * static_cast<std::uint64_t>(cfg.k);
-    f << fmt::format("{},{},{},\"{}\",{},{},{},{:.4f},{},{:.6f},{:.6f}\n", r.n, cfg.k, s.name, describe(s), r.rep + 1,
-                     r.attempts, r.attempts - commits, static_cast<double>(r.attempts) / static_cast<double>(commits),
-                     r.worst, r.makespan_s, r.slept_s);
+    f << fmt::format("{},{},{},{},{},\"{}\",{},{},{},{:.4f},{},{:.6f},{:.6f}\n", r.n, cfg.k, cfg.hold.count(),
+                     to_string(cfg.mode), s.name, describe(s), r.rep + 1, r.attempts, r.attempts - commits,
+                     static_cast<double>(r.attempts) / static_cast<double>(commits), r.worst, r.makespan_s, r.slept_s);
   }
   if (!f) fatal(fmt::format("cannot write {}", cfg.csv.string()));
 }
@@ -623,8 +663,9 @@ void write_json(const config& cfg, const std::vector<run_result>& runs, const su
                    ::sysconf(_SC_NPROCESSORS_ONLN), json_string(compiler), json_string(::sqlite3_libversion()));
   std::string ns;
   for (int n : cfg.ns) ns += (ns.empty() ? "" : ", ") + std::to_string(n);
-  f << fmt::format("  \"config\": {{\"n\": [{}], \"k\": {}, \"reps\": {}, \"deadline_s\": {}}},\n", ns, cfg.k,
-                   cfg.reps, cfg.deadline.count());
+  f << fmt::format("  \"config\": {{\"n\": [{}], \"k\": {}, \"reps\": {}, \"hold_us\": {}, \"hold_mode\": {}, "
+                   "\"deadline_s\": {}}},\n",
+                   ns, cfg.k, cfg.reps, cfg.hold.count(), json_string(to_string(cfg.mode)), cfg.deadline.count());
   f << "  \"medians\": [\n";
   bool first = true;
   for (const auto& [key, s] : sums) {
@@ -669,8 +710,10 @@ int main(int argc, char** argv) {
 
   fmt::print("backoff_contention: {} CPUs, {}, SQLite {}\n", ::sysconf(_SC_NPROCESSORS_ONLN), compiler,
              ::sqlite3_libversion());
-  fmt::print("  one shared database in {}; busy timeout 0, WAL, BEGIN IMMEDIATE; read counter, write +1\n",
-             dir.string());
+  fmt::print("  one shared database in {}; busy timeout 0, WAL, BEGIN IMMEDIATE; read counter, {}write +1\n",
+             dir.string(),
+             cfg.hold.count() > 0 ? fmt::format("hold the lock {} us ({}), ", cfg.hold.count(), to_string(cfg.mode))
+                                  : std::string{});
   fmt::print("  unlimited attempts, deadline {} s per transaction; K = {}; {} runs per configuration\n",
              cfg.deadline.count(), cfg.k, cfg.reps);
   std::fflush(stdout);
