@@ -107,6 +107,12 @@ public:
     validate_key(key);
     validate_value(key, value);
     const auto path = path_of(key);
+    // An erased record keeps the key's version: continue from it without
+    // first writing a file that link() would refuse.
+    if (const auto cur = load(path)) {
+      if (cur->live) return std::nullopt;
+      return swap_if(key, [](const stored& c) { return !c.live; }, true, value);
+    }
     const auto tmp = write_temporary(key, 1, true, value);
     if (::link(tmp.c_str(), path.c_str()) == 0) {
       ::unlink(tmp.c_str());
