@@ -71,8 +71,9 @@ private:
       auto next = entries_.begin();
       for (auto it = entries_.begin(); it != entries_.end(); ++it)
         if (it->second.due < next->second.due) next = it;
-      if (clock::now() < next->second.due) {
-        cv_.wait_until(g, next->second.due);
+      if (const auto due = next->second.due; clock::now() < due) {
+        // A copy: the entry may be erased while we wait (wait_until keeps a reference).
+        cv_.wait_until(g, due);
         continue;  // entries may have changed meanwhile
       }
       const std::uint64_t id = next->first;
