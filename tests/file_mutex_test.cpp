@@ -234,7 +234,7 @@ TEST_CASE("a holder killed with SIGKILL releases the lock at once") {
   int ready[2];
   REQUIRE(::pipe(ready) == 0);
   const pid_t child = dibs_test::spawn([&] {
-    dibs::file_mutex m{path};
+    dibs::file_mutex m{path, {.write_owner = true}};
     m.lock();
     if (::write(ready[1], "r", 1) != 1) return 2;
     for (;;) ::pause();

@@ -63,8 +63,10 @@ enum class lock_family {
 struct file_mutex_options {
   lock_family family = lock_family::flock;
   /// Write "pid <pid> host <host>" into the file on each exclusive lock, so a
-  /// person can see who holds it (`cat` the file). Costs one pwrite per lock.
-  bool write_owner = true;
+  /// person can see who holds it (`cat` the file). Off by default: the pwrite
+  /// doubles the cost of a lock (2.2x the raw flock pair instead of 1.0x, see
+  /// docs/BENCHMARKS.md).
+  bool write_owner = false;
   /// Permissions of a lock file that does not exist yet (the umask applies).
   mode_t mode = 0644;
 };
