@@ -17,8 +17,12 @@
 //   file_mutex_contended [--procs 2,4,8] [--cycles N] [--repeat R]
 //                        [--locks file_mutex,raw_flock,...] [--dir D]
 //
-// Locks: file_mutex (default options: flock, owner line), file_mutex_no_owner,
-// file_mutex_posix, raw_flock, raw_ofd, boost_file_lock. Runs are
+// Locks (options spelled out, whatever the library's defaults):
+//   file_mutex           flock family, write_owner = true (one pwrite per lock)
+//   file_mutex_no_owner  flock family, write_owner = false (the default since 12f84a6)
+//   file_mutex_posix     posix (OFD) family, write_owner = true
+//   raw_flock, raw_ofd   the bare kernel calls on an open descriptor
+//   boost_file_lock      boost::interprocess::file_lock (classic fcntl locks) Runs are
 // interleaved (repeat, then process count, then lock) so drift on a noisy
 // machine spreads over all of them; the summary gives medians over repeats.
 // Files go to a fresh directory under D (default $DIBS_BENCH_DIR, else /var/tmp).

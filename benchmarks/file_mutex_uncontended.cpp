@@ -6,7 +6,9 @@
 //                      file_mutex's default, which writes its owner line on each lock
 //   raw_ofd            fcntl(F_OFD_SETLKW) lock + unlock: the floor of lock_family::posix
 //   raw_fcntl          fcntl(F_SETLKW) lock + unlock: the floor of Boost's file_lock
-//   file_mutex/...     dibs::file_mutex, both families, with and without the owner line
+//   file_mutex_...     dibs::file_mutex, both families; "_no_owner": write_owner = false,
+//                      otherwise write_owner = true (both spelled out, whatever the default)
+//   file_mutex_flock_scoped  std::scoped_lock over a file_mutex with default options
 //   boost_file_lock    boost::interprocess::file_lock lock() + unlock()
 //
 // The lock files live in a fresh directory under $DIBS_BENCH_DIR (default
@@ -179,7 +181,8 @@ BENCHMARK(BM_file_mutex_flock_no_owner);
 BENCHMARK(BM_file_mutex_posix);
 BENCHMARK(BM_file_mutex_posix_no_owner);
 
-// The same through std::scoped_lock, as a user would write it (no difference expected).
+// Default options through std::scoped_lock, as a user would write it. The
+// default has been write_owner = false since 12f84a6 (it was true before).
 void BM_file_mutex_flock_scoped(benchmark::State& state) {
   dibs::file_mutex m{fresh_file("fm_flock_scoped.lock")};
   for (auto _ : state) {

@@ -402,8 +402,11 @@ private:
     (void)rc;
   }
 
-  void write_owner() noexcept {
+  void write_owner() {
     // Best effort: the lock is held whether or not the note is written.
+    // Built on first use: the first file_mutex on this file may not have
+    // asked for it. Only the exclusive holder gets here, so no race.
+    if (entry_->owner.empty()) entry_->owner = detail::owner_line();
     const std::string& line = entry_->owner;
     (void)!::pwrite(entry_->fd.get(), line.data(), line.size(), 0);
   }
