@@ -15,16 +15,11 @@
 
 using namespace std::chrono_literals;
 using Catch::Contains;
+using dibs_test::slurp;
+using dibs_test::spit;
 using dibs_test::temp_dir;
 namespace fs = std::filesystem;
 
-namespace {
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
-}  // namespace
 
 TEST_CASE("file_store passes the conformance suite, in one process and across 8") {
   temp_dir dir;

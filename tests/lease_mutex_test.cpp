@@ -17,15 +17,12 @@
 
 using namespace std::chrono_literals;
 using Catch::Contains;
+using dibs_test::slurp;
+using dibs_test::spit;
 using dibs_test::temp_dir;
 namespace fs = std::filesystem;
 
 namespace {
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
 
 // A lease record as another process would have written it.
 std::string lease_text(const std::string& host, const std::string& boot, long pid, std::uint64_t start, long lease_ms) {

@@ -23,15 +23,13 @@
 
 using namespace std::chrono_literals;
 using Catch::Contains;
+using dibs_test::slurp;
+using dibs_test::spit;
 using dibs_test::temp_dir;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 // A record whose every byte can be checked: "w<writer>:s<seq>:n<len>:<payload>".
 std::string make_record(int writer, int seq, std::size_t len) {

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <string>
 #include <thread>
@@ -35,6 +37,15 @@ struct temp_dir {
   temp_dir(const temp_dir&) = delete;
   temp_dir& operator=(const temp_dir&) = delete;
 };
+
+/// Returns: the whole content of the file at `p` ("" if it cannot be read).
+inline std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// Effects: replaces the content of the file at `p` with `s`.
+inline void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
 
 /// Effects: forks; the child runs `body` and exits with its return value (1 if
 /// it throws, after printing what). Never returns in the child.
