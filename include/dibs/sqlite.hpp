@@ -104,6 +104,9 @@ public:
   statement& bind(int index, double v);
   statement& bind(int index, std::string_view v);
   statement& bind(int index, std::nullptr_t);
+  /// Binds bytes as a BLOB (NUL and high bytes kept); an empty value is a
+  /// zero-length BLOB, not NULL.
+  statement& bind_blob(int index, std::string_view bytes);
   template <std::integral I>
   statement& bind(int index, I v) {
     return bind(index, static_cast<std::int64_t>(v));
@@ -123,6 +126,13 @@ public:
   std::string column_text(int col) const {
     const auto* p = ::sqlite3_column_text(stmt_, col);
     return p ? std::string(reinterpret_cast<const char*>(p), static_cast<std::size_t>(::sqlite3_column_bytes(stmt_, col)))
+             : std::string{};
+  }
+
+  /// Returns: the column's bytes (a BLOB or TEXT as stored; empty for NULL).
+  std::string column_blob(int col) const {
+    const void* p = ::sqlite3_column_blob(stmt_, col);
+    return p ? std::string(static_cast<const char*>(p), static_cast<std::size_t>(::sqlite3_column_bytes(stmt_, col)))
              : std::string{};
   }
 
@@ -266,6 +276,12 @@ inline statement& statement::bind(int index, double v) {
 }
 inline statement& statement::bind(int index, std::string_view v) {
   check_bind(::sqlite3_bind_text(stmt_, index, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT), index);
+  return *this;
+}
+inline statement& statement::bind_blob(int index, std::string_view bytes) {
+  const int rc = bytes.empty() ? ::sqlite3_bind_zeroblob(stmt_, index, 0)
+                               : ::sqlite3_bind_blob64(stmt_, index, bytes.data(), bytes.size(), SQLITE_TRANSIENT);
+  check_bind(rc, index);
   return *this;
 }
 inline statement& statement::bind(int index, std::nullptr_t) {

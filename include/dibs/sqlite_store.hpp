@@ -1,0 +1,275 @@
+// dibs/sqlite_store.hpp: a dibs::shared_store whose records are the rows of a
+// table in a SQLite file that many processes share.
+//
+//   dibs::sqlite_store store{"/var/spool/app/queue.db"};          // table dibs_records
+//   dibs::marker_claim<dibs::sqlite_store> claims{store};
+//
+// CMake target dibs::sqlite. The table has (at least) these columns; dibs
+// creates it if it is missing:
+//
+//   key     TEXT PRIMARY KEY   the record's key (validated like every store's)
+//   value   BLOB               the record's bytes; NULL means "no record"
+//   version INTEGER NOT NULL   grows by one with every change of the row
+//
+// Other columns are allowed (nullable or with a default), so the records can
+// live on rows an application already has, e.g. a claim marker on the row of
+// the message it claims: insert the row with value NULL and the item reads as
+// absent until someone claims it.
+//
+// Every operation is one autocommit statement, atomic for every connection to
+// the file. Erase sets value to NULL and keeps the row and its version, so a
+// re-created record continues from there: versions grow per key across erase
+// and re-create (they are fencing tokens). Do not DELETE rows of a key that a
+// lease or claim may still use, or its tokens start again from 1.
+//
+// Contention: a statement that finds the write lock held fails with
+// SQLITE_BUSY before it changes anything, and the store retries it with the
+// jittered backoff of options::busy (by default for up to 30 s), so a store
+// operation never fails because another process held the lock for a moment.
+// The retry is done here and not by the policies above because only here is it
+// known that the failed attempt changed nothing: retrying a compare-and-set
+// after an ambiguous failure could misreport a won race as lost.
+//
+// Thread-safe (one mutex per store object); open a new store in a child after
+// fork(), as SQLite requires.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <dibs/backoff.hpp>
+#include <dibs/error.hpp>
+#include <dibs/retry.hpp>
+#include <dibs/sqlite.hpp>
+#include <dibs/store.hpp>
+
+namespace dibs {
+
+struct sqlite_store_options {
+  /// The table of the records: letters, digits and '_', not starting with a
+  /// digit or "sqlite_", at most 64 characters.
+  std::string table = "dibs_records";
+  /// How a statement that met the write lock of another connection is
+  /// retried. Its default: full jitter from 50 µs, doubling to 5 ms, for at
+  /// most 30 s (then dibs::retry_error, whose last error is SQLITE_BUSY).
+  retry_policy busy = retry_policy{}
+                          .backoff(exponential_backoff{std::chrono::microseconds{50}, 2.0,
+                                                       std::chrono::milliseconds{5}})
+                          .deadline(std::chrono::seconds{30})
+                          .unlimited_attempts();
+  /// How the connection is opened: WAL and synchronous=NORMAL by default. Its
+  /// busy_timeout stays 0: the retry above is the only wait.
+  sqlite::options connection{};
+};
+
+class sqlite_store {
+public:
+  /// Effects: opens (or creates) the database at `path` and the table, and
+  /// checks the table's shape. Nothing is written to a file that is not a
+  /// database or whose table has another shape: the error comes first.
+  /// Throws: std::system_error naming the path (and the table): a missing
+  /// directory, a file that is not a database, a read-only file, a bad table
+  /// name (errc::invalid_argument), a table of another shape
+  /// (errc::corrupt_record).
+  explicit sqlite_store(std::filesystem::path path, sqlite_store_options opts = {})
+      : opts_(std::move(opts)), db_(open(path, opts_)) {
+    prepare();
+  }
+
+  /// The same, with the table named.
+  sqlite_store(std::filesystem::path path, std::string table)
+      : sqlite_store(std::move(path), sqlite_store_options{.table = std::move(table)}) {}
+
+  sqlite_store(const sqlite_store&) = delete;
+  sqlite_store& operator=(const sqlite_store&) = delete;
+  sqlite_store(sqlite_store&&) = delete;
+  sqlite_store& operator=(sqlite_store&&) = delete;
+
+  std::optional<record> read(std::string_view key) {
+    validate_key(key);
+    std::lock_guard g{m_};
+    return dibs::retry(opts_.busy, [&]() -> std::optional<record> {
+      auto& s = *read_;
+      s.bind(1, key);
+      if (!s.step() || s.column_is_null(0)) {
+        s.reset();
+        return std::nullopt;
+      }
+      record r{s.column_blob(0), static_cast<dibs::version>(s.column_int64(1))};
+      s.reset();
+      return r;
+    });
+  }
+
+  std::optional<dibs::version> create(std::string_view key, std::string_view value) {
+    validate_key(key);
+    validate_value(key, value);
+    std::lock_guard g{m_};
+    return dibs::retry(opts_.busy, [&]() -> std::optional<dibs::version> {
+      auto& s = *create_;
+      s.bind(1, key).bind_blob(2, value);
+      if (!s.step()) return std::nullopt;  // the key holds a record
+      const auto v = static_cast<dibs::version>(s.column_int64(0));
+      while (s.step()) {
+      }  // runs the statement to its end, which commits it
+      return v;
+    });
+  }
+
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
+    validate_key(key);
+    validate_value(key, value);
+    std::lock_guard g{m_};
+    return dibs::retry(opts_.busy, [&]() -> std::optional<dibs::version> {
+      auto& s = *replace_;
+      s.bind(1, key).bind(2, to_column(expected)).bind_blob(3, value);
+      (void)s.step();
+      if (db_.changes() != 1) return std::nullopt;
+      return expected + 1;
+    });
+  }
+
+  bool erase(std::string_view key, dibs::version expected) {
+    validate_key(key);
+    std::lock_guard g{m_};
+    return dibs::retry(opts_.busy, [&] {
+      auto& s = *erase_;
+      s.bind(1, key).bind(2, to_column(expected));
+      (void)s.step();
+      return db_.changes() == 1;
+    });
+  }
+
+  const std::filesystem::path& path() const noexcept { return db_.path(); }
+  const std::string& table() const noexcept { return opts_.table; }
+
+  /// The store's connection, for the application's own statements on the
+  /// same file (e.g. inserting message rows). Not thread-safe against the
+  /// store's own use: call it from the thread that uses the store.
+  sqlite::connection& connection() noexcept { return db_; }
+
+  /// Throws: std::system_error(errc::invalid_argument) naming `table` if it
+  /// is not a name a sqlite_store accepts.
+  static void validate_table(std::string_view table) {
+    auto fail = [&](std::string_view rule) {
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::sqlite_store: invalid table name '{}': {}", table, rule));
+    };
+    if (table.empty()) fail("a table name must not be empty");
+    if (table.size() > 64) fail("a table name must be at most 64 characters");
+    if (table.front() >= '0' && table.front() <= '9') fail("a table name must not start with a digit");
+    for (const char c : table)
+      if (!(c == '_' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')))
+        fail("only letters, digits and '_' are allowed");
+    if (table.size() >= 7) {
+      std::string head(table.substr(0, 7));
+      for (char& c : head) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+      if (head == "sqlite_") fail("names starting with 'sqlite_' belong to SQLite");
+    }
+  }
+
+private:
+  static std::int64_t to_column(dibs::version v) {
+    // Versions above 2^63 - 1 do not exist in SQLite's INTEGER: no row has one.
+    return v > static_cast<dibs::version>(INT64_MAX) ? -1 : static_cast<std::int64_t>(v);
+  }
+
+  // Opens the connection without changing the file, checks (or creates) the
+  // table, and only then switches the journal mode.
+  static sqlite::connection open(const std::filesystem::path& path, const sqlite_store_options& opts) {
+    validate_table(opts.table);
+    sqlite::options first = opts.connection;
+    first.journal_mode.clear();
+    first.busy_timeout = std::chrono::milliseconds{0};
+    sqlite::connection db{path, first};
+    const auto setup = retry_policy{opts.busy}.deadline(std::chrono::seconds{30});
+    if (!check_shape(db, opts.table)) {
+      if (opts.connection.read_only)
+        throw std::system_error(make_error_code(errc::invalid_argument),
+                                fmt::format("dibs::sqlite_store: database '{}' has no table '{}' and is opened read-only",
+                                            path.string(), opts.table));
+      dibs::retry(setup, [&] {
+        db.exec(fmt::format("CREATE TABLE IF NOT EXISTS \"{}\" (key TEXT PRIMARY KEY NOT NULL, value BLOB, "
+                            "version INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID",
+                            opts.table));
+      });
+      (void)check_shape(db, opts.table);  // another process may have created another shape meanwhile
+    }
+    if (!opts.connection.journal_mode.empty() && !opts.connection.read_only)
+      dibs::retry(setup, [&] { db.exec(fmt::format("PRAGMA journal_mode={}", opts.connection.journal_mode)); });
+    return db;
+  }
+
+  // Returns: false if the table does not exist. Throws errc::corrupt_record
+  // naming the table and the file if it exists with another shape.
+  static bool check_shape(sqlite::connection& db, const std::string& table) {
+    auto info = db.prepare(fmt::format("PRAGMA table_info(\"{}\")", table));
+    bool any = false, has_key = false, has_value = false, has_version = false;
+    int pk_columns = 0;
+    std::string problem;
+    auto lower = [](std::string s) {
+      for (char& c : s) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+      return s;
+    };
+    while (info.step()) {
+      any = true;
+      const std::string name = lower(info.column_text(1)), type = lower(info.column_text(2));
+      const bool not_null = info.column_int64(3) != 0, has_default = !info.column_is_null(4);
+      const auto pk = info.column_int64(5);
+      if (pk != 0) ++pk_columns;
+      if (name == "key") {
+        has_key = true;
+        if (type != "text" || pk != 1) problem = "column 'key' must be TEXT PRIMARY KEY";
+      } else if (name == "value") {
+        has_value = true;
+        if (type != "blob" && !type.empty()) problem = "column 'value' must be a BLOB";
+        else if (not_null) problem = "column 'value' must allow NULL (NULL is an erased record)";
+      } else if (name == "version") {
+        has_version = true;
+        if (type != "integer") problem = "column 'version' must be an INTEGER";
+      } else if (not_null && !has_default && pk == 0) {
+        problem = fmt::format("column '{}' is NOT NULL without a default, so dibs cannot insert a record",
+                              info.column_text(1));
+      }
+    }
+    if (!any) return false;
+    if (!has_key || !has_value || !has_version) problem = "it needs the columns key, value and version";
+    else if (pk_columns != 1 && problem.empty()) problem = "its primary key must be the column 'key' alone";
+    if (!problem.empty())
+      throw std::system_error(make_error_code(errc::corrupt_record),
+                              fmt::format("dibs::sqlite_store: table '{}' in database '{}' is not a dibs store table: {}",
+                                          table, db.path().string(), problem));
+    return true;
+  }
+
+  void prepare() {
+    const std::string& t = opts_.table;
+    read_.emplace(db_, fmt::format("SELECT value, version FROM \"{}\" WHERE key = ?1", t));
+    create_.emplace(db_, fmt::format("INSERT INTO \"{0}\" (key, value, version) VALUES (?1, ?2, 1) "
+                                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value, version = \"{0}\".version + 1 "
+                                     "WHERE \"{0}\".value IS NULL RETURNING version",
+                                     t));
+    replace_.emplace(db_, fmt::format("UPDATE \"{}\" SET value = ?3, version = version + 1 "
+                                      "WHERE key = ?1 AND version = ?2 AND value IS NOT NULL",
+                                      t));
+    erase_.emplace(db_, fmt::format("UPDATE \"{}\" SET value = NULL WHERE key = ?1 AND version = ?2 AND value IS NOT NULL", t));
+  }
+
+  sqlite_store_options opts_;
+  sqlite::connection db_;
+  std::mutex m_;
+  std::optional<sqlite::statement> read_, create_, replace_, erase_;
+};
+
+static_assert(shared_store<sqlite_store>);
+
+}  // namespace dibs
