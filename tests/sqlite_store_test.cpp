@@ -48,6 +48,14 @@ TEST_CASE("the database is in WAL mode and the records are rows a person can que
   REQUIRE(row.step());
   CHECK(row.column_text(0) == "hello");
   CHECK(row.column_int64(1) == 1);
+  row.reset();  // a statement left on a row keeps its read snapshot open
+  mode.reset();
+  CHECK(db.query_int64("SELECT count(*) FROM claims WHERE value LIKE 'hel%' AND typeof(value) = 'text'") == 1);
+  std::string bytes = "a";
+  bytes += '\0';
+  REQUIRE(s.create("bin", bytes));
+  CHECK(db.query_int64("SELECT count(*) FROM claims WHERE key = 'bin' AND typeof(value) = 'blob'") == 1);
+  CHECK(s.read("bin")->value == bytes);
 }
 
 TEST_CASE("records can live on an application's own rows: a NULL value reads as absent, erase keeps the row") {

@@ -9,6 +9,8 @@
 //
 //   key     TEXT PRIMARY KEY   the record's key (validated like every store's)
 //   value   BLOB               the record's bytes; NULL means "no record"
+//                              (stored as TEXT when they are UTF-8 text without
+//                              NUL, so that LIKE and the sqlite3 shell see them)
 //   version INTEGER NOT NULL   grows by one with every change of the row
 //
 // Other columns are allowed (nullable or with a default), so the records can
@@ -116,7 +118,8 @@ public:
     std::lock_guard g{m_};
     return dibs::retry(opts_.busy, [&]() -> std::optional<dibs::version> {
       auto& s = *create_;
-      s.bind(1, key).bind_blob(2, value);
+      s.bind(1, key);
+      bind_value(s, 2, value);
       if (!s.step()) return std::nullopt;  // the key holds a record
       const auto v = static_cast<dibs::version>(s.column_int64(0));
       while (s.step()) {
@@ -131,7 +134,8 @@ public:
     std::lock_guard g{m_};
     return dibs::retry(opts_.busy, [&]() -> std::optional<dibs::version> {
       auto& s = *replace_;
-      s.bind(1, key).bind(2, to_column(expected)).bind_blob(3, value);
+      s.bind(1, key).bind(2, to_column(expected));
+      bind_value(s, 3, value);
       (void)s.step();
       if (db_.changes() != 1) return std::nullopt;
       return expected + 1;
@@ -178,6 +182,31 @@ public:
   }
 
 private:
+  // Text that SQLite can show and LIKE can match goes in as TEXT, anything
+  // else as a BLOB; column_blob() reads both back byte for byte.
+  static void bind_value(sqlite::statement& s, int index, std::string_view value) {
+    if (is_plain_text(value) && !value.empty()) s.bind(index, value);
+    else s.bind_blob(index, value);
+  }
+
+  static bool is_plain_text(std::string_view v) noexcept {
+    std::size_t i = 0;
+    while (i < v.size()) {
+      const auto c = static_cast<unsigned char>(v[i]);
+      if (c == 0) return false;
+      if (c < 0x80) {
+        ++i;
+        continue;
+      }
+      const std::size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+      if (n == 0 || (n == 3 && c >= 0xf0) || i + n > v.size()) return false;
+      for (std::size_t k = 1; k < n; ++k)
+        if ((static_cast<unsigned char>(v[i + k]) & 0xc0) != 0x80) return false;
+      i += n;
+    }
+    return true;
+  }
+
   static std::int64_t to_column(dibs::version v) {
     // Versions above 2^63 - 1 do not exist in SQLite's INTEGER: no row has one.
     return v > static_cast<dibs::version>(INT64_MAX) ? -1 : static_cast<std::int64_t>(v);
