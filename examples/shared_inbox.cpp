@@ -1,0 +1,557 @@
+// shared_inbox: the three problems dibs exists for, in one run on one machine.
+//
+//   - A mailbox: a SQLite table of messages, into which a delivery process
+//     drops new messages while the workers run.
+//   - M worker processes watch the mailbox; every one of them sees every new
+//     message, and each message is claimed by exactly one of them with
+//     dibs::marker_claim<dibs::sqlite_store>: the claim marker lives on the
+//     message's own row.
+//   - Handling a message writes an order into a shared results database in a
+//     transaction that dibs::transact retries when it loses the write lock,
+//     and appends a line to one shared log file (dibs::shared_log).
+//   - Chaos: random workers are killed with SIGKILL while they work and
+//     replacements are started; the claims of the dead are recovered.
+//
+// At the end the program checks what it claims: every message completed,
+// no order written twice, no stock update lost, the log line of every
+// completed message present and none torn. It exits with status 1 if any of
+// that fails.
+//
+//   shared_inbox [--workers M] [--messages N] [--kills K] [--rate R] [--hold-us U] [--dir D] [--json FILE] [--keep]
+//
+// Workers are this program started again (by exec, with --role worker): a
+// SQLite connection must never be carried across fork().
+#include <dibs/marker_claim.hpp>
+#include <dibs/retry.hpp>
+#include <dibs/shared_log.hpp>
+#include <dibs/sqlite.hpp>
+#include <dibs/sqlite_store.hpp>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+extern char** environ;
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+struct args {
+  int workers = 4;
+  int messages = 2000;
+  int kills = 5;
+  int rate = 1000;  // messages delivered per second
+  int hold_us = 300;  // how long an order transaction works while it holds the lock
+  fs::path dir;
+  fs::path json;
+  bool keep = false;
+  // Internal: the roles of the processes the demo starts.
+  std::string role;
+  int id = 0;
+};
+
+[[noreturn]] void usage(int code) {
+  std::fputs(
+      "usage: shared_inbox [--workers M] [--messages N] [--kills K] [--rate R] [--hold-us U]\n"
+      "                    [--dir D] [--json FILE] [--keep]\n"
+      "\n"
+      "  A delivery process drops N messages into a SQLite mailbox at R per second\n"
+      "  while M worker processes watch it. Each message is claimed by exactly one\n"
+      "  worker (dibs::marker_claim on the message's row), which writes an order into a\n"
+      "  shared results database (dibs::transact retries lost lock races) and a line\n"
+      "  into one shared log (dibs::shared_log). K times during the run a random\n"
+      "  worker is killed with SIGKILL and a new one started; its claims are recovered.\n"
+      "  At the end a table shows what happened, and the program exits with status 1\n"
+      "  if any message was lost or done twice, or a log line lost or torn.\n"
+      "\n"
+      "  --workers M    worker processes (default 4)\n"
+      "  --messages N   messages to deliver (default 2000)\n"
+      "  --kills K      workers killed with SIGKILL during the run (default 5; 0: no chaos)\n"
+      "  --rate R       messages delivered per second (default 1000)\n"
+      "  --hold-us U    work each order transaction does while it holds the results\n"
+      "                 database's write lock, in microseconds (default 300): what makes\n"
+      "                 workers collide and retry\n"
+      "  --dir D        where the databases and the log go (default: a new temporary\n"
+      "                 directory, removed at the end unless --keep)\n"
+      "  --json FILE    also write the figures to FILE as one JSON object\n"
+      "  --keep         keep the files (the directory is printed)\n",
+      code ? stderr : stdout);
+  std::exit(code);
+}
+
+args parse(int argc, char** argv) {
+  args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string opt = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "shared_inbox: %s needs a value\n", opt.c_str());
+        usage(2);
+      }
+      return argv[++i];
+    };
+    auto number = [&](int lo, int hi) {
+      const std::string v = value();
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < lo || n > hi) {
+        std::fprintf(stderr, "shared_inbox: %s must be a number from %d to %d (got '%s')\n", opt.c_str(), lo, hi,
+                     v.c_str());
+        std::exit(2);
+      }
+      return static_cast<int>(n);
+    };
+    if (opt == "--workers") a.workers = number(1, 64);
+    else if (opt == "--messages") a.messages = number(1, 1'000'000);
+    else if (opt == "--kills") a.kills = number(0, 10'000);
+    else if (opt == "--rate") a.rate = number(1, 1'000'000);
+    else if (opt == "--hold-us") a.hold_us = number(0, 1'000'000);
+    else if (opt == "--dir") a.dir = value();
+    else if (opt == "--json") a.json = value();
+    else if (opt == "--keep") a.keep = true;
+    else if (opt == "--role") a.role = value();
+    else if (opt == "--id") a.id = number(0, 1'000'000);
+    else if (opt == "--help" || opt == "-h") usage(0);
+    else {
+      std::fprintf(stderr, "shared_inbox: unknown option '%s'\n", opt.c_str());
+      usage(2);
+    }
+  }
+  return a;
+}
+
+struct paths {
+  fs::path mailbox, results, log;
+  explicit paths(const fs::path& dir)
+      : mailbox(dir / "mailbox.db"), results(dir / "results.db"), log(dir / "inbox.log") {}
+};
+
+const char* const items[] = {"apples", "pears", "plums", "figs"};
+constexpr long initial_stock = 1'000'000;
+
+// Transactions on the shared databases: a lost lock race is retried after a
+// short jittered delay, for as long as 30 s.
+dibs::retry_policy transaction_policy() {
+  return dibs::retry_policy{}.backoff({1ms, 2.0, 50ms}).deadline(30s).unlimited_attempts();
+}
+
+std::string message_key(int i) { return fmt::format("msg-{:06}", i); }
+
+// ---------------------------------------------------------------------------
+// Set-up, by the parent before any other process starts.
+
+void create_databases(const paths& p) {
+  dibs::sqlite::connection mail{p.mailbox};
+  // The message rows carry the claim marker (key, value, version) next to
+  // their own columns: a message reads as unclaimed while value is NULL.
+  mail.exec(
+      "CREATE TABLE mailbox (key TEXT PRIMARY KEY NOT NULL, value BLOB, version INTEGER NOT NULL DEFAULT 0,"
+      " seq INTEGER, body TEXT, delivered_at REAL) WITHOUT ROWID;"
+      "CREATE INDEX mailbox_seq ON mailbox (seq)");
+  dibs::sqlite::connection res{p.results};
+  // No unique constraint on orders.message: a message handled twice would
+  // show up as two orders, and the demo counts them.
+  res.exec(
+      "CREATE TABLE orders (message TEXT NOT NULL, token INTEGER NOT NULL, worker INTEGER NOT NULL,"
+      " attempts INTEGER NOT NULL, qty INTEGER NOT NULL, item TEXT NOT NULL);"
+      "CREATE INDEX orders_message ON orders (message);"
+      "CREATE TABLE stock (item TEXT PRIMARY KEY, qty INTEGER NOT NULL)");
+  for (const char* item : items) res.exec(fmt::format("INSERT INTO stock VALUES ('{}', {})", item, initial_stock));
+}
+
+// ---------------------------------------------------------------------------
+// The delivery process: N messages, in small batches, at R per second.
+
+int deliver(const paths& p, int messages, int rate) {
+  dibs::sqlite::connection db{p.mailbox};
+  auto insert = db.prepare("INSERT INTO mailbox (key, seq, body, delivered_at) VALUES (?1, ?2, ?3, julianday('now'))");
+  std::mt19937 rng(12345);
+  const int per_tick = std::max(1, rate / 100);  // one batch every 10 ms
+  auto next = steady::now();
+  for (int first = 1; first <= messages; first += per_tick) {
+    const int last = std::min(messages, first + per_tick - 1);
+    std::vector<std::string> bodies;
+    for (int i = first; i <= last; ++i)
+      bodies.push_back(fmt::format("order {} {}", std::uniform_int_distribution<int>{1, 9}(rng),
+                                   items[std::uniform_int_distribution<int>{0, 3}(rng)]));
+    dibs::transact(transaction_policy(), db, [&] {
+      for (int i = first; i <= last; ++i) {
+        insert.bind(1, message_key(i)).bind(2, i).bind(3, bodies[static_cast<std::size_t>(i - first)]);
+        (void)insert.step();
+      }
+    });
+    next += 10ms;
+    std::this_thread::sleep_until(next);
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// A worker.
+
+volatile std::sig_atomic_t stop_requested = 0;
+extern "C" void on_term(int) { stop_requested = 1; }
+
+struct order_text {
+  int qty = 0;
+  std::string item;
+};
+
+order_text parse_body(const std::string& body) {
+  order_text o;
+  char item[32] = {};
+  if (std::sscanf(body.c_str(), "order %d %31s", &o.qty, item) != 2)
+    throw std::runtime_error(fmt::format("a message body that is not an order: '{}'", body));
+  o.item = item;
+  return o;
+}
+
+class worker {
+public:
+  worker(const paths& p, int id, std::chrono::microseconds hold)
+      : id_(id),
+        hold_(hold),
+        mailbox_(p.mailbox, "mailbox"),
+        claims_(mailbox_, {.lease = 30s, .max_attempts = 10}),
+        results_(p.results),
+        log_(p.log),
+        fresh_(mailbox_.connection().prepare("SELECT key, body, seq FROM mailbox WHERE seq > ?1 ORDER BY seq LIMIT 500")),
+        applied_(results_.prepare("SELECT max(token) FROM orders WHERE message = ?1")),
+        insert_(results_.prepare("INSERT INTO orders VALUES (?1, ?2, ?3, ?4, ?5, ?6)")),
+        take_(results_.prepare("UPDATE stock SET qty = qty - ?1 WHERE item = ?2")) {}
+
+  int run() {
+    while (!stop_requested) {
+      const bool got_new = poll_mailbox();
+      bool worked = false;
+      // Every worker tries every message it has seen and not seen finished:
+      // the claim decides who handles it. A message claimed by a worker that
+      // was killed is taken over here, on proof that its process is gone.
+      for (auto it = pending_.begin(); it != pending_.end() && !stop_requested;) {
+        if (auto c = claims_.try_claim(it->first)) {
+          handle(*c, it->second);
+          worked = true;
+          it = pending_.erase(it);
+          continue;
+        }
+        const auto state = claims_.status(it->first).state;
+        if (state == dibs::claim_state::completed || state == dibs::claim_state::failed) it = pending_.erase(it);
+        else ++it;
+      }
+      if (!got_new && !worked) std::this_thread::sleep_for(2ms);
+    }
+    return 0;
+  }
+
+private:
+  // Returns: true if new messages arrived (all of them are seen by every worker).
+  bool poll_mailbox() {
+    bool any = false;
+    fresh_.bind(1, last_seq_);
+    while (fresh_.step()) {
+      pending_.emplace(fresh_.column_text(0), fresh_.column_text(1));
+      last_seq_ = fresh_.column_int64(2);
+      any = true;
+    }
+    return any;
+  }
+
+  void handle(dibs::marker_claim<dibs::sqlite_store>::claim& c, const std::string& body) {
+    const order_text order = parse_body(body);
+    const auto token = static_cast<std::int64_t>(c.token());
+    retries_ = 0;
+    dibs::transact(policy_, results_, [&] {
+      const int attempts = retries_ + 1;  // this one, after the retries before it
+      // Fencing, and the crash between commit and complete(): an order
+      // already written for this message by an earlier claim (a worker
+      // killed after its commit) is the effect; it is not written again. An
+      // order with a larger token means this claim was taken over.
+      applied_.bind(1, c.key());
+      (void)applied_.step();
+      const std::optional<std::int64_t> prior =
+          applied_.column_is_null(0) ? std::nullopt : std::optional{applied_.column_int64(0)};
+      applied_.reset();
+      if (prior && *prior > token) throw std::runtime_error(fmt::format("{}: claim taken over", c.key()));
+      if (prior) return;
+      std::this_thread::sleep_for(hold_);  // the work of the order, done under the lock
+      insert_.bind(1, c.key()).bind(2, token).bind(3, id_).bind(4, attempts).bind(5, order.qty).bind(6, order.item);
+      (void)insert_.step();
+      take_.bind(1, order.qty).bind(2, order.item);
+      (void)take_.step();
+    });
+    log_.append(fmt::format("{} token {} worker {} order {} {}", c.key(), token, id_, order.qty, order.item));
+    c.complete(fmt::format("token {}", token));
+  }
+
+  int id_;
+  std::chrono::microseconds hold_;
+  int retries_ = 0;  // of the current transaction, counted by the policy's hook
+  dibs::retry_policy policy_ = transaction_policy().on_retry([this](const dibs::retry_event&) { ++retries_; });
+  dibs::sqlite_store mailbox_;
+  dibs::marker_claim<dibs::sqlite_store> claims_;
+  dibs::sqlite::connection results_;
+  dibs::shared_log log_;
+  dibs::sqlite::statement fresh_, applied_, insert_, take_;
+  std::int64_t last_seq_ = 0;
+  std::map<std::string, std::string> pending_;  // key -> body
+};
+
+// ---------------------------------------------------------------------------
+// The parent: starts the processes, the chaos, the progress line, and checks.
+
+pid_t start(const std::vector<std::string>& argv) {
+  std::vector<char*> av;
+  for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+  av.push_back(nullptr);
+  pid_t pid = 0;
+  std::fflush(nullptr);
+  const int rc = ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, av.data(), environ);
+  if (rc != 0) throw std::system_error(rc, std::generic_category(), "shared_inbox: cannot start a process");
+  return pid;
+}
+
+struct figures {
+  int workers = 0, messages = 0;
+  long delivered = 0, completed = 0, failed = 0, duplicates = 0, missing_effects = 0, recovered = 0, killed = 0;
+  long orders = 0, transactions_retried = 0, retries = 0, lost_updates = 0, worker_errors = 0;
+  long log_lines_expected = 0, log_lines_found = 0, log_lines_of_killed = 0, torn = 0, stray = 0;
+  double elapsed_s = 0;
+  bool ok() const {
+    return delivered == messages && completed == messages && failed == 0 && duplicates == 0 && missing_effects == 0 &&
+           lost_updates == 0 && log_lines_found == log_lines_expected && torn == 0 && stray == 0 && worker_errors == 0;
+  }
+};
+
+// Counts and checks everything from the files alone.
+figures check(const paths& p, figures f) {
+  dibs::sqlite_store mailbox{p.mailbox, "mailbox"};
+  dibs::marker_claim<dibs::sqlite_store> claims{mailbox};
+  dibs::sqlite::connection res{p.results};
+  f.delivered = *mailbox.connection().query_int64("SELECT count(*) FROM mailbox");
+  std::map<std::string, std::int64_t> completing_token;  // message -> token of the claim that completed it
+  for (int i = 1; i <= f.messages; ++i) {
+    const std::string key = message_key(i);
+    const auto s = claims.status(key);
+    if (s.state == dibs::claim_state::completed) {
+      ++f.completed;
+      if (s.attempts > 1) ++f.recovered;
+      completing_token[key] = std::stoll(s.result.substr(s.result.find(' ') + 1));
+    } else if (s.state == dibs::claim_state::failed) {
+      ++f.failed;
+    }
+  }
+  f.orders = *res.query_int64("SELECT count(*) FROM orders");
+  f.duplicates = f.orders - *res.query_int64("SELECT count(DISTINCT message) FROM orders");
+  f.missing_effects = f.completed - *res.query_int64("SELECT count(DISTINCT message) FROM orders");
+  f.transactions_retried = *res.query_int64("SELECT count(*) FROM orders WHERE attempts > 1");
+  f.retries = res.query_int64("SELECT sum(attempts - 1) FROM orders").value_or(0);
+  const auto ordered = res.query_int64("SELECT sum(qty) FROM orders").value_or(0);
+  const auto taken = static_cast<long>(std::size(items)) * initial_stock - *res.query_int64("SELECT sum(qty) FROM stock");
+  f.lost_updates = ordered - taken;
+
+  // The log: every line is "<key> token <t> worker <w> order <q> <item>".
+  f.log_lines_expected = f.completed;
+  std::ifstream in(p.log, std::ios::binary);
+  std::string line;
+  std::set<std::pair<std::string, std::int64_t>> seen;
+  while (std::getline(in, line)) {
+    char key[32] = {}, item[32] = {};
+    long long token = 0;
+    int w = 0, q = 0, used = 0;
+    if (in.eof() || std::sscanf(line.c_str(), "%31s token %lld worker %d order %d %31s%n", key, &token, &w, &q, item, &used) != 5 ||
+        static_cast<std::size_t>(used) != line.size()) {
+      ++f.torn;  // a partial, glued or garbled line (or one without its newline)
+      continue;
+    }
+    const auto it = completing_token.find(key);
+    if (it == completing_token.end() || token > it->second || !seen.emplace(key, token).second) ++f.stray;
+    else if (token == it->second) ++f.log_lines_found;
+    else ++f.log_lines_of_killed;  // written by an attempt that was killed before complete()
+  }
+  return f;
+}
+
+void print_table(const figures& f, std::FILE* out) {
+  auto row = [&](const char* what, const std::string& value, const std::string& note = {}) {
+    std::fprintf(out, "  %-26s %10s   %s\n", what, value.c_str(), note.c_str());
+  };
+  auto n = [](long v) { return fmt::format("{}", v); };
+  std::fprintf(out, "dibs shared inbox: %d workers, %d messages, %ld workers killed with SIGKILL\n\n", f.workers,
+               f.messages, f.killed);
+  row("messages delivered", n(f.delivered));
+  row("completed exactly once", n(f.completed - f.duplicates), f.failed ? fmt::format("{} failed", f.failed) : "");
+  row("duplicate effects", n(f.duplicates), "orders written twice for one message (must be 0)");
+  if (f.missing_effects) row("completed without order", n(f.missing_effects), "(must be 0)");
+  row("claims recovered", n(f.recovered), "taken over from killed workers, on proof they were gone");
+  row("transactions retried", n(f.transactions_retried),
+      fmt::format("lost the results database's lock: {} retries in all, 0 lost", f.retries));
+  row("lost stock updates", n(f.lost_updates), "(must be 0)");
+  row("log lines expected", n(f.log_lines_expected), "one per completed message");
+  row("log lines found", n(f.log_lines_found),
+      f.log_lines_of_killed ? fmt::format("and {} from attempts killed before they completed", f.log_lines_of_killed)
+                            : "");
+  row("log lines torn", n(f.torn + f.stray), "(must be 0)");
+  if (f.worker_errors) row("worker errors", n(f.worker_errors), "workers that exited with an error");
+  row("elapsed", fmt::format("{:.2f} s", f.elapsed_s),
+      fmt::format("{:.0f} messages/s", static_cast<double>(f.completed) / std::max(f.elapsed_s, 1e-9)));
+  std::fprintf(out, "\n%s\n",
+               f.ok() ? "OK: every message was handled exactly once and every log line is there, whole."
+                      : "FAILED: see the figures above.");
+}
+
+void write_json(const figures& f, const fs::path& path) {
+  std::ofstream out(path, std::ios::trunc);
+  out << fmt::format(
+      "{{\"workers\": {}, \"messages\": {}, \"delivered\": {}, \"completed\": {}, \"failed\": {}, \"duplicates\": {}, "
+      "\"missing_effects\": {}, \"recovered\": {}, \"killed\": {}, \"orders\": {}, \"transactions_retried\": {}, "
+      "\"retries\": {}, \"lost_updates\": {}, \"log_lines_expected\": {}, \"log_lines_found\": {}, "
+      "\"log_lines_of_killed_attempts\": {}, \"torn\": {}, \"stray\": {}, \"worker_errors\": {}, \"elapsed_s\": {:.3f}, "
+      "\"messages_per_s\": {:.1f}, \"ok\": {}}}\n",
+      f.workers, f.messages, f.delivered, f.completed, f.failed, f.duplicates, f.missing_effects, f.recovered, f.killed,
+      f.orders, f.transactions_retried, f.retries, f.lost_updates, f.log_lines_expected, f.log_lines_found,
+      f.log_lines_of_killed, f.torn + f.stray, f.stray, f.worker_errors, f.elapsed_s,
+      static_cast<double>(f.completed) / std::max(f.elapsed_s, 1e-9), f.ok() ? "true" : "false");
+  if (!out) throw std::runtime_error(fmt::format("shared_inbox: cannot write '{}'", path.string()));
+}
+
+int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+
+int run_demo(const args& a) {
+  fs::path dir = a.dir;
+  bool made_temp = false;
+  if (dir.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "dibs-inbox-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::system_error(errno, std::generic_category(), "shared_inbox: mkdtemp");
+    dir = tmpl;
+    made_temp = true;
+  } else {
+    fs::create_directories(dir);
+    for (const char* f : {"mailbox.db", "results.db", "inbox.log"})
+      if (fs::exists(dir / f))
+        throw std::runtime_error(fmt::format("shared_inbox: '{}' already exists; give an empty --dir", (dir / f).string()));
+  }
+  const paths p{dir};
+  create_databases(p);
+
+  const std::string d = dir.string();
+  auto worker_argv = [&](int id) {
+    return std::vector<std::string>{"shared_inbox", "--role", "worker", "--dir", d, "--id", std::to_string(id),
+                                    "--hold-us", std::to_string(a.hold_us)};
+  };
+  const auto t0 = steady::now();
+  const pid_t delivery = start({"shared_inbox", "--role", "deliver", "--dir", d, "--messages",
+                                std::to_string(a.messages), "--rate", std::to_string(a.rate)});
+  std::vector<pid_t> workers;
+  int next_id = 1;
+  for (int i = 0; i < a.workers; ++i) workers.push_back(start(worker_argv(next_id++)));
+
+  // Processes are started by exec, so this connection is never used across a fork.
+  dibs::sqlite::connection monitor{p.mailbox, {.journal_mode = "", .synchronous = ""}};
+  figures f;
+  f.workers = a.workers;
+  f.messages = a.messages;
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  std::mt19937 rng(std::random_device{}());
+  // Kills are spread over the delivery time, so they land while work is going on.
+  const auto delivery_time = std::chrono::milliseconds{1000LL * a.messages / a.rate};
+  const auto kill_gap = std::max(std::chrono::milliseconds{30}, delivery_time / (a.kills + 1));
+  auto next_kill = t0 + kill_gap;
+  bool delivered_all = false;
+  long completed = 0, last_completed = -1;
+  auto last_progress = t0;
+  int delivery_status = 0;
+  for (;;) {
+    std::this_thread::sleep_for(20ms);
+    const auto now = steady::now();
+    if (!delivered_all && ::waitpid(delivery, &delivery_status, WNOHANG) == delivery) {
+      delivered_all = true;
+      if (exit_code(delivery_status) != 0) throw std::runtime_error("shared_inbox: the delivery process failed");
+    }
+    for (auto& w : workers) {  // a worker that died on its own is an error, and is replaced
+      int st = 0;
+      if (::waitpid(w, &st, WNOHANG) == w) {
+        ++f.worker_errors;
+        w = start(worker_argv(next_id++));
+      }
+    }
+    const long delivered = *monitor.query_int64("SELECT count(*) FROM mailbox");
+    completed = *monitor.query_int64("SELECT count(*) FROM mailbox WHERE instr(value, 'state completed') > 0");
+    if (f.killed < a.kills && now >= next_kill && completed < a.messages) {
+      const std::size_t v = std::uniform_int_distribution<std::size_t>{0, workers.size() - 1}(rng);
+      ::kill(workers[v], SIGKILL);
+      ::waitpid(workers[v], nullptr, 0);
+      workers[v] = start(worker_argv(next_id++));
+      ++f.killed;
+      next_kill = now + kill_gap / 2 + std::chrono::milliseconds{std::uniform_int_distribution<long>{0, kill_gap.count()}(rng)};
+    }
+    if (tty && now - last_progress >= 100ms) {
+      std::printf("\r\x1b[K  delivered %ld/%d   completed %ld   workers killed %ld/%d", delivered, a.messages, completed,
+                  f.killed, a.kills);
+      std::fflush(stdout);
+      last_progress = now;
+    }
+    if (delivered_all && completed >= a.messages) break;
+    if (completed != last_completed) {
+      last_completed = completed;
+      last_progress = now;
+    } else if (now - last_progress > 60s && !tty) {
+      std::fprintf(stderr, "shared_inbox: no progress for 60 s; stopping\n");
+      break;
+    }
+  }
+  f.elapsed_s = std::chrono::duration<double>(steady::now() - t0).count();
+  if (tty) std::printf("\r\x1b[K");
+  for (pid_t w : workers) ::kill(w, SIGTERM);
+  for (pid_t w : workers) {
+    int st = 0;
+    ::waitpid(w, &st, 0);
+    if (exit_code(st) != 0) ++f.worker_errors;
+  }
+
+  f = check(p, f);
+  print_table(f, stdout);
+  if (!a.json.empty()) write_json(f, a.json);
+  if (a.keep || !made_temp) std::printf("files kept in %s\n", d.c_str());
+  else fs::remove_all(dir);
+  return f.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const args a = parse(argc, argv);
+  try {
+    if (a.role == "worker") {
+      std::signal(SIGTERM, on_term);
+      worker w{paths{a.dir}, a.id, std::chrono::microseconds{a.hold_us}};
+      return w.run();
+    }
+    if (a.role == "deliver") return deliver(paths{a.dir}, a.messages, a.rate);
+    if (!a.role.empty()) usage(2);
+    return run_demo(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shared_inbox%s: %s\n", a.role.empty() ? "" : (" " + a.role).c_str(), e.what());
+    return 1;
+  }
+}
