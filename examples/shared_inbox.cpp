@@ -32,6 +32,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -344,7 +345,9 @@ struct figures {
 };
 
 // Counts and checks everything from the files alone.
-figures check(const paths& p, figures f) {
+// `killed` holds the ids of the workers killed by the chaos: only they may
+// have left an effect or a log line of a claim that did not complete.
+figures check(const paths& p, figures f, const std::set<int>& killed) {
   dibs::sqlite_store mailbox{p.mailbox, "mailbox"};
   dibs::marker_claim<dibs::sqlite_store> claims{mailbox};
   dibs::sqlite::connection res{p.results};
@@ -364,6 +367,14 @@ figures check(const paths& p, figures f) {
   f.orders = *res.query_int64("SELECT count(*) FROM orders");
   f.duplicates = f.orders - *res.query_int64("SELECT count(DISTINCT message) FROM orders");
   f.missing_effects = f.completed - *res.query_int64("SELECT count(DISTINCT message) FROM orders");
+  {
+    auto o = res.prepare("SELECT message, token, worker FROM orders");
+    while (o.step()) {
+      const auto it = completing_token.find(o.column_text(0));
+      const bool by_completing_claim = it != completing_token.end() && o.column_int64(1) == it->second;
+      if (!by_completing_claim && !killed.count(static_cast<int>(o.column_int64(2)))) ++f.duplicates;  // a second handler
+    }
+  }
   f.transactions_retried = *res.query_int64("SELECT count(*) FROM orders WHERE attempts > 1");
   f.retries = res.query_int64("SELECT sum(attempts - 1) FROM orders").value_or(0);
   const auto ordered = res.query_int64("SELECT sum(qty) FROM orders").value_or(0);
@@ -387,14 +398,16 @@ figures check(const paths& p, figures f) {
     const auto it = completing_token.find(key);
     if (it == completing_token.end() || token > it->second || !seen.emplace(key, token).second) ++f.stray;
     else if (token == it->second) ++f.log_lines_found;
-    else ++f.log_lines_of_killed;  // written by an attempt that was killed before complete()
+    else if (killed.count(w)) ++f.log_lines_of_killed;  // an attempt killed before complete()
+    else ++f.stray;  // a claim that did not complete, by a worker that was not killed: a double handling
   }
   return f;
 }
 
 void print_table(const figures& f, std::FILE* out) {
   auto row = [&](const char* what, const std::string& value, const std::string& note = {}) {
-    std::fprintf(out, "  %-26s %10s   %s\n", what, value.c_str(), note.c_str());
+    if (note.empty()) std::fprintf(out, "  %-26s %10s\n", what, value.c_str());
+    else std::fprintf(out, "  %-26s %10s   %s\n", what, value.c_str(), note.c_str());
   };
   auto n = [](long v) { return fmt::format("{}", v); };
   std::fprintf(out, "dibs shared inbox: %d workers, %d messages, %ld workers killed with SIGKILL\n\n", f.workers,
@@ -464,7 +477,12 @@ int run_demo(const args& a) {
                                 std::to_string(a.messages), "--rate", std::to_string(a.rate)});
   std::vector<pid_t> workers;
   int next_id = 1;
-  for (int i = 0; i < a.workers; ++i) workers.push_back(start(worker_argv(next_id++)));
+  std::map<pid_t, int> id_of;
+  std::set<int> killed_ids;
+  for (int i = 0; i < a.workers; ++i) {
+    workers.push_back(start(worker_argv(next_id)));
+    id_of[workers.back()] = next_id++;
+  }
 
   // Processes are started by exec, so this connection is never used across a fork.
   dibs::sqlite::connection monitor{p.mailbox, {.journal_mode = "", .synchronous = ""}};
@@ -473,13 +491,17 @@ int run_demo(const args& a) {
   f.messages = a.messages;
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   std::mt19937 rng(std::random_device{}());
-  // Kills are spread over the delivery time, so they land while work is going on.
-  const auto delivery_time = std::chrono::milliseconds{1000LL * a.messages / a.rate};
-  const auto kill_gap = std::max(std::chrono::milliseconds{30}, delivery_time / (a.kills + 1));
-  auto next_kill = t0 + kill_gap;
+  // Kills land at random moments between 10% and 85% of the delivery time,
+  // so they hit workers while work is going on.
+  const auto delivery_time = std::chrono::microseconds{1'000'000LL * a.messages / a.rate};
+  std::vector<steady::time_point> kill_at;
+  for (int k = 0; k < a.kills; ++k)
+    kill_at.push_back(t0 + std::chrono::microseconds{std::uniform_int_distribution<long long>{
+                               delivery_time.count() / 10, delivery_time.count() * 85 / 100}(rng)});
+  std::sort(kill_at.begin(), kill_at.end());
   bool delivered_all = false;
   long completed = 0, last_completed = -1;
-  auto last_progress = t0;
+  auto last_progress = t0, last_change = t0;
   int delivery_status = 0;
   for (;;) {
     std::this_thread::sleep_for(20ms);
@@ -492,18 +514,20 @@ int run_demo(const args& a) {
       int st = 0;
       if (::waitpid(w, &st, WNOHANG) == w) {
         ++f.worker_errors;
-        w = start(worker_argv(next_id++));
+        w = start(worker_argv(next_id));
+        id_of[w] = next_id++;
       }
     }
     const long delivered = *monitor.query_int64("SELECT count(*) FROM mailbox");
     completed = *monitor.query_int64("SELECT count(*) FROM mailbox WHERE instr(value, 'state completed') > 0");
-    if (f.killed < a.kills && now >= next_kill && completed < a.messages) {
+    if (f.killed < a.kills && now >= kill_at[static_cast<std::size_t>(f.killed)]) {
       const std::size_t v = std::uniform_int_distribution<std::size_t>{0, workers.size() - 1}(rng);
       ::kill(workers[v], SIGKILL);
+      killed_ids.insert(id_of[workers[v]]);
       ::waitpid(workers[v], nullptr, 0);
-      workers[v] = start(worker_argv(next_id++));
+      workers[v] = start(worker_argv(next_id));
+      id_of[workers[v]] = next_id++;
       ++f.killed;
-      next_kill = now + kill_gap / 2 + std::chrono::milliseconds{std::uniform_int_distribution<long>{0, kill_gap.count()}(rng)};
     }
     if (tty && now - last_progress >= 100ms) {
       std::printf("\r\x1b[K  delivered %ld/%d   completed %ld   workers killed %ld/%d", delivered, a.messages, completed,
@@ -511,11 +535,11 @@ int run_demo(const args& a) {
       std::fflush(stdout);
       last_progress = now;
     }
-    if (delivered_all && completed >= a.messages) break;
+    if (delivered_all && completed >= a.messages && f.killed == a.kills) break;
     if (completed != last_completed) {
       last_completed = completed;
-      last_progress = now;
-    } else if (now - last_progress > 60s && !tty) {
+      last_change = now;
+    } else if (now - last_change > 60s) {
       std::fprintf(stderr, "shared_inbox: no progress for 60 s; stopping\n");
       break;
     }
@@ -529,7 +553,7 @@ int run_demo(const args& a) {
     if (exit_code(st) != 0) ++f.worker_errors;
   }
 
-  f = check(p, f);
+  f = check(p, f, killed_ids);
   print_table(f, stdout);
   if (!a.json.empty()) write_json(f, a.json);
   if (a.keep || !made_temp) std::printf("files kept in %s\n", d.c_str());

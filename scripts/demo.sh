@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cmake --preset default >/dev/null
-cmake --build --preset default --target retry_transaction
-exec build/default/examples/retry_transaction "$@"
+cmake --build --preset default --target shared_inbox
+exec build/default/examples/shared_inbox "$@"
