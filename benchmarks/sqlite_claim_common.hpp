@@ -26,7 +26,7 @@ inline void make_mailbox(const std::filesystem::path& path, long items) {
   std::filesystem::remove(path.string() + "-shm");
   dibs::sqlite::connection db{path};
   db.exec("CREATE TABLE mailbox (key TEXT PRIMARY KEY NOT NULL, value BLOB, version INTEGER NOT NULL DEFAULT 0, "
-          "body TEXT) WITHOUT ROWID");
+          "body TEXT)");
   db.begin();
   auto ins = db.prepare("INSERT INTO mailbox (key, body) VALUES (?1, ?2)");
   for (long i = 0; i < items; ++i) {

@@ -168,7 +168,7 @@ void create_databases(const paths& p) {
   // their own columns: a message reads as unclaimed while value is NULL.
   mail.exec(
       "CREATE TABLE mailbox (key TEXT PRIMARY KEY NOT NULL, value BLOB, version INTEGER NOT NULL DEFAULT 0,"
-      " seq INTEGER, body TEXT, delivered_at REAL) WITHOUT ROWID;"
+      " seq INTEGER, body TEXT, delivered_at REAL);"
       "CREATE INDEX mailbox_seq ON mailbox (seq)");
   dibs::sqlite::connection res{p.results};
   // No unique constraint on orders.message: a message handled twice would
