@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# run_sqlite_benchmarks.sh: builds and runs the marker_claim<sqlite_store>
+# benchmarks against the same work written by hand (docs/BENCHMARKS.md has
+# the figures):
+#
+#   1. claim+complete, 1 process (Google Benchmark, sqlite_claim_single):
+#      10 repetitions of 20,000 items each way
+#   2. 8 processes claiming from one table of 20,000 rows (sqlite_claim_procs):
+#      5 runs each way, interleaved; medians of items/s
+#
+#   benchmarks/run_sqlite_benchmarks.sh [--quick] [--no-build]
+#
+# Environment: BUILD_DIR (default <repo>/build/bench-sqlite), DIBS_BENCH_DIR
+# (where the databases go; default /var/tmp, on disk), OUT (default
+# $BUILD_DIR/results: every output is kept there too).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$ROOT/build/bench-sqlite}
+export DIBS_BENCH_DIR=${DIBS_BENCH_DIR:-/var/tmp}
+OUT=${OUT:-$BUILD_DIR/results}
+
+quick=0 build=1
+for a in "$@"; do
+  case $a in
+    --quick) quick=1 ;;
+    --no-build) build=0 ;;
+    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "run_sqlite_benchmarks.sh: unknown option $a (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+if [[ $build == 1 ]]; then
+  "$ROOT/scripts/install-deps.sh"
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIBS_BUILD_TESTS=OFF -DDIBS_BUILD_EXAMPLES=OFF >/dev/null
+  cmake --build "$BUILD_DIR" --target sqlite_claim_single sqlite_claim_procs
+fi
+mkdir -p "$OUT"
+B=$BUILD_DIR/benchmarks
+reps=10 runs=5 items=20000 procs=8
+[[ $quick == 1 ]] && reps=2 runs=1 items=2000
+
+echo "== 1. claim+complete, 1 process ($reps repetitions)"
+"$B/sqlite_claim_single" --benchmark_repetitions=$reps --benchmark_report_aggregates_only=true \
+  --benchmark_out="$OUT/single.json" --benchmark_out_format=json | tee "$OUT/single.txt"
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+field() { sed -n "s/.*\"$1\": \"\{0,1\}\([0-9.a-z]*\).*/\1/p"; }
+
+echo "== 2. $procs processes, one table of $items rows ($runs runs each way)"
+: >"$OUT/procs.jsonl"
+for ((r = 1; r <= runs; r++)); do
+  for way in hand dibs; do
+    "$B/sqlite_claim_procs" --way $way --procs $procs --items $items | tee -a "$OUT/procs.jsonl"
+  done
+done
+for way in hand dibs; do
+  rate=$(grep "\"way\": \"$way\"" "$OUT/procs.jsonl" | field items_per_s | median)
+  share=$(grep "\"way\": \"$way\"" "$OUT/procs.jsonl" | field failed_share | median)
+  echo "$way: median $rate items/s, failed claim attempts $share"
+done | tee "$OUT/procs-summary.txt"
