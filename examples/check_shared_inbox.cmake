@@ -32,6 +32,7 @@ expect(lost_updates EQUAL 0)
 expect(log_lines_expected EQUAL ${messages})
 expect(log_lines_found EQUAL ${messages})
 expect(torn EQUAL 0)
+expect(stray EQUAL 0)
 expect(worker_errors EQUAL 0)
 expect(killed EQUAL 8)
 # Killed workers held claims often enough that at least one must have been recovered;
