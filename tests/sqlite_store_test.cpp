@@ -152,6 +152,10 @@ TEST_CASE("bad input to sqlite_store: a clear error naming what and where, and n
     CHECK_THROWS_WITH(dibs::sqlite_store(p, "strict_extra"), Contains("'owner'") && Contains("NOT NULL"));
     CHECK(slurp(p) == before);  // not even the journal mode changed
   }
+  SECTION("a path that names no shared file") {
+    for (const std::filesystem::path& p : {std::filesystem::path{}, std::filesystem::path{":memory:"}, dir.path})
+      CHECK_THROWS_WITH(dibs::sqlite_store{p}, Contains("invalid database path") && Contains("'" + p.string() + "'"));
+  }
   SECTION("a bad table name") {
     for (const char* t : {"", "1abc", "a-b", "x\"; DROP TABLE y; --", "sqlite_master"})
       CHECK_THROWS_MATCHES(dibs::sqlite_store(dir.path / "t.db", t), std::system_error,

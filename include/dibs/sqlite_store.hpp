@@ -181,6 +181,21 @@ public:
     }
   }
 
+  /// Throws: std::system_error(errc::invalid_argument) if `path` cannot name
+  /// a database that processes share: empty (SQLite would open a private
+  /// temporary file), ":memory:", or a directory.
+  static void validate_path(const std::filesystem::path& path) {
+    auto fail = [&](std::string_view rule) {
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::sqlite_store: invalid database path '{}': {}", path.string(), rule));
+    };
+    if (path.empty()) fail("a path must not be empty (SQLite would open a private temporary database)");
+    if (path.string().starts_with(":memory:"))
+      fail("an in-memory database is private to one connection; give the path of a file");
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) fail("it is a directory; give the path of a database file in it");
+  }
+
 private:
   // Text that SQLite can show and LIKE can match goes in as TEXT, anything
   // else as a BLOB; column_blob() reads both back byte for byte.
@@ -215,6 +230,7 @@ private:
   // Opens the connection without changing the file, checks (or creates) the
   // table, and only then switches the journal mode.
   static sqlite::connection open(const std::filesystem::path& path, const sqlite_store_options& opts) {
+    validate_path(path);
     validate_table(opts.table);
     sqlite::options first = opts.connection;
     first.journal_mode.clear();
