@@ -269,9 +269,13 @@ private:
         open_log();
         generation_ = state_->generation;
       }
-      struct ::stat st {};
-      if (::fstat(fd_.get(), &st) != 0) throw detail::path_error(errno, "dibs::shared_log: cannot stat log", path_);
-      const off_t start = st.st_size;
+      // Where the record will start: the size of the file, under the mutex.
+      // lseek and not fstat: a stat marks the timestamps as seen, and the
+      // kernel (multigrain timestamps) then gives the next write a fresh one,
+      // which dirties the inode on every record (measured: 8 writers at 0.48x
+      // of bare appends with an fstat per write, 1.06x with an lseek).
+      const off_t start = ::lseek(fd_.get(), 0, SEEK_END);
+      if (start < 0) throw detail::path_error(errno, "dibs::shared_log: cannot find the end of log", path_);
       state_->pending_start = start;
       std::size_t done = 0;
       while (done < total) {
