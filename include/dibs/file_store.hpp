@@ -107,35 +107,35 @@ public:
     validate_key(key);
     validate_value(key, value);
     const auto path = path_of(key);
-    // An erased record keeps the key's version: continue from it without
-    // first writing a file that link() would refuse.
-    if (const auto cur = load(path)) {
-      if (cur->live) return std::nullopt;
-      return swap_if(key, [](const stored& c) { return !c.live; }, true, value);
-    }
-    const auto tmp = write_temporary(key, 1, true, value);
-    if (::link(tmp.c_str(), path.c_str()) == 0) {
+    for (;;) {
+      // An erased record keeps the key's version: continue from it, under the
+      // record's lock, without first writing a file that link() would refuse.
+      const auto swapped = swap_if(key, [](const stored& c) { return !c.live; }, true, value);
+      if (swapped.outcome == swap_outcome::done) return swapped.version;
+      if (swapped.outcome == swap_outcome::refused) return std::nullopt;  // live: we lost
+      const auto tmp = write_temporary(key, 1, true, value);  // no file: make the first one
+      if (::link(tmp.c_str(), path.c_str()) == 0) {
+        ::unlink(tmp.c_str());
+        sync_dir();
+        return dibs::version{1};
+      }
+      const int e = errno;
       ::unlink(tmp.c_str());
-      sync_dir();
-      return dibs::version{1};
+      if (e != EEXIST) throw detail::path_error(e, "dibs::file_store: cannot create record", path);
+      // Someone made the file meanwhile: live (we lost) or erased (continue from it).
     }
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    if (e != EEXIST) throw detail::path_error(e, "dibs::file_store: cannot create record", path);
-    // The key exists: live (we lost) or erased (continue from its version).
-    return swap_if(key, [](const stored& cur) { return !cur.live; }, true, value);
   }
 
   std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
     validate_key(key);
     validate_value(key, value);
-    return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, true, value);
+    return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, true, value).version;
   }
 
   bool erase(std::string_view key, dibs::version expected) {
     validate_key(key);
-    return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, false, {})
-        .has_value();
+    return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, false, {}).outcome ==
+           swap_outcome::done;
   }
 
   const std::filesystem::path& directory() const noexcept { return dir_; }
@@ -235,6 +235,23 @@ private:
     return s;
   }
 
+  // Returns: the length a record claims in its header (header + value), or
+  // 0 if the text does not yet hold a whole header.
+  static std::size_t declared_length(std::string_view text) noexcept {
+    const auto at = text.find("\nsize ");
+    if (at == std::string_view::npos) return 0;
+    std::uint64_t size = 0;
+    const char* first = text.data() + at + 6;
+    const auto [p, ec] = std::from_chars(first, text.data() + text.size(), size);
+    if (ec != std::errc{}) return 0;
+    const auto end = text.find("\n\n", static_cast<std::size_t>(p - text.data()));
+    if (end == std::string_view::npos) return 0;
+    return end + 2 + static_cast<std::size_t>(size);
+  }
+
+  // Reads the whole file. A read shorter than asked that brings the text to
+  // exactly the length its header declares is the end of the file: no
+  // second read() just to see it return 0.
   static std::optional<std::string> slurp(int fd, const std::filesystem::path& path) {
     std::string out;
     char buf[65536];
@@ -244,6 +261,7 @@ private:
       if (n < 0) throw detail::path_error(errno, "dibs::file_store: cannot read record", path);
       if (n == 0) return out;
       out.append(buf, static_cast<std::size_t>(n));
+      if (static_cast<std::size_t>(n) < sizeof buf && declared_length(out) == out.size()) return out;
     }
   }
 
@@ -262,7 +280,7 @@ private:
   // Writes a whole record to a fresh temporary file; returns its path.
   std::filesystem::path write_temporary(std::string_view key, dibs::version v, bool live, std::string_view value) const {
     thread_local std::mt19937_64 rng{std::random_device{}()};
-    const auto tmp = dir_ / fmt::format(".tmp.{}.{:016x}.{}", ::getpid(), rng(), key);
+    const auto tmp = dir_ / fmt::format(".tmp.{}.{:016x}.{}", detail::current_pid(), rng(), key);
     detail::unique_fd fd{detail::open_retry(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, opts_.mode)};
     if (!fd) throw detail::path_error(errno, "dibs::file_store: cannot create a temporary file in", dir_);
     const std::string data = encode(v, live, value);
@@ -291,15 +309,21 @@ private:
     if (!d || ::fsync(d.get()) != 0) throw detail::path_error(errno, "dibs::file_store: cannot fsync directory", dir_);
   }
 
+  enum class swap_outcome { no_file, refused, done };
+  struct swap_result {
+    swap_outcome outcome = swap_outcome::no_file;
+    std::optional<dibs::version> version;  // set when done
+  };
+
   // Compare-and-set: under the record file's flock, if ok(current) holds,
   // puts a new record (current version + 1) in its place.
   template <class Pred>
-  std::optional<dibs::version> swap_if(std::string_view key, Pred ok, bool live, std::string_view value) {
+  swap_result swap_if(std::string_view key, Pred ok, bool live, std::string_view value) {
     const auto path = path_of(key);
     for (;;) {
       detail::unique_fd fd{detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC)};
       if (!fd) {
-        if (errno == ENOENT) return std::nullopt;
+        if (errno == ENOENT) return {};
         throw detail::path_error(errno, "dibs::file_store: cannot open record", path);
       }
       int rc;
@@ -310,17 +334,17 @@ private:
       struct ::stat held {}, now {};
       if (::fstat(fd.get(), &held) != 0) throw detail::path_error(errno, "dibs::file_store: cannot stat record", path);
       if (::stat(path.c_str(), &now) != 0) {
-        if (errno == ENOENT) return std::nullopt;
+        if (errno == ENOENT) return {};
         throw detail::path_error(errno, "dibs::file_store: cannot stat record", path);
       }
       if (held.st_ino != now.st_ino || held.st_dev != now.st_dev) continue;
       const auto cur = load(fd.get(), path);
-      if (!cur || !ok(*cur)) return std::nullopt;
+      if (!cur || !ok(*cur)) return {swap_outcome::refused, std::nullopt};
       const dibs::version next = cur->version + 1;
       const auto tmp = write_temporary(key, next, live, value);
       put_in_place(tmp, path);
       sync_dir();
-      return next;  // the flock goes with the old inode when fd closes
+      return {swap_outcome::done, next};  // the flock goes with the old inode when fd closes
     }
   }
 

@@ -17,6 +17,8 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/posix.hpp>
+
 namespace dibs::detail {
 
 /// The identity of a process, as far as another process can check it.
@@ -59,7 +61,7 @@ inline const owner_id& this_process_base() {
   // Per process: recomputed in a forked child, whose pid and start time differ.
   thread_local owner_id id;
   thread_local long for_pid = -1;
-  const long pid = ::getpid();
+  const long pid = current_pid();
   if (for_pid != pid) {
     char host[256] = {};
     if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';

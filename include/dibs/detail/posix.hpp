@@ -3,9 +3,11 @@
 #pragma once
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <filesystem>
 #include <string>
@@ -73,6 +75,23 @@ inline int open_retry(const char* path, int flags, mode_t mode = 0) noexcept {
   do fd = ::open(path, flags, mode);
   while (fd < 0 && errno == EINTR);
   return fd;
+}
+
+/// Returns: this process's pid, without a system call after the first
+/// (glibc no longer caches getpid). A child made by fork() finds the cache
+/// cleared by an atfork handler and asks again.
+inline pid_t current_pid() noexcept {
+  static std::atomic<pid_t> cached{0};
+  pid_t p = cached.load(std::memory_order_relaxed);
+  if (p != 0) return p;
+  static const bool registered = [] {
+    ::pthread_atfork(nullptr, nullptr, [] { cached.store(0, std::memory_order_relaxed); });
+    return true;
+  }();
+  (void)registered;
+  p = ::getpid();
+  cached.store(p, std::memory_order_relaxed);
+  return p;
 }
 
 }  // namespace dibs::detail
