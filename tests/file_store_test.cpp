@@ -22,12 +22,15 @@ namespace fs = std::filesystem;
 
 
 TEST_CASE("file_store passes the conformance suite, in one process and across 8") {
+  const bool in_place = GENERATE(false, true);
+  INFO("in_place " << in_place);
   temp_dir dir;
-  dibs::file_store s{dir.path};
+  const dibs::file_store_options opts{.in_place = in_place};
+  dibs::file_store s{dir.path, opts};
   REQUIRE_NOTHROW(dibs::testing::check_semantics(s, "sem-"));
   REQUIRE_NOTHROW(dibs::testing::check_bad_input(s, "bad-"));
   REQUIRE_NOTHROW(dibs::testing::check_races_threads(s, 4, 200, "threads-"));
-  auto open = [&] { return dibs::file_store{dir.path}; };
+  auto open = [&] { return dibs::file_store{dir.path, opts}; };
   REQUIRE_NOTHROW(dibs::testing::check_create_race_processes(open, 8, "raced"));
   REQUIRE_NOTHROW(dibs::testing::check_counter_race_processes(open, 8, 1000, "counter"));
 }
@@ -109,15 +112,18 @@ TEST_CASE("temporary files of dead processes are removed when a store opens; liv
 }
 
 TEST_CASE("SIGKILLs during compare-and-set increments: no wedged key, no garbage, no lost acknowledged increment") {
+  const bool in_place = GENERATE(false, true);
+  INFO("in_place " << in_place);
+  const dibs::file_store_options opts{.in_place = in_place};
   temp_dir dir;
-  dibs::file_store s{dir.path};
+  dibs::file_store s{dir.path, opts};
   REQUIRE(s.create("n", "0"));
   int acks[2];
   REQUIRE(::pipe(acks) == 0);
   auto worker = [&] {
     return dibs_test::spawn([&] {
       ::close(acks[0]);
-      dibs::file_store mine{dir.path};
+      dibs::file_store mine{dir.path, opts};
       for (;;) {
         auto r = mine.read("n");
         if (!r) return 2;
@@ -156,4 +162,60 @@ TEST_CASE("SIGKILLs during compare-and-set increments: no wedged key, no garbage
   CHECK(r->version == static_cast<dibs::version>(value) + 1);
   // Nobody is wedged: a fresh increment goes through at once.
   CHECK(s.replace("n", r->version, "done"));
+}
+
+TEST_CASE("in place: records alternate between two slots of one file; a write cut short leaves the current record") {
+  temp_dir dir;
+  dibs::file_store s{dir.path, {.in_place = true}};
+  const auto path = s.path_of("k");
+  const auto v1 = s.create("k", std::string(300, 'a'));  // a new file: one record, written whole
+  REQUIRE(v1);
+  struct ::stat before {}, after {};
+  REQUIRE(::stat(path.c_str(), &before) == 0);
+  const auto v2 = s.replace("k", *v1, "second");  // into the slot at 2048
+  REQUIRE(v2);
+  REQUIRE(::stat(path.c_str(), &after) == 0);
+  CHECK(after.st_ino == before.st_ino);  // the same file: no new inode, no rename
+  std::string text = slurp(path);
+  REQUIRE(text.size() > 2048);
+  CHECK(text.substr(0, 2048).find(std::string(300, 'a')) != std::string::npos);  // the old record stays
+  CHECK(text.substr(2048, 14) == "dibs-record 1\n");
+  CHECK(s.read("k") == dibs::record{"second", *v2});
+  const auto v3 = s.replace("k", *v2, "third");  // back into the first slot
+  REQUIRE(v3);
+  CHECK(s.read("k") == dibs::record{"third", *v3});
+  CHECK(slurp(path).substr(0, 2048).find("third") != std::string::npos);
+
+  // A writer killed in the middle of writing v4 into the second slot: the
+  // slot holds the first part of v4 and the rest of the old record.
+  text = slurp(path);
+  std::string cut = text;
+  const std::string v4_head = fmt::format("dibs-record 1\nversion {}\nstate live\nsize 4", *v3 + 1);
+  cut.replace(2048, v4_head.size(), v4_head);
+  spit(path, cut);
+  CHECK(s.read("k") == dibs::record{"third", *v3});  // the current record, whole
+  const auto v5 = s.replace("k", *v3, "fifth");     // into the torn slot, skipping the version it was writing
+  REQUIRE(v5);
+  CHECK(*v5 == *v3 + 2);
+  CHECK(s.read("k") == dibs::record{"fifth", *v5});
+
+  // Damage that no write of ours could leave (a slot that is not the next
+  // version, or bytes after a record) is reported, not guessed around.
+  text = slurp(path);
+  spit(path, text.substr(0, 2048) + "dibs-record 1\nversion 999\n" + text.substr(2048 + 26));
+  CHECK_THROWS_WITH(s.read("k"), Contains("damaged"));
+  spit(path, text + "x");
+  CHECK_THROWS_WITH(s.read("k"), Contains("damaged"));
+
+  // A value larger than a slot goes to a new file, as without in_place.
+  spit(path, text);
+  const auto v6 = s.replace("k", *v5, std::string(5000, 'b'));
+  REQUIRE(v6);
+  REQUIRE(::stat(path.c_str(), &after) == 0);
+  CHECK(after.st_ino != before.st_ino);
+  CHECK(s.read("k")->value == std::string(5000, 'b'));
+  const auto v7 = s.replace("k", *v6, "small again");  // a new file once more: the large record fills both slots
+  REQUIRE(v7);
+  CHECK(s.read("k") == dibs::record{"small again", *v7});
+  CHECK(slurp(path).size() < 2048);
 }

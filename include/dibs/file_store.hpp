@@ -32,6 +32,12 @@
 //     create continues from it: versions never go back (they are fencing
 //     tokens);
 //   - temporary files of dead processes are removed when a store is opened.
+// With file_store_options::in_place (dibs::lock_file's choice), a small
+// record is instead rewritten inside its file, under the same flock: the file
+// has two slots of 2 KiB in its first page, the new record goes into the slot
+// that does not hold the current one, and a reader takes the whole record
+// with the higher version. A writer killed mid-write can only damage the slot
+// that was not current, so the file always holds one whole, current record.
 // One host or many: flock, link and rename are atomic on local filesystems;
 // over NFS only link is (use a server-backed store there).
 #pragma once
@@ -75,6 +81,17 @@ struct file_store_options {
   /// Appended to the key to name its file (dibs::lock_file uses "", so the
   /// lock file is exactly the path it was given).
   std::string suffix = ".rec";
+  /// Rewrite a record of up to 2 KiB inside its own file, under its flock,
+  /// instead of writing a new file and exchanging it in (dibs::lock_file
+  /// does: one pwrite instead of two inode creations). The file then has two
+  /// slots, at offsets 0 and 2048, each a record padded with newlines; the
+  /// new record goes into the slot that is not current, so a writer killed
+  /// mid-write leaves the current record whole, and readers take the valid
+  /// record with the higher version (`cat` shows both). A reader that catches
+  /// a slot half-copied reads again under a shared flock. Not used with
+  /// `sync`, for a larger record, or where this user may not write the file
+  /// itself: those go by a new file as without this option.
+  bool in_place = false;
 };
 
 class file_store {
@@ -142,7 +159,10 @@ public:
   std::filesystem::path path_of(std::string_view key) const { return dir_ / (std::string(key) + opts_.suffix); }
 
   /// Effects: blocks until the file of `key` may have changed (inotify on the
-  /// directory), or `timeout` passes. A change just before the call can be
+  /// directory: a record put in place, or one rewritten in place), or
+  /// `timeout` passes. (Not IN_CLOSE_WRITE: every compare-and-set opens an
+  /// in-place record for writing, also one that is refused, and closing it
+  /// would wake every waiter.) A change just before the call can be
   /// missed; callers re-read after at most `timeout` anyway.
   /// Returns: true if a change of the key was seen.
   bool wait_for_change(std::string_view key, std::chrono::nanoseconds timeout) const {
@@ -152,7 +172,7 @@ public:
       return false;
     };
     if (!fd) return sleep_instead();
-    if (::inotify_add_watch(fd.get(), dir_.c_str(), IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM | IN_CLOSE_WRITE) < 0)
+    if (::inotify_add_watch(fd.get(), dir_.c_str(), IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM | IN_MODIFY) < 0)
       return sleep_instead();
     const std::string name = std::string(key) + opts_.suffix;
     const auto end = std::chrono::steady_clock::now() + timeout;
@@ -177,7 +197,15 @@ private:
     dibs::version version = 0;
     bool live = false;
     std::string value;
+    std::size_t offset = 0;  // where the record starts in its file: 0, or slot_size
+    std::size_t end = 0;     // where it ends
+    std::size_t file_size = 0;
+    bool other_torn = false;  // the other slot holds a write cut short
   };
+  // in_place: the two slots of a record file are [0, slot_size) and
+  // [slot_size, 2 * slot_size), so that one write of a slot (with the padding
+  // before it) stays within the file's first page.
+  static constexpr std::size_t slot_size = 2048;
 
   static std::uint32_t crc(std::string_view header, std::string_view value) noexcept {
     boost::crc_32_type c;
@@ -201,38 +229,123 @@ private:
                                         path.string(), why));
   }
 
-  static stored decode(const std::filesystem::path& path, std::string_view text) {
-    auto line = [&](std::string_view prefix) -> std::string_view {
-      if (text.substr(0, prefix.size()) != prefix) corrupt(path, fmt::format("expected '{}'", prefix));
-      const auto nl = text.find('\n');
-      if (nl == std::string_view::npos) corrupt(path, "header cut short");
-      const auto field = text.substr(prefix.size(), nl - prefix.size());
-      text.remove_prefix(nl + 1);
-      return field;
-    };
-    auto number = [&](std::string_view field, int base) {
-      std::uint64_t n = 0;
-      const auto [p, ec] = std::from_chars(field.data(), field.data() + field.size(), n, base);
-      if (ec != std::errc{} || p != field.data() + field.size()) corrupt(path, fmt::format("bad number '{}'", field));
-      return n;
-    };
+  // Parses the record at the start of `text`, which may go on past it.
+  // Returns: the record (its `end` relative to `text`), or nothing with
+  // `why` saying what is wrong.
+  static std::optional<stored> parse_one(std::string_view text, std::string& why) {
     const std::string_view all = text;
-    if (text.substr(0, 12) == "dibs-record " && text.substr(0, 14) != "dibs-record 1\n")
-      corrupt(path, "a record format this version of dibs does not read");
-    line("dibs-record 1");
+    std::string_view field;
+    auto line = [&](std::string_view prefix) {
+      if (text.substr(0, prefix.size()) != prefix) {
+        why = fmt::format("expected '{}'", prefix);
+        return false;
+      }
+      const auto nl = text.find('\n');
+      if (nl == std::string_view::npos) {
+        why = "header cut short";
+        return false;
+      }
+      field = text.substr(prefix.size(), nl - prefix.size());
+      text.remove_prefix(nl + 1);
+      return true;
+    };
+    auto number = [&](int base, std::uint64_t& n) {
+      const auto [p, ec] = std::from_chars(field.data(), field.data() + field.size(), n, base);
+      if (ec == std::errc{} && p == field.data() + field.size()) return true;
+      why = fmt::format("bad number '{}'", field);
+      return false;
+    };
+    if (text.substr(0, 12) == "dibs-record " && text.substr(0, 14) != "dibs-record 1\n") {
+      why = "a record format this version of dibs does not read";
+      return std::nullopt;
+    }
     stored s;
-    s.version = number(line("version "), 10);
-    const auto state = line("state ");
-    if (state != "live" && state != "erased") corrupt(path, fmt::format("unknown state '{}'", state));
-    s.live = state == "live";
-    const auto size = number(line("size "), 10);
+    std::uint64_t size = 0, sum = 0;
+    if (!line("dibs-record 1") || !line("version ") || !number(10, s.version) || !line("state ")) return std::nullopt;
+    if (field != "live" && field != "erased") {
+      why = fmt::format("unknown state '{}'", field);
+      return std::nullopt;
+    }
+    s.live = field == "live";
+    if (!line("size ") || !number(10, size)) return std::nullopt;
     const std::string_view header = all.substr(0, all.size() - text.size());
-    const auto sum = number(line("crc32 "), 16);
-    line("");
-    if (text.size() != size) corrupt(path, fmt::format("value has {} bytes, header says {}", text.size(), size));
-    if (crc(header, text) != sum) corrupt(path, "checksum mismatch");
-    s.value = std::string(text);
+    if (!line("crc32 ") || !number(16, sum) || !line("")) return std::nullopt;
+    if (!field.empty()) {
+      why = "no blank line after the header";
+      return std::nullopt;
+    }
+    if (text.size() < size) {
+      why = fmt::format("value has {} bytes, header says {}", text.size(), size);
+      return std::nullopt;
+    }
+    const std::string_view value = text.substr(0, size);
+    if (crc(header, value) != sum) {
+      why = "checksum mismatch";
+      return std::nullopt;
+    }
+    s.value = std::string(value);
+    s.end = all.size() - text.size() + size;
     return s;
+  }
+
+  // Returns: the current record of a file's whole text. A file rewritten in
+  // place holds a record in each of its two slots; the current one is the
+  // whole one with the higher version. `strict`: for a reader without the
+  // lock, which may catch a slot mid-write: every slot must then be whole
+  // (one whole slot is not enough: the other may hold a newer record that
+  // it caught half-copied), else errc::corrupt_record and it reads again.
+  static stored decode(const std::filesystem::path& path, std::string_view all, bool strict) {
+    const auto only_padding = [](std::string_view rest) { return rest.find_first_not_of('\n') == std::string_view::npos; };
+    std::string why0, why1;
+    auto r0 = parse_one(all, why0);
+    if (r0) r0->file_size = all.size();
+    if (r0 && r0->end > slot_size) {  // larger than a slot: a record written whole to a new file
+      if (!only_padding(all.substr(r0->end))) corrupt(path, fmt::format("{} bytes follow the record", all.size() - r0->end));
+      return *r0;
+    }
+    const bool two = all.size() > slot_size;
+    if (r0 && !only_padding(all.substr(r0->end, (two ? slot_size : all.size()) - r0->end))) {
+      r0.reset();
+      why0 = "bytes other than padding follow the record";
+    }
+    if (!two) {
+      if (!r0) corrupt(path, why0);
+      return *r0;
+    }
+    auto r1 = parse_one(all.substr(slot_size), why1);
+    if (r1) {
+      r1->offset = slot_size;
+      r1->end += slot_size;
+      r1->file_size = all.size();
+      if (!only_padding(all.substr(r1->end))) {
+        r1.reset();
+        why1 = "bytes other than padding follow the second record";
+      }
+    }
+    if (r0 && r1) return r0->version > r1->version ? *r0 : *r1;
+    // One slot is whole. The other is a write that was cut short (its writer
+    // died) only if it was writing the next version; anything else is damage
+    // from outside, and is reported rather than guessed around.
+    if (!strict && (r0 || r1)) {
+      stored& whole = r0 ? *r0 : *r1;
+      const auto v = header_version(r0 ? all.substr(slot_size) : all);
+      if (v && *v == whole.version + 1) {
+        whole.other_torn = true;
+        return whole;
+      }
+    }
+    corrupt(path, r0 ? "second slot: " + why1 : why0);
+  }
+
+  // Returns: the version a record's header names, if its first two lines are whole.
+  static std::optional<dibs::version> header_version(std::string_view text) {
+    constexpr std::string_view start = "dibs-record 1\nversion ";
+    if (text.substr(0, start.size()) != start) return std::nullopt;
+    text.remove_prefix(start.size());
+    dibs::version v = 0;
+    const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc{} || p == text.data() + text.size() || *p != '\n') return std::nullopt;
+    return v;
   }
 
   // Returns: the length a record claims in its header (header + value), or
@@ -250,8 +363,9 @@ private:
   }
 
   // Reads the whole file. A read shorter than asked that brings the text to
-  // exactly the length its header declares is the end of the file: no
-  // second read() just to see it return 0.
+  // exactly the length its header declares (of the second slot's record, in
+  // a file with two) is the end of the file: no second read() just to see it
+  // return 0.
   static std::optional<std::string> slurp(int fd, const std::filesystem::path& path) {
     std::string out;
     char buf[65536];
@@ -261,20 +375,37 @@ private:
       if (n < 0) throw detail::path_error(errno, "dibs::file_store: cannot read record", path);
       if (n == 0) return out;
       out.append(buf, static_cast<std::size_t>(n));
-      if (static_cast<std::size_t>(n) < sizeof buf && declared_length(out) == out.size()) return out;
+      if (static_cast<std::size_t>(n) < sizeof buf &&
+          (declared_length(out) == out.size() ||
+           (out.size() > slot_size && slot_size + declared_length(std::string_view(out).substr(slot_size)) == out.size())))
+        return out;
     }
   }
 
+  // Reads a record without its lock. A slot rewritten in place may be caught
+  // half-copied: then the file is read again under a shared flock, which
+  // waits for the writer; only what is damaged then too is reported.
   static std::optional<stored> load(const std::filesystem::path& path) {
     detail::unique_fd fd{detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC)};
     if (!fd) {
       if (errno == ENOENT) return std::nullopt;
       throw detail::path_error(errno, "dibs::file_store: cannot open record", path);
     }
+    try {
+      return decode(path, *slurp(fd.get(), path), true);
+    } catch (const std::system_error& e) {
+      if (e.code() != errc::corrupt_record) throw;
+    }
+    int rc;
+    do rc = ::flock(fd.get(), LOCK_SH);
+    while (rc != 0 && errno == EINTR);
+    if (rc != 0) throw detail::path_error(errno, "dibs::file_store: cannot lock record", path);
+    if (::lseek(fd.get(), 0, SEEK_SET) != 0) throw detail::path_error(errno, "dibs::file_store: cannot read record", path);
     return load(fd.get(), path);
   }
+  // Requires: the record's flock (no writer is mid-write).
   static std::optional<stored> load(int fd, const std::filesystem::path& path) {
-    return decode(path, *slurp(fd, path));
+    return decode(path, *slurp(fd, path), false);
   }
 
   // Writes a whole record to a fresh temporary file; returns its path.
@@ -321,7 +452,12 @@ private:
   swap_result swap_if(std::string_view key, Pred ok, bool live, std::string_view value) {
     const auto path = path_of(key);
     for (;;) {
-      detail::unique_fd fd{detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC)};
+      bool in_place = opts_.in_place && !opts_.sync;
+      detail::unique_fd fd{detail::open_retry(path.c_str(), (in_place ? O_RDWR : O_RDONLY) | O_CLOEXEC)};
+      if (!fd && in_place && errno == EACCES) {  // not ours to write: replace it by rename instead
+        in_place = false;
+        fd.reset(detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC));
+      }
       if (!fd) {
         if (errno == ENOENT) return {};
         throw detail::path_error(errno, "dibs::file_store: cannot open record", path);
@@ -340,12 +476,48 @@ private:
       if (held.st_ino != now.st_ino || held.st_dev != now.st_dev) continue;
       const auto cur = load(fd.get(), path);
       if (!cur || !ok(*cur)) return {swap_outcome::refused, std::nullopt};
-      const dibs::version next = cur->version + 1;
+      // After a write cut short, skip the version it was writing: whatever
+      // saw it (nothing should have) never sees that version reused.
+      const dibs::version next = cur->version + (cur->other_torn ? 2 : 1);
+      if (in_place) {
+        const std::string rec = encode(next, live, value);
+        // Only where the current record and the file stay within the two
+        // slots (a record larger than a slot was written whole, to a new file).
+        if (rec.size() <= slot_size && cur->end - cur->offset <= slot_size && cur->file_size <= 2 * slot_size) {
+          write_other_slot(fd.get(), *cur, rec, path);
+          return {swap_outcome::done, next};
+        }
+      }
       const auto tmp = write_temporary(key, next, live, value);
       put_in_place(tmp, path);
       sync_dir();
       return {swap_outcome::done, next};  // the flock goes with the old inode when fd closes
     }
+  }
+
+  // Writes `rec` (at most slot_size bytes) into the slot that does not hold
+  // `cur`, in one pwrite that stays within the first page, with newlines
+  // around it where the slot's old bytes would otherwise remain. Nothing of
+  // `cur` is touched, so if the write fails or the process dies in it, `cur`
+  // is still the file's whole current record.
+  static void write_other_slot(int fd, const stored& cur, const std::string& rec, const std::filesystem::path& path) {
+    std::string data;
+    off_t at;
+    if (cur.offset == 0) {  // into the second slot, padding from the end of `cur`
+      at = static_cast<off_t>(cur.end);
+      data.assign(slot_size - cur.end, '\n');
+      data += rec;
+      if (slot_size + rec.size() < cur.file_size) data.append(cur.file_size - slot_size - rec.size(), '\n');
+    } else {  // into the first slot, padded to where the second begins
+      at = 0;
+      data = rec;
+      data.append(slot_size - rec.size(), '\n');
+    }
+    ssize_t n;
+    do n = ::pwrite(fd, data.data(), data.size(), at);
+    while (n < 0 && errno == EINTR);
+    if (n == static_cast<ssize_t>(data.size())) return;
+    throw detail::path_error(n < 0 ? errno : ENOSPC, "dibs::file_store: cannot rewrite record", path);
   }
 
   // Atomically makes `path` name the record in `tmp`. An exchange, then an

@@ -100,7 +100,7 @@ public:
   }
 
   void lock() { (void)acquire(nullptr); }
-  bool try_lock() { return try_once(); }
+  bool try_lock() { return try_once(true); }
   template <class Rep, class Period>
   bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(d);
@@ -158,11 +158,18 @@ private:
     return std::string(detail::lease_magic) + detail::format_owner(detail::this_process(opts_.lease));
   }
 
-  // One try. Returns: true if this object now holds the lock.
-  bool try_once() {
+  // One try. `free_first`: try to create the record before reading it,
+  // which saves a read when the lock is free (the first try); later tries
+  // of a waiter read first, so that they do not queue for the record's
+  // write lock in front of the holder's unlock.
+  // Returns: true if this object now holds the lock.
+  bool try_once(bool free_first) {
     std::lock_guard g{m_};
     if (held_) throw std::system_error(make_error_code(std::errc::resource_deadlock_would_occur),
                                        fmt::format("dibs::lease_mutex '{}': already held by this object", key_));
+    if (free_first) {
+      if (auto v = store_.create(key_, value())) return became_holder(*v);
+    }
     const auto r = store_.read(key_);
     if (!r) {
       if (auto v = store_.create(key_, value())) return became_holder(*v);
@@ -195,7 +202,7 @@ private:
   bool acquire(const std::chrono::steady_clock::time_point* until) {
     thread_local std::mt19937_64 rng{std::random_device{}()};
     for (std::uint64_t n = 0;; ++n) {
-      if (try_once()) return true;
+      if (try_once(n == 0)) return true;
       auto delay = opts_.wait.delay(n, {}, std::uniform_real_distribution<double>{0.0, 1.0}(rng));
       if (until) {
         const auto left = *until - std::chrono::steady_clock::now();
@@ -281,7 +288,7 @@ inline std::filesystem::path lock_dir(const std::filesystem::path& p) {
 class lock_file : private detail::lock_file_store, public lease_mutex<file_store> {
 public:
   explicit lock_file(const std::filesystem::path& path, lease_options opts = {})
-      : detail::lock_file_store{file_store{detail::lock_dir(path), {.suffix = ""}}},
+      : detail::lock_file_store{file_store{detail::lock_dir(path), {.suffix = "", .in_place = true}}},
         lease_mutex<file_store>(store, path.filename().string(), std::move(opts)),
         path_(path) {}
   const std::filesystem::path& path() const noexcept { return path_; }
