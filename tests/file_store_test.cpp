@@ -186,30 +186,62 @@ TEST_CASE("in place: records alternate between two slots of one file; a write cu
   CHECK(s.read("k") == dibs::record{"third", *v3});
   CHECK(slurp(path).substr(0, 2048).find("third") != std::string::npos);
 
-  // A writer killed in the middle of writing v4 into the second slot: the
-  // slot holds the first part of v4 and the rest of the old record.
+  // Writers killed in the middle of writing into the slot that is not
+  // current: the slot holds the first part of their record and the rest of
+  // the old one, cut anywhere (in the header too), once or several times.
+  // The offset of the slot that does not hold version v.
+  const auto other_slot = [&](dibs::version v) {
+    return slurp(path).substr(0, 2048).find(fmt::format("version {}\n", v)) != std::string::npos ? 2048 : 0;
+  };
+  dibs::version last = *v3;
+  for (const std::size_t cut : {std::size_t{3}, std::size_t{23}, std::size_t{30}, std::size_t{62}}) {
+    INFO("cut after " << cut << " bytes");
+    const std::string next_rec =
+        fmt::format("dibs-record 1\nversion {}\nstate live\nsize 4\ncrc32 00000000\n\nnext", last + 1);
+    std::string torn = slurp(path);
+    const std::size_t other = other_slot(last);
+    torn.replace(other, cut, next_rec.substr(0, cut));
+    // A cut within the bytes the old record shares with the new one leaves
+    // the old record whole: that is no tear at all.
+    const bool changed = torn != slurp(path);
+    spit(path, torn);
+    const auto cur = s.read("k");  // lock-free: the torn slot sends it to the shared flock, then the whole one
+    REQUIRE(cur);
+    CHECK(cur->version == last);
+    const auto v = s.replace("k", last, "third");  // into the torn slot; a version past any it names
+    REQUIRE(v);
+    CHECK(*v == (changed ? last + 3 : last + 1));
+    last = *v;
+    CHECK(s.read("k") == dibs::record{"third", last});
+  }
+  // Two cuts in a row in the same slot, the second after a skipped version.
+  {
+    std::string torn = slurp(path);
+    const std::size_t other = other_slot(last);
+    torn.replace(other, 30, fmt::format("dibs-record 1\nversion {}\nsta", last + 2).substr(0, 30));
+    spit(path, torn);
+    torn = slurp(path);
+    torn.replace(other, 30, fmt::format("dibs-record 1\nversion {}\nsta", last + 5).substr(0, 30));
+    spit(path, torn);
+    CHECK(s.read("k") == dibs::record{"third", last});
+    const auto v = s.replace("k", last, "after two cuts");
+    REQUIRE(v);
+    CHECK(*v >= last + 7);  // past the version the torn header names
+    last = *v;
+  }
+  // A file whose slots are both damaged is reported, not guessed around.
   text = slurp(path);
-  std::string cut = text;
-  const std::string v4_head = fmt::format("dibs-record 1\nversion {}\nstate live\nsize 4", *v3 + 1);
-  cut.replace(2048, v4_head.size(), v4_head);
-  spit(path, cut);
-  CHECK(s.read("k") == dibs::record{"third", *v3});  // the current record, whole
-  const auto v5 = s.replace("k", *v3, "fifth");     // into the torn slot, skipping the version it was writing
-  REQUIRE(v5);
-  CHECK(*v5 == *v3 + 2);
-  CHECK(s.read("k") == dibs::record{"fifth", *v5});
-
-  // Damage that no write of ours could leave (a slot that is not the next
-  // version, or bytes after a record) is reported, not guessed around.
-  text = slurp(path);
-  spit(path, text.substr(0, 2048) + "dibs-record 1\nversion 999\n" + text.substr(2048 + 26));
+  std::string both = text;
+  both.at(14) ^= 1;  // the header of each slot
+  both.at(2048 + 14) ^= 1;
+  spit(path, both);
   CHECK_THROWS_WITH(s.read("k"), Contains("damaged"));
-  spit(path, text + "x");
-  CHECK_THROWS_WITH(s.read("k"), Contains("damaged"));
+  spit(path, text);
+  const auto v5 = s.read("k")->version;
 
   // A value larger than a slot goes to a new file, as without in_place.
   spit(path, text);
-  const auto v6 = s.replace("k", *v5, std::string(5000, 'b'));
+  const auto v6 = s.replace("k", v5, std::string(5000, 'b'));
   REQUIRE(v6);
   REQUIRE(::stat(path.c_str(), &after) == 0);
   CHECK(after.st_ino != before.st_ino);

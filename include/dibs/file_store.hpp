@@ -158,11 +158,11 @@ public:
   const std::filesystem::path& directory() const noexcept { return dir_; }
   std::filesystem::path path_of(std::string_view key) const { return dir_ / (std::string(key) + opts_.suffix); }
 
-  /// Effects: blocks until the file of `key` may have changed (inotify on the
-  /// directory: a record put in place, or one rewritten in place), or
-  /// `timeout` passes. (Not IN_CLOSE_WRITE: every compare-and-set opens an
-  /// in-place record for writing, also one that is refused, and closing it
-  /// would wake every waiter.) A change just before the call can be
+  /// Effects: blocks until the file of `key` may have changed (inotify: a
+  /// record put in place, or one rewritten in place), or `timeout` passes.
+  /// (Not IN_CLOSE_WRITE: every compare-and-set opens an in-place record
+  /// for writing, also one that is refused, and closing it would wake every
+  /// waiter.) A change just before the call can be
   /// missed; callers re-read after at most `timeout` anyway.
   /// Returns: true if a change of the key was seen.
   bool wait_for_change(std::string_view key, std::chrono::nanoseconds timeout) const {
@@ -172,8 +172,12 @@ public:
       return false;
     };
     if (!fd) return sleep_instead();
-    if (::inotify_add_watch(fd.get(), dir_.c_str(), IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM | IN_MODIFY) < 0)
+    if (::inotify_add_watch(fd.get(), dir_.c_str(), IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM) < 0)
       return sleep_instead();
+    // Writes in place are watched on the file itself: IN_MODIFY on the
+    // directory would also report every write to every other file there
+    // (a lock file usually sits beside the log it guards).
+    const int file_watch = ::inotify_add_watch(fd.get(), path_of(key).c_str(), IN_MODIFY);  // -1: no file yet
     const std::string name = std::string(key) + opts_.suffix;
     const auto end = std::chrono::steady_clock::now() + timeout;
     for (;;) {
@@ -185,7 +189,7 @@ public:
       const ssize_t n = ::read(fd.get(), buf, sizeof buf);
       for (ssize_t off = 0; off < n;) {
         const auto* ev = reinterpret_cast<const inotify_event*>(buf + off);
-        if (ev->len > 0 && name == ev->name) return true;
+        if ((ev->len > 0 && name == ev->name) || (file_watch >= 0 && ev->wd == file_watch)) return true;
         off += static_cast<ssize_t>(sizeof(inotify_event) + ev->len);
       }
       if (std::chrono::steady_clock::now() >= end) return false;
@@ -200,7 +204,9 @@ private:
     std::size_t offset = 0;  // where the record starts in its file: 0, or slot_size
     std::size_t end = 0;     // where it ends
     std::size_t file_size = 0;
-    bool other_torn = false;  // the other slot holds a write cut short
+    // The other slot is not whole (a write cut short): the least version
+    // the next write may use so that none seen before is reused.
+    dibs::version next_after_torn = 0;
   };
   // in_place: the two slots of a record file are [0, slot_size) and
   // [slot_size, 2 * slot_size), so that one write of a slot (with the padding
@@ -323,16 +329,19 @@ private:
       }
     }
     if (r0 && r1) return r0->version > r1->version ? *r0 : *r1;
-    // One slot is whole. The other is a write that was cut short (its writer
-    // died) only if it was writing the next version; anything else is damage
-    // from outside, and is reported rather than guessed around.
+    // Under the lock, one slot whole and the other not: the other holds a
+    // write cut short (its writer died; a write of ours touches only the slot
+    // that is not current), however far it got, also after several such
+    // cuts, so the whole one is current and the key is never wedged. Its
+    // version was never returned to anyone (only whole slots are), but the
+    // next write skips past whatever the torn header names, and one more:
+    // if the damage came from outside instead and hit the current slot, no
+    // version it had handed out is handed out again.
     if (!strict && (r0 || r1)) {
       stored& whole = r0 ? *r0 : *r1;
       const auto v = header_version(r0 ? all.substr(slot_size) : all);
-      if (v && *v == whole.version + 1) {
-        whole.other_torn = true;
-        return whole;
-      }
+      whole.next_after_torn = std::max(whole.version, v.value_or(0)) + 2;
+      return whole;
     }
     corrupt(path, r0 ? "second slot: " + why1 : why0);
   }
@@ -391,10 +400,15 @@ private:
       if (errno == ENOENT) return std::nullopt;
       throw detail::path_error(errno, "dibs::file_store: cannot open record", path);
     }
-    try {
-      return decode(path, *slurp(fd.get(), path), true);
-    } catch (const std::system_error& e) {
-      if (e.code() != errc::corrupt_record) throw;
+    {
+      const auto text = slurp(fd.get(), path);
+      try {
+        return decode(path, *text, true);
+      } catch (const std::system_error& e) {
+        // Only a record of ours can be mid-write; a foreign file is reported
+        // at once, not after waiting for whoever may hold a flock on it.
+        if (e.code() != errc::corrupt_record || text->substr(0, 14) != "dibs-record 1\n") throw;
+      }
     }
     int rc;
     do rc = ::flock(fd.get(), LOCK_SH);
@@ -454,7 +468,7 @@ private:
     for (;;) {
       bool in_place = opts_.in_place && !opts_.sync;
       detail::unique_fd fd{detail::open_retry(path.c_str(), (in_place ? O_RDWR : O_RDONLY) | O_CLOEXEC)};
-      if (!fd && in_place && errno == EACCES) {  // not ours to write: replace it by rename instead
+      if (!fd && in_place && (errno == EACCES || errno == EPERM || errno == EROFS)) {  // not ours to write: by a new file instead
         in_place = false;
         fd.reset(detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC));
       }
@@ -476,9 +490,7 @@ private:
       if (held.st_ino != now.st_ino || held.st_dev != now.st_dev) continue;
       const auto cur = load(fd.get(), path);
       if (!cur || !ok(*cur)) return {swap_outcome::refused, std::nullopt};
-      // After a write cut short, skip the version it was writing: whatever
-      // saw it (nothing should have) never sees that version reused.
-      const dibs::version next = cur->version + (cur->other_torn ? 2 : 1);
+      const dibs::version next = std::max(cur->version + 1, cur->next_after_torn);
       if (in_place) {
         const std::string rec = encode(next, live, value);
         // Only where the current record and the file stay within the two
