@@ -6,7 +6,7 @@ prints tables of medians (Markdown). Used by run_store_benchmarks.sh.
         [--impls dibs,dibs-norenew,floor,liblockfile,softfilelock]
         [--cycles 10000] [--cycles-for softfilelock=2000,...] [--json out.jsonl]
     store_bench_runner.py claims --bin DIR [--reps 5] [--procs 1,8]
-        [--stores file,shm] [--items 20000] [--json out.jsonl]
+        [--stores file,file-inplace,shm] [--items 20000] [--json out.jsonl]
     store_bench_runner.py syscalls --bin DIR [--rounds 2000]
         [--impls floor,liblockfile,dibs-norenew,dibs] [--keep DIR]
 
@@ -236,7 +236,7 @@ def main():
     m.add_argument("--bin", required=True, help="directory holding store_marker_claim")
     m.add_argument("--reps", type=int, default=5)
     m.add_argument("--procs", default="1,8")
-    m.add_argument("--stores", default="file,shm")
+    m.add_argument("--stores", default="file,file-inplace,shm")
     m.add_argument("--items", type=int, default=20000)
     m.add_argument("--json")
     y = sub.add_parser("syscalls")

@@ -4,9 +4,11 @@
 // complete(). Items another process holds or has completed are skipped, so
 // every process claims whatever it can and the run ends when all walks end.
 //
-//   store_marker_claim --store <file|shm> --procs P --items M [--dir D] [--check 0]
+//   store_marker_claim --store <file|file-inplace|shm> --procs P --items M [--dir D] [--check 0]
 //
 // file: a dibs::file_store in a fresh directory under --dir, $TMPDIR or /tmp.
+// file-inplace: the same with file_store_options::in_place (records rewritten
+//       inside their files, as dibs::lock_file does).
 // shm:  a dibs::shm_store segment of its own (capacity 2*M, max_value 512),
 //       removed at the end.
 // Prints one JSON object: wall time from the start barrier to the last exit,
@@ -87,16 +89,17 @@ int main(int argc, char** argv) {
     else if (a == "--items") items = std::atol(argv[i + 1]);
     else if (a == "--dir") dir_arg = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: %s --store <file|shm> --procs P --items M [--dir D] [--check 0]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s --store <file|file-inplace|shm> --procs P --items M [--dir D] [--check 0]\n", argv[0]);
       return 2;
     }
   }
-  if ((kind != "file" && kind != "shm") || procs < 1 || items < 1) return 2;
+  const bool in_file = kind == "file" || kind == "file-inplace";
+  if ((!in_file && kind != "shm") || procs < 1 || items < 1) return 2;
 
   std::filesystem::path dir;
   const std::string shm_name = fmt::format("dibs-bench-claims-{}", ::getpid());
   const dibs::shm_store_options shm_opts{.capacity = static_cast<std::uint32_t>(2 * items), .max_value = 512};
-  if (kind == "file") {
+  if (in_file) {
     const char* tmp = std::getenv("TMPDIR");
     std::string templ = (dir_arg.empty() ? std::string(tmp && *tmp ? tmp : "/tmp") : dir_arg) + "/dibs-claims.XXXXXX";
     if (!::mkdtemp(templ.data())) die("mkdtemp");
@@ -130,8 +133,8 @@ int main(int argc, char** argv) {
       won[p].store(walk(store, items, first));
     };
     try {
-      if (kind == "file") {
-        dibs::file_store store{dir};
+      if (in_file) {
+        dibs::file_store store{dir, {.in_place = kind == "file-inplace"}};
         run(store);
       } else {
         dibs::shm_store store{shm_name, shm_opts};
@@ -166,7 +169,7 @@ int main(int argc, char** argv) {
     hi = std::max(hi, w);
   }
   long completed = check ? 0 : -1;
-  if (kind == "file") {
+  if (in_file) {
     if (check) {
       dibs::file_store store{dir};
       completed = count_completed(store, items);

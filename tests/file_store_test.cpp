@@ -159,7 +159,11 @@ TEST_CASE("SIGKILLs during compare-and-set increments: no wedged key, no garbage
   const long value = std::stol(r->value);
   CHECK(value >= acked);
   CHECK(value <= acked + 24);
-  CHECK(r->version == static_cast<dibs::version>(value) + 1);
+  // One version per increment; in place, a write cut short by a kill (rare:
+  // the kernel finishes a one-page write unless the copy itself faults) is
+  // skipped past.
+  if (in_place) CHECK(r->version >= static_cast<dibs::version>(value) + 1);
+  else CHECK(r->version == static_cast<dibs::version>(value) + 1);
   // Nobody is wedged: a fresh increment goes through at once.
   CHECK(s.replace("n", r->version, "done"));
 }
