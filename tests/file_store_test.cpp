@@ -8,7 +8,9 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <fstream>
+#include <future>
 #include <random>
 #include <string>
 #include <vector>
@@ -254,4 +256,32 @@ TEST_CASE("in place: records alternate between two slots of one file; a write cu
   REQUIRE(v7);
   CHECK(s.read("k") == dibs::record{"small again", *v7});
   CHECK(slurp(path).size() < 2048);
+}
+
+TEST_CASE("wait_for_change wakes on a write to the key's file, in place or not, and not on other files' writes") {
+  using namespace std::chrono_literals;
+  const bool in_place = GENERATE(false, true);
+  INFO("in_place " << in_place);
+  temp_dir dir;
+  dibs::file_store s{dir.path, {.in_place = in_place}};
+  auto v = s.create("k", "one");
+  REQUIRE(v);
+  REQUIRE(s.replace("k", *v, "two"));  // in place: the file now has both slots
+  v = s.read("k")->version;
+
+  // Writes to another file in the directory (the log beside a lock file) do not wake a waiter.
+  {
+    auto waiter = std::async(std::launch::async, [&] { return s.wait_for_change("k", 400ms); });
+    std::this_thread::sleep_for(50ms);
+    std::ofstream other{dir.path / "batch.log", std::ios::app};
+    for (int i = 0; i < 100; ++i) other << "line " << i << "\n" << std::flush;
+    CHECK_FALSE(waiter.get());
+  }
+  // A compare-and-set on the key wakes it at once, long before its timeout.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto waiter = std::async(std::launch::async, [&] { return s.wait_for_change("k", 20s); });
+  std::this_thread::sleep_for(50ms);
+  REQUIRE(s.replace("k", *v, "three"));
+  CHECK(waiter.get());
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
 }
