@@ -197,7 +197,7 @@ TEST_CASE("in place: records alternate between two slots of one file; a write cu
   // the old one, cut anywhere (in the header too), once or several times.
   // The offset of the slot that does not hold version v.
   const auto other_slot = [&](dibs::version v) {
-    return slurp(path).substr(0, 2048).find(fmt::format("version {}\n", v)) != std::string::npos ? 2048 : 0;
+    return slurp(path).substr(0, 2048).find(fmt::format("version {}\n", v)) != std::string::npos ? std::size_t{2048} : std::size_t{0};
   };
   dibs::version last = *v3;
   for (const std::size_t cut : {std::size_t{3}, std::size_t{23}, std::size_t{30}, std::size_t{62}}) {
