@@ -48,7 +48,7 @@ TEST_CASE("huge attempt numbers saturate at the cap: no overflow, no zero, no ne
   CHECK(extreme.ceiling(0) == 1ns);
 }
 
-TEST_CASE("full jitter stays in [0, min(cap, initial * mult^n)) with a seeded source") {
+TEST_CASE("full jitter stays from 0 up to (not including) min(cap, initial * mult^n) with a seeded source") {
   const dibs::exponential_backoff b{10ms, 2.0, 1s, dibs::jitter::full};
   std::mt19937_64 rng{42};
   ns lo = ns::max(), hi = ns::zero();
@@ -72,7 +72,7 @@ TEST_CASE("full jitter stays in [0, min(cap, initial * mult^n)) with a seeded so
   CHECK(b.delay(0, 0ns, 0.0) == 0ns);
 }
 
-TEST_CASE("equal jitter stays in [c/2, c)") {
+TEST_CASE("equal jitter stays from c/2 up to (not including) c") {
   const dibs::exponential_backoff b{10ms, 2.0, 1s, dibs::jitter::equal};
   std::mt19937_64 rng{7};
   for (std::uint64_t n = 0; n < 30; ++n) {
@@ -86,7 +86,7 @@ TEST_CASE("equal jitter stays in [c/2, c)") {
   CHECK(b.delay(1, 0ns, 0.5) == 15ms);
 }
 
-TEST_CASE("decorrelated jitter follows its recurrence d' in [initial, min(cap, 3 d))") {
+TEST_CASE("decorrelated jitter follows its recurrence: d' from initial up to min(cap, 3 d)") {
   const dibs::exponential_backoff b{10ms, 2.0, 1s, dibs::jitter::decorrelated};
   // Exact values: lo + u * (hi - lo).
   CHECK(b.delay(0, 0ns, 0.0) == 10ms);

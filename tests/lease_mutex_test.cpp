@@ -128,7 +128,7 @@ TEST_CASE("8 processes x 2,000 locked increments with 20 SIGKILLs: no overlap, n
   CHECK(value <= acked + kills);
 }
 
-TEST_CASE("stale recovery: a killed holder at once; a reused pid is not the owner; a live owner is respected") {
+TEST_CASE("stale recovery: a killed holder at once, a reused pid is not the owner, a live owner is respected") {
   temp_dir dir;
   const auto path = dir.path / "job.lock";
   int ready[2];

@@ -38,7 +38,7 @@ TEST_CASE("claim, complete, and the item stays done") {
   CHECK(claims.status("never").state == dibs::claim_state::absent);
 }
 
-TEST_CASE("leaving scope gives the item back with its attempts; after max_attempts it is failed with the last error") {
+TEST_CASE("leaving scope gives the item back with its attempts, and after max_attempts it is failed with the last error") {
   dibs::memory_store store;
   dibs::marker_claim<dibs::memory_store> claims{store, {.max_attempts = 3}};
   for (std::uint32_t i = 1; i <= 2; ++i) {

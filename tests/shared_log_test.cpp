@@ -361,7 +361,7 @@ TEST_CASE("a full filesystem: the error names the log, and no part of the record
   log.append("x");
 }
 
-TEST_CASE("durability settings append the same bytes; bad options are refused by name") {
+TEST_CASE("durability settings append the same bytes, and bad options are refused by name") {
   temp_dir dir;
   for (auto d : {dibs::durability::none, dibs::durability::per_record, dibs::durability::per_batch}) {
     const auto path = dir.path / ("d" + std::to_string(static_cast<int>(d)) + ".log");

@@ -26,7 +26,7 @@ std::error_code sqlite_code(int rc) { return dibs::sqlite::make_error_code(rc); 
 
 }  // namespace
 
-TEST_CASE("SQLite BUSY and LOCKED, with every extended variant, are transient; other codes are not") {
+TEST_CASE("SQLite BUSY and LOCKED, with every extended variant, are transient, other codes are not") {
   for (int rc : {SQLITE_BUSY, SQLITE_LOCKED, SQLITE_BUSY_SNAPSHOT, SQLITE_BUSY_RECOVERY, SQLITE_BUSY_TIMEOUT,
                  SQLITE_LOCKED_SHAREDCACHE}) {
     INFO(rc);

@@ -83,7 +83,8 @@ struct file_store_options {
   std::string suffix = ".rec";
   /// Rewrite a record of up to 2 KiB inside its own file, under its flock,
   /// instead of writing a new file and exchanging it in (dibs::lock_file
-  /// does: one pwrite instead of two inode creations). The file then has two
+  /// does: one pwrite instead of a temporary file, an exchange and an
+  /// unlink). The file then has two
   /// slots, at offsets 0 and 2048, each a record padded with newlines; the
   /// new record goes into the slot that is not current, so a writer killed
   /// mid-write leaves the current record whole, and readers take the valid
