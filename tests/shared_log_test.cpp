@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -273,6 +274,7 @@ TEST_CASE("a writer killed half-way through a record: the next writer cuts the f
     if (!st || ::pthread_mutex_lock(&st->mutex.m) != 0) return 2;
     // Exactly what a writer does, stopped in the middle of its record.
     st->pending_start = static_cast<std::int64_t>(fs::file_size(path));
+    st->pending_len = static_cast<std::int64_t>(std::string("half of a record\n").size());
     const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND);
     const std::string part = "half of a rec";
     if (::write(fd, part.data(), part.size()) != static_cast<ssize_t>(part.size())) return 3;
@@ -283,6 +285,133 @@ TEST_CASE("a writer killed half-way through a record: the next writer cuts the f
   CHECK_THAT(slurp(path), Contains("half of a rec"));
   log.append("whole record 2");
   CHECK(slurp(path) == "whole record 1\nwhole record 2\n");
+}
+
+namespace {
+using slot = dibs::detail::log_slot;
+
+// Waits (up to 10 s) until some slot of the log holds a record ready to be written.
+bool wait_queued(dibs::detail::log_shared_state* st) {
+  for (int i = 0; i < 10'000; ++i) {
+    for (auto& s : st->slots)
+      if ((s.word.load() & slot::state_mask) == slot::ready) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
+// In a process holding the lock: takes every queued record as a lock holder
+// does, records the batch as pending, writes `keep` of it, tells the first
+// record's writer that it is done if `tell_first`, and dies.
+[[noreturn]] void take_batch_and_die(dibs::detail::log_shared_state* st, const fs::path& path, double keep,
+                                     bool tell_first) {
+  std::string batch;
+  std::vector<slot*> taken;
+  for (auto& s : st->slots) {
+    std::uint32_t w = s.word.load();
+    while ((w & slot::state_mask) == slot::ready &&
+           !s.word.compare_exchange_weak(w, (w & ~slot::state_mask) | slot::taken)) {
+    }
+    if ((w & slot::state_mask) != slot::ready) continue;
+    batch.append(s.data, s.size);
+    taken.push_back(&s);
+  }
+  st->ready_slots.store(0);
+  st->pending_start = static_cast<std::int64_t>(fs::file_size(path));
+  st->pending_len = static_cast<std::int64_t>(batch.size());
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND);
+  const auto n = static_cast<std::size_t>(static_cast<double>(batch.size()) * keep);
+  if (::write(fd, batch.data(), n) != static_cast<ssize_t>(n)) ::_exit(3);
+  if (tell_first && !taken.empty()) {
+    taken[0]->word.store((taken[0]->word.load() & ~(slot::state_mask | slot::waiting)) | slot::done);
+    dibs::detail::futex_wake(taken[0]->word);
+  }
+  ::kill(::getpid(), SIGKILL);
+  ::_exit(4);
+}
+}  // namespace
+
+TEST_CASE("a lock holder killed while writing others' queued records: each is in the log once") {
+  // The whole batch written, and nobody told; the whole batch, and the first
+  // writer told (its append returns: its record must stay); half of it.
+  struct kill_point {
+    double keep;
+    bool tell_first;
+  };
+  for (const kill_point k : {kill_point{1.0, false}, kill_point{1.0, true}, kill_point{0.5, false}}) {
+    INFO("part of the batch written before the kill: " << k.keep << ", first writer told: " << k.tell_first);
+    temp_dir dir;
+    const auto path = dir.path / "batch.log";
+    dibs::shared_log log{path};
+    log.append("first");
+    auto* st = map_lock(log.lock_path());
+    REQUIRE(st);
+    int held[2], go[2];
+    REQUIRE(::pipe(held) == 0);
+    REQUIRE(::pipe(go) == 0);
+    const pid_t holder = dibs_test::spawn([&] {
+      if (::pthread_mutex_lock(&st->mutex.m) != 0) return 2;
+      char c = 'h';
+      if (::write(held[1], &c, 1) != 1 || ::read(go[0], &c, 1) != 1) return 3;
+      take_batch_and_die(st, path, k.keep, k.tell_first);
+    });
+    char c;
+    REQUIRE(::read(held[0], &c, 1) == 1);
+    // Two writers queue their records behind the holder and wait for it.
+    const pid_t a = dibs_test::spawn([&] {
+      dibs::shared_log l{path};
+      l.append("queued by a");
+      return 0;
+    });
+    REQUIRE(wait_queued(st));
+    const pid_t b = dibs_test::spawn([&] {
+      dibs::shared_log l{path};
+      l.append(std::string(300, 'b'));
+      return 0;
+    });
+    std::this_thread::sleep_for(50ms);  // b queues too (or takes the lock after the holder dies)
+    REQUIRE(::write(go[1], "g", 1) == 1);
+    CHECK(dibs_test::wait_exit(holder) == 128 + SIGKILL);
+    CHECK(dibs_test::wait_exit(a) == 0);
+    CHECK(dibs_test::wait_exit(b) == 0);
+    const std::string content = slurp(path);
+    CHECK((content == "first\nqueued by a\n" + std::string(300, 'b') + "\n" ||
+           content == "first\n" + std::string(300, 'b') + "\nqueued by a\n"));
+    log.append("last");
+    CHECK(slurp(path) == content + "last\n");
+    for (auto& s : st->slots) CHECK((s.word.load() & slot::state_mask) == slot::free);
+    ::munmap(st, sizeof *st);
+  }
+}
+
+TEST_CASE("slots left by dead processes are freed, those of live ones are not") {
+  temp_dir dir;
+  const auto path = dir.path / "slots.log";
+  dibs::shared_log log{path};
+  auto* st = map_lock(log.lock_path());
+  REQUIRE(st);
+  const pid_t gone = dibs_test::spawn([] { return 0; });
+  REQUIRE(dibs_test::wait_exit(gone) == 0);
+  struct ::stat ns {};
+  REQUIRE(::stat("/proc/self/ns/pid", &ns) == 0);
+  const auto me = dibs::detail::this_process_base();
+  // Every slot taken: by the dead process (filling, or done but never
+  // collected), except one that this live process holds.
+  for (std::size_t i = 0; i < dibs::detail::log_slot_count; ++i) {
+    auto& s = st->slots[i];
+    const bool live = i == 7;
+    s.pid = live ? static_cast<std::int32_t>(me.pid) : gone;
+    s.start = live ? me.start : 1;
+    s.pid_ns = static_cast<std::uint64_t>(ns.st_ino);
+    s.word = slot::ticket_unit | (i % 2 ? slot::filling : slot::done);
+  }
+  log.append("after the dead");
+  CHECK(slurp(path) == "after the dead\n");
+  std::size_t free = 0;
+  for (auto& s : st->slots) free += (s.word.load() & slot::state_mask) == slot::free;
+  CHECK(free == dibs::detail::log_slot_count - 1);
+  CHECK((st->slots[7].word.load() & slot::state_mask) == slot::filling);
+  ::munmap(st, sizeof *st);
 }
 
 TEST_CASE("rotation keeps the requested number of files") {
@@ -331,7 +460,7 @@ TEST_CASE("a full filesystem: the error names the log, and no part of the record
   temp_dir dir;
   const auto mnt = dir.path / "small";
   fs::create_directory(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64k") != 0) {
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") != 0) {
     WARN("*** cannot mount a small tmpfs here (" << std::strerror(errno)
                                                  << "): the full-disk case was NOT tested on this machine ***");
     return;
@@ -359,6 +488,60 @@ TEST_CASE("a full filesystem: the error names the log, and no part of the record
   }());
   // A small record that still fits goes in.
   log.append("x");
+}
+
+TEST_CASE("a full filesystem under 3 queued writers: each record is in whole or reported, none in part") {
+  temp_dir dir;
+  const auto mnt = dir.path / "small";
+  fs::create_directory(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") != 0) {
+    WARN("*** cannot mount a small tmpfs here (" << std::strerror(errno)
+                                                 << "): the full-disk case was NOT tested on this machine ***");
+    return;
+  }
+  struct unmount {
+    fs::path p;
+    ~unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } guard{mnt};
+  const auto path = mnt / "full.log";
+  { dibs::shared_log setup{path}; }
+  constexpr int writers = 3;
+  int counts[2];
+  REQUIRE(::pipe(counts) == 0);
+  std::vector<pid_t> pids;
+  for (int w = 0; w < writers; ++w)
+    pids.push_back(dibs_test::spawn([&, w] {
+      dibs::shared_log log{path};
+      std::error_code ec;
+      int s = 0;
+      while (log.append(make_record(w, s, 400), ec)) ++s;  // small: queued, and written in batches
+      if (ec != std::errc::no_space_on_device) return 2;
+      char out[16];
+      const int n = std::snprintf(out, sizeof out, "%d %06d\n", w, s);
+      return ::write(counts[1], out, static_cast<std::size_t>(n)) == n ? 0 : 3;
+    }));
+  for (pid_t p : pids) CHECK(dibs_test::wait_exit(p) == 0);
+  ::close(counts[1]);
+  std::map<int, int> acked;
+  {
+    char buf[256] = {};
+    std::size_t got = 0;
+    for (ssize_t n; (n = ::read(counts[0], buf + got, sizeof buf - 1 - got)) > 0;) got += static_cast<std::size_t>(n);
+    std::istringstream in(std::string(buf, got));
+    int w, s;
+    while (in >> w >> s) acked[w] = s;
+  }
+  ::close(counts[0]);
+  REQUIRE(acked.size() == writers);
+  const census c = read_all(path);
+  CHECK(c.torn == 0);
+  std::size_t expected = 0;
+  for (auto [w, s] : acked) {
+    expected += static_cast<std::size_t>(s);
+    for (int i = 0; i < s; ++i) CHECK(c.seen.count({w, i}) == 1);
+  }
+  CHECK(c.seen.size() == expected);  // nothing that was reported failed is in the file
+  CHECK(expected > 100);
 }
 
 TEST_CASE("durability settings append the same bytes, and bad options are refused by name") {

@@ -1,14 +1,20 @@
 // dibs/detail/robust_mutex.hpp: a robust, process-shared pthread mutex that
 // lives in shared memory (a mapped file or a shared memory segment). If its
 // holder dies, the kernel hands it to the next locker with EOWNERDEAD, which
-// repairs what the dead holder left half-done and goes on.
+// repairs what the dead holder left half-done and goes on. Also: futex
+// sleep and wake-up on a 32-bit word in shared memory.
 #pragma once
 
+#include <linux/futex.h>
 #include <pthread.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <string>
 
@@ -83,7 +89,40 @@ struct robust_mutex {
     return rc;
   }
 
+  /// Returns: 0 if taken; EOWNERDEAD if taken from a holder that died
+  /// (marked consistent, as by lock_for); EBUSY if someone holds it.
+  int try_lock() noexcept {
+    const int rc = ::pthread_mutex_trylock(&m);
+    if (rc == EOWNERDEAD) ::pthread_mutex_consistent(&m);
+    return rc;
+  }
+
   void unlock() noexcept { ::pthread_mutex_unlock(&m); }
 };
+
+/// Effects: tells the processor this thread is spinning on a memory word.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+/// Effects: sleeps while `*word == expected`, at most `timeout`, until
+/// futex_wake on the same word (in any process that maps it: a shared futex).
+/// Returns early, spuriously too: the caller re-checks the word.
+inline void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                       std::chrono::nanoseconds timeout) noexcept {
+  const auto ns = timeout.count() < 0 ? 0 : timeout.count();
+  timespec rel{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT, expected, &rel, nullptr, 0);
+}
+
+/// Effects: wakes up to `n` processes sleeping in futex_wait on `word`.
+inline void futex_wake(std::atomic<std::uint32_t>& word, int n = 1) noexcept {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, n, nullptr, nullptr, 0);
+}
 
 }  // namespace dibs::detail
