@@ -6,6 +6,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -403,6 +404,7 @@ TEST_CASE("slots left by dead processes are freed, those of live ones are not") 
     s.pid = live ? static_cast<std::int32_t>(me.pid) : gone;
     s.start = live ? me.start : 1;
     s.pid_ns = static_cast<std::uint64_t>(ns.st_ino);
+    s.owner_ticket = slot::ticket_unit;
     s.word = slot::ticket_unit | (i % 2 ? slot::filling : slot::done);
   }
   log.append("after the dead");
@@ -412,6 +414,66 @@ TEST_CASE("slots left by dead processes are freed, those of live ones are not") 
   CHECK(free == dibs::detail::log_slot_count - 1);
   CHECK((st->slots[7].word.load() & slot::state_mask) == slot::filling);
   ::munmap(st, sizeof *st);
+}
+
+TEST_CASE("a lock file whose creator died before finishing it is set up again, not refused") {
+  temp_dir dir;
+  const auto path = dir.path / "half.log";
+  // Sized, allocated, all zeros: what a creator killed before writing its magic leaves.
+  spit(path.string() + ".lock", std::string(sizeof(dibs::detail::log_shared_state), '\0'));
+  dibs::shared_log log{path};
+  log.append("works");
+  CHECK(slurp(path) == "works\n");
+}
+
+TEST_CASE("a writer that opened the log just before a rotation writes to the new file, not the rotated one") {
+  temp_dir dir;
+  const auto path = dir.path / "r.log";
+  dibs::shared_log rotator{path, {.rotate_size = 1}};  // rotates after every record
+  // Hold the lock file's set-up lock, so the next writer stops between
+  // opening the log and mapping the lock file.
+  const int setup = ::open(rotator.lock_path().c_str(), O_RDWR);
+  REQUIRE(::flock(setup, LOCK_EX) == 0);
+  const pid_t late = dibs_test::spawn([&] {
+    ::close(setup);  // (its copy would hold the flock too)
+    dibs::shared_log log{path};
+    log.append("late");
+    return 0;
+  });
+  // Wait until it has the log open (its descriptor shows in /proc).
+  bool opened = false;
+  for (int i = 0; i < 5000 && !opened; ++i) {
+    for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(late) + "/fd")) {
+      std::error_code ec;
+      if (fs::read_symlink(e.path(), ec) == path) opened = true;
+    }
+    if (!opened) std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(opened);
+  rotator.append("first");  // written, then the file is rotated to r.log.1
+  REQUIRE(fs::exists(path.string() + ".1"));
+  ::close(setup);  // releases the set-up lock
+  CHECK(dibs_test::wait_exit(late) == 0);
+  CHECK(slurp(path.string() + ".1") == "first\n");
+  CHECK(slurp(path) == "late\n");
+}
+
+TEST_CASE("a relative path names the same file after the process changes directory") {
+  temp_dir dir;
+  const pid_t p = dibs_test::spawn([&] {
+    if (::chdir(dir.path.c_str()) != 0) return 2;
+    dibs::shared_log log{"rel.log", {.rotate_size = 8}};
+    fs::create_directory("elsewhere");
+    if (::chdir("elsewhere") != 0) return 3;
+    log.append("one 1");   // 6 bytes
+    log.append("two 22");  // 13 in all: rotated, to rel.log.1
+    log.append("three");
+    return 0;
+  });
+  REQUIRE(dibs_test::wait_exit(p) == 0);
+  CHECK(slurp(dir.path / "rel.log.1") == "one 1\ntwo 22\n");
+  CHECK(slurp(dir.path / "rel.log") == "three\n");
+  CHECK_FALSE(fs::exists(dir.path / "elsewhere" / "rel.log"));
 }
 
 TEST_CASE("rotation keeps the requested number of files") {

@@ -122,13 +122,16 @@ struct alignas(64) log_slot {
 
   std::atomic<std::uint32_t> word;
   std::uint32_t size;                // bytes of data, newline included
-  std::atomic<std::int32_t> pid;     // the owner; 0 while unknown
+  std::atomic<std::int32_t> pid;     // the owner
   std::int32_t error;                // errno of a failure
   std::atomic<std::uint64_t> start;  // the owner's start time (with pid, its identity)
   std::atomic<std::uint64_t> pid_ns; // the owner's pid namespace
   std::uint32_t sync;                // 1: fdatasync before marking it done
   std::uint32_t failure;             // which step failed (log_failure)
-  std::uint64_t reserved;
+  // The ticket of the claim that pid, start and pid_ns describe: stored after
+  // them, so an owner is judged only by what its own claim wrote.
+  std::atomic<std::uint32_t> owner_ticket;
+  std::uint32_t reserved;
   char data[1024 - 48];
 };
 static_assert(sizeof(log_slot) == 1024);
@@ -146,6 +149,8 @@ struct log_shared_state {
   std::uint64_t next_rotation;  // n of the next `<log>.<n>`
   std::int64_t pending_start;   // where the batch being written began; -1: none
   std::int64_t pending_len;     // and its length
+  std::uint64_t pending_dev;    // and the file it went to
+  std::uint64_t pending_ino;
   std::uint32_t needs_repair;   // a holder died; cleared when its leftovers are dealt with
   std::int64_t file_end;        // where the last batch ended; -1: unknown
   std::int64_t file_end_ns;     // when that batch began (CLOCK_MONOTONIC)
@@ -172,7 +177,7 @@ public:
   /// directory, no permission, a lock file that is not a shared_log's);
   /// std::invalid_argument for a bad option.
   explicit shared_log(std::filesystem::path path, shared_log_options opts = {})
-      : path_(std::move(path)), opts_(opts) {
+      : path_(std::filesystem::absolute(path)), opts_(opts) {
     if (opts_.sync == durability::per_batch && opts_.batch_records == 0)
       throw std::invalid_argument("dibs::shared_log: batch_records must be positive");
     if (opts_.lock_timeout < std::chrono::milliseconds::zero())
@@ -230,9 +235,17 @@ public:
   /// rotated file first when the rotating writer's durability is not none).
   void flush() {
     std::lock_guard self{self_};
-    detail::unique_fd fd{detail::open_retry(path_.c_str(), O_WRONLY | O_CLOEXEC)};
-    if (!fd) throw detail::path_error(errno, "dibs::shared_log: cannot open log to fdatasync it", path_);
-    if (::fdatasync(fd.get()) != 0) throw detail::path_error(errno, "dibs::shared_log: cannot fdatasync log", path_);
+    // This object's descriptor if it is still the log: it was opened before
+    // any write it must answer for failed, so its fdatasync reports that
+    // failure (a descriptor opened later might not).
+    detail::unique_fd other;
+    int fd = fd_.get();
+    if (generation_ != state_->generation) {
+      other.reset(detail::open_retry(path_.c_str(), O_WRONLY | O_CLOEXEC));
+      if (!other) throw detail::path_error(errno, "dibs::shared_log: cannot open log to fdatasync it", path_);
+      fd = other.get();
+    }
+    if (::fdatasync(fd) != 0) throw detail::path_error(errno, "dibs::shared_log: cannot fdatasync log", path_);
     unsynced_ = 0;
   }
 
@@ -275,12 +288,12 @@ private:
     if (!fd) throw detail::path_error(errno, "dibs::shared_log: cannot open lock file", lp);
     struct ::stat st {};
     if (::fstat(fd.get(), &st) != 0) throw detail::path_error(errno, "dibs::shared_log: cannot stat lock file", lp);
-    const bool fresh = st.st_size == 0;
-    if (!fresh && static_cast<std::size_t>(st.st_size) != sizeof(detail::log_shared_state))
+    if (st.st_size != 0 && static_cast<std::size_t>(st.st_size) != sizeof(detail::log_shared_state))
       throw detail::path_error(EINVAL, not_ours, lp);
-    // Its blocks are allocated now: a page of a sparse file that cannot be
-    // allocated later (a full disk) would kill the writer touching it (SIGBUS).
-    if (fresh) {
+    // Its blocks are allocated before it is mapped: a page of a sparse file
+    // that cannot be allocated later (a full disk) would kill the writer
+    // touching it (SIGBUS).
+    if (st.st_size == 0) {
       if (const int rc = ::posix_fallocate(fd.get(), 0, sizeof(detail::log_shared_state)); rc != 0) {
         ::ftruncate(fd.get(), 0);  // left empty, it is set up by the next writer
         throw detail::path_error(rc, "dibs::shared_log: cannot allocate lock file", lp);
@@ -288,16 +301,31 @@ private:
     }
     void* p = ::mmap(nullptr, sizeof(detail::log_shared_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED) throw detail::path_error(errno, "dibs::shared_log: cannot map lock file", lp);
-    state_ = static_cast<detail::log_shared_state*>(p);
-    if (!fresh && std::memcmp(state_->magic, detail::log_shared_state::magic_value, 8) != 0)
+    auto* state = static_cast<detail::log_shared_state*>(p);
+    struct unmap_unless_kept {
+      detail::log_shared_state* p;
+      ~unmap_unless_kept() {
+        if (p) ::munmap(p, sizeof *p);
+      }
+    } unmap{state};
+    // New: empty, or all zeros (its creator died before writing the magic, last).
+    static constexpr char no_magic[8] = {};
+    const bool fresh = std::memcmp(state->magic, no_magic, 8) == 0;
+    if (!fresh && std::memcmp(state->magic, detail::log_shared_state::magic_value, 8) != 0)
       throw detail::path_error(EINVAL, not_ours, lp);
+    if (fresh && st.st_size != 0) {
+      if (const int rc = ::posix_fallocate(fd.get(), 0, sizeof(detail::log_shared_state)); rc != 0)
+        throw detail::path_error(rc, "dibs::shared_log: cannot allocate lock file", lp);
+    }
     const std::string boot = detail::boot_id();
-    if (fresh || std::strncmp(state_->boot_id, boot.c_str(), sizeof state_->boot_id) != 0) {
+    if (fresh || std::strncmp(state->boot_id, boot.c_str(), sizeof state->boot_id) != 0) {
       // New, or left by an earlier boot: no process of this boot can hold the
-      // mutex or a slot (or it would have set the page up itself), so set them
-      // up anew. A batch cut short by the reboot is still cut off.
-      if (const int rc = state_->mutex.init(); rc != 0)
+      // mutex or a slot (or it would have set the file up itself), so set them
+      // up anew. A batch cut short by a crash of the machine is cut off if
+      // the file it went to is still the log (and ends inside the batch).
+      if (const int rc = state->mutex.init(); rc != 0)
         throw detail::path_error(rc, "dibs::shared_log: cannot set up the lock in", lp);
+      state_ = state;
       state_->file_end = -1;
       if (fresh) {
         state_->generation = 1;
@@ -309,10 +337,16 @@ private:
       state_->ready_slots.store(0);
       std::memset(state_->boot_id, 0, sizeof state_->boot_id);
       std::memcpy(state_->boot_id, boot.data(), std::min(boot.size(), sizeof state_->boot_id - 1));
+      ::msync(state_, sizeof(detail::log_shared_state), MS_SYNC);
       std::memcpy(state_->magic, detail::log_shared_state::magic_value, 8);
       ::msync(state_, sizeof(detail::log_shared_state), MS_SYNC);
     }
-    generation_ = state_->generation;
+    state_ = state;
+    unmap.p = nullptr;
+    // Not the generation now: the log was opened before the lock file was
+    // mapped, and may have been rotated away in between. The first batch
+    // opens it again, under the lock.
+    generation_ = 0;
   }
 
   // Opens the current log file (again, after a rotation).
@@ -327,6 +361,19 @@ private:
                                "dibs::shared_log: log is not a regular file:", path_);
     }
     fd_.reset(fd);
+    log_dev_ = static_cast<std::uint64_t>(st.st_dev);
+    log_ino_ = static_cast<std::uint64_t>(st.st_ino);
+    // A record that must be on disk needs the file's name there too (it may
+    // have just been created, or renamed by a rotation).
+    if (opts_.sync != durability::none) sync_directory();
+  }
+
+  // Effects: forces the log's directory (its entries) to stable storage.
+  void sync_directory() const {
+    const auto dir = path_.parent_path();
+    detail::unique_fd fd{detail::open_retry(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+    if (!fd || ::fsync(fd.get()) != 0)
+      throw detail::path_error(errno, "dibs::shared_log: cannot fsync the directory of log", path_);
   }
 
   // A record written by its own writer (not queued), and what became of it.
@@ -366,19 +413,19 @@ private:
 
   // Effects: takes a free slot. Returns: its index, or nullopt if none is free.
   std::optional<unsigned> claim_slot() {
+    const auto& me = detail::this_process_base();  // before a claim: it may throw
     for (int pass = 0; pass < 2; ++pass) {
       for (unsigned k = 0; k < detail::log_slot_count; ++k) {
         const unsigned i = (hint_ + k) % detail::log_slot_count;
         slot& s = state_->slots[i];
         std::uint32_t w = s.word.load(std::memory_order_relaxed);
         if (state_of(w) != slot::free) continue;
-        if (!s.word.compare_exchange_strong(w, ticket_of(w) + slot::ticket_unit + slot::filling,
-                                            std::memory_order_acquire))
-          continue;
-        const auto& me = detail::this_process_base();
+        const std::uint32_t ticket = ticket_of(w) + slot::ticket_unit;
+        if (!s.word.compare_exchange_strong(w, ticket + slot::filling, std::memory_order_acquire)) continue;
         s.start.store(me.start, std::memory_order_relaxed);
         s.pid_ns.store(pid_ns_, std::memory_order_relaxed);
-        s.pid.store(static_cast<std::int32_t>(me.pid), std::memory_order_release);
+        s.pid.store(static_cast<std::int32_t>(me.pid), std::memory_order_relaxed);
+        s.owner_ticket.store(ticket, std::memory_order_release);
         hint_ = i;
         return i;
       }
@@ -395,17 +442,17 @@ private:
       std::uint32_t w = s.word.load(std::memory_order_acquire);
       const std::uint32_t st = state_of(w);
       if (st != slot::filling && st != slot::done && st != slot::failed) continue;
-      const std::int32_t pid = s.pid.load(std::memory_order_acquire);
-      if (pid <= 0 || s.pid_ns.load(std::memory_order_relaxed) != pid_ns_) continue;  // unknown: keep it
+      // Who claimed it, as that claim wrote it (if it got that far; else keep it).
+      if (s.owner_ticket.load(std::memory_order_acquire) != ticket_of(w)) continue;
+      const std::int32_t pid = s.pid.load(std::memory_order_relaxed);
       const std::uint64_t start = s.start.load(std::memory_order_relaxed);
+      if (pid <= 0 || s.pid_ns.load(std::memory_order_relaxed) != pid_ns_) continue;  // cannot tell: keep it
       if (::kill(pid, 0) == 0 || errno != ESRCH) {
         const auto now = detail::process_start(pid);
         if (!now || *now == start) continue;  // alive (or cannot tell): keep it
       }
-      if (s.word.compare_exchange_strong(w, ticket_of(w) + slot::free)) {
-        s.pid.store(0, std::memory_order_relaxed);
-        any = true;
-      }
+      // Fails if the slot moved on meanwhile (then pid may not be its owner's).
+      if (s.word.compare_exchange_strong(w, ticket_of(w) + slot::free)) any = true;
     }
     return any;
   }
@@ -431,7 +478,6 @@ private:
       if (st == slot::done || st == slot::failed) {
         const int err = s.error;
         const auto failure = static_cast<detail::log_failure>(s.failure);
-        s.pid.store(0, std::memory_order_relaxed);
         s.word.store(ticket + slot::free, std::memory_order_release);
         if (err == 0) return {};
         what = describe(failure);
@@ -447,14 +493,11 @@ private:
         } catch (...) {
           // The repair of a dead holder's batch failed. A record queued
           // again (a batch cut short) is not in the file: withdraw it. One
-          // still taken is in a batch whose size could not be checked: wait
-          // for a repair that can, until the deadline.
+          // still taken is in a batch whose size could not be checked; it is
+          // never withdrawn (a later holder may be writing it): wait for a
+          // repair that can.
           w = s.word.load(std::memory_order_acquire);
-          if ((state_of(w) == slot::ready || std::chrono::steady_clock::now() >= deadline) &&
-              s.word.compare_exchange_strong(w, ticket + slot::free)) {
-            s.pid.store(0, std::memory_order_relaxed);
-            throw;
-          }
+          if (state_of(w) == slot::ready && s.word.compare_exchange_strong(w, ticket + slot::free)) throw;
           detail::futex_wait(s.word, w, holder_check);
           continue;
         }
@@ -462,8 +505,7 @@ private:
       }
       if (rc != EBUSY) {
         if (state_of(w) == slot::ready && s.word.compare_exchange_strong(w, ticket + slot::free)) {
-          s.pid.store(0, std::memory_order_relaxed);
-          what = "cannot take the lock of log";
+            what = "cannot take the lock of log";
           return {rc, std::system_category()};
         }
         detail::futex_wait(s.word, w, holder_check);  // taken: a holder is writing it
@@ -484,8 +526,7 @@ private:
       auto wait = std::chrono::nanoseconds(holder_check);
       if (now >= deadline) {
         if (st == slot::ready && s.word.compare_exchange_strong(w, ticket + slot::free)) {
-          s.pid.store(0, std::memory_order_relaxed);
-          what = "timed out waiting for the lock of log";
+            what = "timed out waiting for the lock of log";
           return errc::timed_out;
         }
         // Taken: being written. Its outcome comes soon, or the holder died
@@ -536,7 +577,7 @@ private:
       held_lock guard{&state_->mutex};
       if (rc == EOWNERDEAD) state_->needs_repair = 1;
       if (state_->needs_repair) repair();
-      write_batch(own);
+      write_batch_or_mark(own);
     }
     after_unlock();
   }
@@ -557,7 +598,7 @@ private:
         held_lock guard{&state_->mutex};
         if (rc == EOWNERDEAD) state_->needs_repair = 1;
         if (state_->needs_repair) repair();
-        write_batch(nullptr);
+        write_batch_or_mark(nullptr);
       } catch (...) {
         break;
       }
@@ -576,15 +617,30 @@ private:
   // all of it in the file: its records are done; less: its records are
   // queued again and the part written is cut off.
   void repair() {
-    bool complete = false;
+    bool complete = false, cut = false;
     if (state_->pending_start >= 0) {
       struct ::stat st {};
-      std::int64_t size = 0;
-      if (::stat(path_.c_str(), &st) == 0)
-        size = st.st_size;
-      else if (errno != ENOENT)
+      if (::stat(path_.c_str(), &st) == 0) {
+        // Only if the batch went to this file (not to one renamed since,
+        // say by a rotation after a crash of the machine).
+        if (st.st_ino == state_->pending_ino && st.st_dev == state_->pending_dev) {
+          complete = state_->pending_len > 0 && st.st_size >= state_->pending_start + state_->pending_len;
+          cut = !complete && st.st_size > state_->pending_start;
+        }
+      } else if (errno != ENOENT) {
         throw detail::path_error(errno, "dibs::shared_log: cannot stat log to repair it", path_);
-      complete = state_->pending_len > 0 && size >= state_->pending_start + state_->pending_len;
+      }
+    }
+    // Records of a whole batch that asked to be on disk before done: the
+    // dead holder may not have got to its fdatasync.
+    int sync_error = 0;
+    if (complete) {
+      bool sync = false;
+      for (slot& s : state_->slots) sync = sync || (state_of(s.word.load()) == slot::taken && s.sync);
+      if (sync) {
+        detail::unique_fd fd{detail::open_retry(path_.c_str(), O_WRONLY | O_CLOEXEC)};
+        if (!fd || ::fdatasync(fd.get()) != 0) sync_error = errno;
+      }
     }
     std::uint64_t queued = 0;
     for (unsigned i = 0; i < detail::log_slot_count; ++i) {
@@ -592,28 +648,39 @@ private:
       std::uint32_t w = s.word.load(std::memory_order_acquire);
       if (state_of(w) == slot::taken) {
         if (complete) {
-          s.error = 0;
-          s.failure = 0;
+          s.error = s.sync ? sync_error : 0;
+          s.failure = static_cast<std::uint32_t>(s.error ? detail::log_failure::sync : detail::log_failure::none);
         }
+        const std::uint32_t next = complete ? slot::done : slot::ready;
         // (Its owner may be setting its waiting flag meanwhile.)
-        while (!s.word.compare_exchange_weak(w, (w & ~slot::state_mask) | (complete ? slot::done : slot::ready))) {
+        while (state_of(w) == slot::taken && !s.word.compare_exchange_weak(w, (w & ~slot::state_mask) | next)) {
         }
         if (complete && (w & slot::waiting)) detail::futex_wake(s.word);
-        w = (w & ~slot::state_mask) | (complete ? slot::done : slot::ready);
+        w = (w & ~slot::state_mask) | next;
       }
       // Ready: also those whose flag the dead holder had cleared but not yet taken.
       if (state_of(w) == slot::ready) queued |= std::uint64_t{1} << i;
     }
     state_->ready_slots.fetch_or(queued);
-    if (state_->pending_start >= 0 && !complete) {
-      struct ::stat st {};
-      if (::stat(path_.c_str(), &st) == 0 && st.st_size > state_->pending_start &&
-          ::truncate(path_.c_str(), static_cast<off_t>(state_->pending_start)) != 0)
-        throw detail::path_error(errno, "dibs::shared_log: cannot cut a torn record from", path_);
-    }
+    // Queued again before the cut: if the cut fails, their writers may
+    // withdraw them (they are not in the file once it is cut), and no batch
+    // is written before a repair succeeds.
+    if (cut && ::truncate(path_.c_str(), static_cast<off_t>(state_->pending_start)) != 0)
+      throw detail::path_error(errno, "dibs::shared_log: cannot cut a torn record from", path_);
     state_->pending_start = -1;
     state_->file_end = -1;
     state_->needs_repair = 0;
+  }
+
+  // As write_batch; if that throws (out of memory), records it took are left
+  // for the next holder to queue again, as if this one had died.
+  void write_batch_or_mark(own_record* own) {
+    try {
+      write_batch(own);
+    } catch (...) {
+      state_->needs_repair = 1;
+      throw;
+    }
   }
 
   // Requires: the lock is held, nothing left to repair. Effects: writes every
@@ -658,6 +725,9 @@ private:
       } catch (const std::system_error& e) {
         error = e.code().value();
         failure = detail::log_failure::reopen;
+      } catch (...) {
+        error = ENOMEM;
+        failure = detail::log_failure::reopen;
       }
     }
     if (!error) {
@@ -684,6 +754,8 @@ private:
     }
     if (!error) {
       state_->pending_len = total;
+      state_->pending_dev = log_dev_;
+      state_->pending_ino = log_ino_;
       state_->pending_start = start;
       state_->file_end = -1;
       error = write_all(iov.data(), static_cast<int>(parts));
@@ -705,8 +777,10 @@ private:
       slot& s = state_->slots[batch[k]];
       s.error = error ? error : s.sync ? sync_error : 0;
       s.failure = static_cast<std::uint32_t>(error ? failure : sync_error ? detail::log_failure::sync : failure);
+      // Only this holder moves a taken slot on; its owner may set its waiting flag.
       std::uint32_t w = s.word.load(std::memory_order_relaxed);
-      while (!s.word.compare_exchange_weak(w, (w & ~(slot::state_mask | slot::waiting)) |
+      while (state_of(w) == slot::taken &&
+             !s.word.compare_exchange_weak(w, (w & ~(slot::state_mask | slot::waiting)) |
                                                   (error ? slot::failed : slot::done))) {
       }
       if (w & slot::waiting) detail::futex_wake(s.word);
@@ -750,6 +824,11 @@ private:
   // Requires: the lock is held and our descriptor is the current file.
   void rotate() {
     if (opts_.sync != durability::none) ::fdatasync(fd_.get());
+    // First: every writer opens the log again before its next batch. A
+    // rotator that dies before its rename leaves them the same file; one that
+    // dies after it leaves them the new one, never the renamed one.
+    ++state_->generation;
+    state_->file_end = -1;
     for (;;) {
       const std::uint64_t n = state_->next_rotation++;
       const auto target = rotated_path(n);
@@ -761,9 +840,7 @@ private:
       if (errno == ENOENT) break;  // a rotator died after its rename: finish its rotation
       if (errno != EEXIST) throw detail::path_error(errno, "dibs::shared_log: cannot rotate log", path_);
     }
-    ++state_->generation;
-    state_->file_end = -1;
-    open_log();
+    open_log();  // (and, with durability, syncs the directory: the rename and the new file)
     generation_ = state_->generation;
   }
 
@@ -773,6 +850,7 @@ private:
   detail::log_shared_state* state_ = nullptr;
   std::uint64_t generation_ = 0;
   std::uint64_t pid_ns_ = 0;
+  std::uint64_t log_dev_ = 0, log_ino_ = 0;  // of the file fd_ is open on
   unsigned hint_ = 0;
   std::size_t unsynced_ = 0;
   std::mutex self_;
