@@ -96,7 +96,10 @@ struct shared_log_options {
   std::uint64_t keep = 0;
   durability sync = durability::none;
   std::size_t batch_records = 64;
-  /// How long append() waits for the lock before it gives up with errc::timed_out.
+  /// How long append() waits for its record to be taken by a lock holder (its
+  /// own writer included) before it gives up with errc::timed_out, the record
+  /// withdrawn. A record taken into a batch is not withdrawn: its writer waits
+  /// for the outcome (a holder that dies is found within 5 ms).
   std::chrono::milliseconds lock_timeout{10'000};
   mode_t mode = 0644;
 };
