@@ -18,9 +18,9 @@
 //   - Writes are combined. A record (up to slot_capacity bytes) is copied
 //     into a free slot of the lock file and marked ready; then its writer
 //     tries the lock. Whoever holds the lock writes every ready record in one
-//     writev() and marks each done; the writers of those records, asleep on
-//     their slot (futex), wake up with their record written and never take
-//     the lock themselves. With many writers, one system call carries many
+//     writev() and marks each done; the writers of those records, waiting on
+//     their slot (a short spin, a few yields, then a futex sleep), return
+//     with their record written and never take the lock themselves. With many writers, one system call carries many
 //     records, and no record waits for a sleeping process to be scheduled
 //     just to pass the lock on. Larger records, and records that find no free
 //     slot, are written by their own writer under the lock, with the queued
@@ -37,7 +37,7 @@
 //     ever left behind.
 //   - Rotation by size renames the file to `<path>.<n>` (n = 1, 2, ...) under
 //     the same lock; the holder checks, under the lock, that its descriptor is
-//     still the current file (a generation number in the shared page), so no
+//     still the current file (a generation number in the lock file), so no
 //     record goes to a rotated file after the rotation and none is written
 //     twice.
 // The lock file is set up (and, after a reboot, set up again) under a
