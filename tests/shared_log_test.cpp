@@ -518,20 +518,32 @@ TEST_CASE("no permission (as an unprivileged user): a clear error naming the pat
   CHECK((code == 0 || code == 77));
 }
 
+namespace {
+// A 256 KiB tmpfs, mounted for one test and unmounted after it; where mount
+// is refused, a loud warning that the full-disk case was not tested.
+struct small_tmpfs {
+  fs::path mnt;
+  bool mounted = false;
+  explicit small_tmpfs(const fs::path& parent) : mnt(parent / "small") {
+    fs::create_directory(mnt);
+    mounted = ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") == 0;
+    if (!mounted)
+      WARN("*** cannot mount a small tmpfs here (" << std::strerror(errno)
+                                                   << "): the full-disk case was NOT tested on this machine ***");
+  }
+  ~small_tmpfs() {
+    if (mounted) ::umount2(mnt.c_str(), MNT_DETACH);
+  }
+  small_tmpfs(const small_tmpfs&) = delete;
+  small_tmpfs& operator=(const small_tmpfs&) = delete;
+};
+}  // namespace
+
 TEST_CASE("a full filesystem: the error names the log, and no part of the record is left") {
   temp_dir dir;
-  const auto mnt = dir.path / "small";
-  fs::create_directory(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") != 0) {
-    WARN("*** cannot mount a small tmpfs here (" << std::strerror(errno)
-                                                 << "): the full-disk case was NOT tested on this machine ***");
-    return;
-  }
-  struct unmount {
-    fs::path p;
-    ~unmount() { ::umount2(p.c_str(), MNT_DETACH); }
-  } guard{mnt};
-  const auto path = mnt / "full.log";
+  small_tmpfs tmp{dir.path};
+  if (!tmp.mounted) return;
+  const auto path = tmp.mnt / "full.log";
   dibs::shared_log log{path};
   std::error_code ec;
   int written = 0;
@@ -554,18 +566,9 @@ TEST_CASE("a full filesystem: the error names the log, and no part of the record
 
 TEST_CASE("a full filesystem under 3 queued writers: each record is in whole or reported, none in part") {
   temp_dir dir;
-  const auto mnt = dir.path / "small";
-  fs::create_directory(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") != 0) {
-    WARN("*** cannot mount a small tmpfs here (" << std::strerror(errno)
-                                                 << "): the full-disk case was NOT tested on this machine ***");
-    return;
-  }
-  struct unmount {
-    fs::path p;
-    ~unmount() { ::umount2(p.c_str(), MNT_DETACH); }
-  } guard{mnt};
-  const auto path = mnt / "full.log";
+  small_tmpfs tmp{dir.path};
+  if (!tmp.mounted) return;
+  const auto path = tmp.mnt / "full.log";
   { dibs::shared_log setup{path}; }
   constexpr int writers = 3;
   int counts[2];

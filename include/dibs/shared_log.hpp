@@ -71,6 +71,8 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -388,6 +390,15 @@ private:
     detail::log_failure failure = detail::log_failure::none;
   };
 
+  // The outcome of one record of a batch: the batch's failure, else its
+  // fdatasync's if the record asked for one, else success.
+  static std::pair<int, detail::log_failure> outcome(int error, detail::log_failure failure, int sync_error,
+                                                     bool wants_sync) noexcept {
+    if (error) return {error, failure};
+    if (wants_sync && sync_error) return {sync_error, detail::log_failure::sync};
+    return {0, detail::log_failure::none};
+  }
+
   static const char* describe(detail::log_failure f) noexcept {
     switch (f) {
       case detail::log_failure::sync: return "record appended, but fdatasync failed, for log";
@@ -576,13 +587,24 @@ private:
   // a dead holder left, writes the queued records and `own`, unlocks, and
   // then sees to records queued meanwhile.
   void write_queued(int rc, own_record* own) {
-    {
-      held_lock guard{&state_->mutex};
-      if (rc == EOWNERDEAD) state_->needs_repair = 1;
-      if (state_->needs_repair) repair();
-      write_batch_or_mark(own);
-    }
+    write_locked(rc, own);
     after_unlock();
+  }
+
+  // Requires: the lock is held (taken with result rc). Effects: repairs what
+  // a dead holder left, writes the queued records and `own`, unlocks. If the
+  // writing throws (out of memory), the records it took are left for the
+  // next holder to queue again, as if this one had died.
+  void write_locked(int rc, own_record* own) {
+    held_lock guard{&state_->mutex};
+    if (rc == EOWNERDEAD) state_->needs_repair = 1;
+    if (state_->needs_repair) repair();
+    try {
+      write_batch(own);
+    } catch (...) {
+      state_->needs_repair = 1;
+      throw;
+    }
   }
 
   // A record marked ready after the holder's last look, by a writer whose
@@ -598,10 +620,7 @@ private:
       const int rc = state_->mutex.try_lock();
       if (rc != 0 && rc != EOWNERDEAD) return;  // its holder looks after unlocking
       try {
-        held_lock guard{&state_->mutex};
-        if (rc == EOWNERDEAD) state_->needs_repair = 1;
-        if (state_->needs_repair) repair();
-        write_batch_or_mark(nullptr);
+        write_locked(rc, nullptr);
       } catch (...) {
         break;
       }
@@ -651,8 +670,9 @@ private:
       std::uint32_t w = s.word.load(std::memory_order_acquire);
       if (state_of(w) == slot::taken) {
         if (complete) {
-          s.error = s.sync ? sync_error : 0;
-          s.failure = static_cast<std::uint32_t>(s.error ? detail::log_failure::sync : detail::log_failure::none);
+          const auto [err, why] = outcome(0, detail::log_failure::none, sync_error, s.sync != 0);
+          s.error = err;
+          s.failure = static_cast<std::uint32_t>(why);
         }
         const std::uint32_t next = complete ? slot::done : slot::ready;
         // (Its owner may be setting its waiting flag meanwhile.)
@@ -673,17 +693,6 @@ private:
     state_->pending_start = -1;
     state_->file_end = -1;
     state_->needs_repair = 0;
-  }
-
-  // As write_batch; if that throws (out of memory), records it took are left
-  // for the next holder to queue again, as if this one had died.
-  void write_batch_or_mark(own_record* own) {
-    try {
-      write_batch(own);
-    } catch (...) {
-      state_->needs_repair = 1;
-      throw;
-    }
   }
 
   // Requires: the lock is held, nothing left to repair. Effects: writes every
@@ -762,24 +771,23 @@ private:
       state_->pending_start = start;
       state_->file_end = -1;
       error = write_all(iov.data(), static_cast<int>(parts));
-      if (!error) {
-        state_->file_end = start + total;
-        state_->file_end_ns = now_ns;
-      }
       if (error) {
         failure = detail::log_failure::write;
         // A full disk, a quota, an I/O error: take back what was written. If
         // even that fails, the next holder cuts it off (its records are failed
         // now, and will not be in the file).
         if (::ftruncate(fd_.get(), start) != 0) state_->needs_repair = 1;
-      } else if (sync && ::fdatasync(fd_.get()) != 0) {
-        sync_error = errno;
+      } else {
+        state_->file_end = start + total;
+        state_->file_end_ns = now_ns;
+        if (sync && ::fdatasync(fd_.get()) != 0) sync_error = errno;
       }
     }
     for (std::size_t k = 0; k < count; ++k) {
       slot& s = state_->slots[batch[k]];
-      s.error = error ? error : s.sync ? sync_error : 0;
-      s.failure = static_cast<std::uint32_t>(error ? failure : sync_error ? detail::log_failure::sync : failure);
+      const auto [err, why] = outcome(error, failure, sync_error, s.sync != 0);
+      s.error = err;
+      s.failure = static_cast<std::uint32_t>(why);
       // Only this holder moves a taken slot on; its owner may set its waiting flag.
       std::uint32_t w = s.word.load(std::memory_order_relaxed);
       while (state_of(w) == slot::taken &&
@@ -788,10 +796,7 @@ private:
       }
       if (w & slot::waiting) detail::futex_wake(s.word);
     }
-    if (own) {
-      own->error = error ? error : own->sync ? sync_error : 0;
-      own->failure = error ? failure : own->error ? detail::log_failure::sync : detail::log_failure::none;
-    }
+    if (own) std::tie(own->error, own->failure) = outcome(error, failure, sync_error, own->sync);
     if (!state_->needs_repair) state_->pending_start = -1;
     if (!error && opts_.rotate_size > 0 && static_cast<std::uint64_t>(start + total) >= opts_.rotate_size) {
       // The records are in and are reported so: a failed rotation only means
