@@ -9,10 +9,12 @@
 //   - threads of one process exclude each other (the kernel lock belongs to an
 //     open file description, which all threads share): an in-process registry
 //     keyed by (device, inode) serialises them first;
-//   - a forked child never releases its parent's lock: the child inherits the
-//     descriptor, but the registry knows it was forked and the child's
-//     unlock() leaves the parent's lock alone; the child locks through a
-//     descriptor of its own;
+//   - a forked child never releases its parent's lock, and never keeps it
+//     either: the descriptors of this registry are closed in the child at
+//     fork (closing a copy never releases the parent's flock or OFD lock,
+//     and a copy left open would hold the lock for as long as the child
+//     lives, after its parent died too); the child's unlock() leaves the
+//     parent's lock alone, and the child locks through a descriptor of its own;
 //   - descriptors are O_CLOEXEC, so a lock never leaks into a program the
 //     holder starts;
 //   - the file is never unlinked, so the unlink race (a waiter locking a dead
@@ -109,7 +111,10 @@ struct lock_registry {
                        [] {
                          auto& self = instance();
                          // Only this thread exists in the child; abandon the parent's entries
-                         // (their mutexes may be held by threads that are not here).
+                         // (their mutexes may be held by threads that are not here), and
+                         // close their descriptors: the locks on them are the parent's.
+                         for (auto& [key, weak] : self.entries)
+                           if (const auto e = weak.lock()) e->fd.reset();
                          self.entries.clear();
                          self.generation.fetch_add(1, std::memory_order_relaxed);
                          self.m.unlock();
@@ -202,6 +207,10 @@ private:
   // Finds or makes this process's entry for the file.
   void attach() {
     auto& reg = detail::lock_registry::instance();
+    // Opened under the registry's lock, which fork() waits for: a child
+    // forked between the open and the registration would keep an
+    // unregistered copy of the descriptor, and with it the lock taken later.
+    std::lock_guard lock{reg.m};
     bool writable = true;
     int fd = detail::open_retry(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY, opts_.mode);
     if (fd < 0 && (errno == EACCES || errno == EROFS) && opts_.family == lock_family::flock) {
@@ -219,7 +228,6 @@ private:
     if (!S_ISREG(st.st_mode))
       throw detail::path_error(EINVAL, "dibs::file_mutex: lock file is not a regular file:", path_);
 
-    std::lock_guard lock{reg.m};
     generation_ = reg.generation.load(std::memory_order_relaxed);
     const detail::inode_key key{st.st_dev, st.st_ino};
     if (auto it = reg.entries.find(key); it != reg.entries.end()) {

@@ -31,7 +31,19 @@
 //   - erase leaves an "erased" record that keeps the version, so a later
 //     create continues from it: versions never go back (they are fencing
 //     tokens);
-//   - temporary files of dead processes are removed when a store is opened.
+//   - temporary files (`.dibs-tmp.<boot>.<pid ns>.<time ns>.<pid>.<start>.<random>`)
+//     of processes that are provably gone, by the rule of detail/owner.hpp,
+//     are removed when a store is opened; no other file is ever removed.
+// A record's path is never followed through a symbolic link (a link in a
+// shared directory could point anywhere) and must be a regular file: anything
+// else there is reported, naming the path. Descriptors that hold a record's
+// flock are closed in a child made by fork(), so a forked child never keeps
+// a lock its parent took for a moment.
+// A timed operation (the overloads taking a dibs::deadline, which the
+// policies use for try_lock, try_lock_for and try_claim) waits for a record's
+// flock only until its deadline, then throws errc::timed_out: a process
+// stopped (SIGSTOP, a debugger) while it holds one record's flock delays
+// those calls by at most their time, and other keys not at all.
 // With file_store_options::in_place (dibs::lock_file's choice), a small
 // record is instead rewritten inside its file, under the same flock: the file
 // has two slots of 2 KiB in its first page, the new record goes into the slot
@@ -67,6 +79,9 @@
 #include <boost/crc.hpp>
 #include <fmt/format.h>
 
+#include <dibs/backoff.hpp>
+#include <dibs/detail/fork_fds.hpp>
+#include <dibs/detail/owner.hpp>
 #include <dibs/detail/posix.hpp>
 #include <dibs/error.hpp>
 #include <dibs/store.hpp>
@@ -77,6 +92,11 @@ struct file_store_options {
   /// fsync each record and its directory before an operation returns, so a
   /// record survives a crash of the machine, not only of the process.
   bool sync = false;
+  /// Permissions of the record files this store creates: exactly these bits,
+  /// whatever the umask. Records shared by several users must be writable by
+  /// all of them: 0664 with a shared group, or 0666 (in a sticky directory
+  /// such as /tmp another user can only write a record in place, never
+  /// replace it).
   mode_t mode = 0644;
   /// Appended to the key to name its file (dibs::lock_file uses "", so the
   /// lock file is exactly the path it was given).
@@ -114,24 +134,32 @@ public:
   /// Returns: the live record of `key`, or nothing.
   /// Throws: std::system_error(errc::corrupt_record) naming the file if it is
   /// damaged or not a dibs record; errc::invalid_argument for a bad key.
-  std::optional<record> read(std::string_view key) const {
+  std::optional<record> read(std::string_view key) const { return read(key, dibs::deadline::max()); }
+  /// Effects, Returns, Throws: as read(key); errc::timed_out if the record
+  /// is caught mid-write and its writer has not finished by `t`.
+  std::optional<record> read(std::string_view key, dibs::deadline t) const {
     validate_key(key);
-    auto r = load(path_of(key));
+    auto r = load(path_of(key), t);
     if (!r || !r->live) return std::nullopt;
     return record{std::move(r->value), r->version};
   }
 
   std::optional<dibs::version> create(std::string_view key, std::string_view value) {
+    return create(key, value, dibs::deadline::max());
+  }
+  /// Effects, Returns, Throws: as create(key, value); errc::timed_out if the
+  /// record's flock is held by another process until `t`.
+  std::optional<dibs::version> create(std::string_view key, std::string_view value, dibs::deadline t) {
     validate_key(key);
     validate_value(key, value);
     const auto path = path_of(key);
     for (;;) {
       // An erased record keeps the key's version: continue from it, under the
       // record's lock, without first writing a file that link() would refuse.
-      const auto swapped = swap_if(key, [](const stored& c) { return !c.live; }, true, value);
+      const auto swapped = swap_if(key, [](const stored& c) { return !c.live; }, true, value, t);
       if (swapped.outcome == swap_outcome::done) return swapped.version;
       if (swapped.outcome == swap_outcome::refused) return std::nullopt;  // live: we lost
-      const auto tmp = write_temporary(key, 1, true, value);  // no file: make the first one
+      const auto tmp = write_temporary(1, true, value);  // no file: make the first one
       if (::link(tmp.c_str(), path.c_str()) == 0) {
         ::unlink(tmp.c_str());
         sync_dir();
@@ -140,20 +168,27 @@ public:
       const int e = errno;
       ::unlink(tmp.c_str());
       if (e != EEXIST) throw detail::path_error(e, "dibs::file_store: cannot create record", path);
-      // Someone made the file meanwhile: live (we lost) or erased (continue from it).
+      // Someone made the file meanwhile: live (we lost) or erased (continue
+      // from it). Something that is no record file (a symbolic link, a
+      // directory) is reported by the next swap_if's open, so this ends.
     }
   }
 
   std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
+    return replace(key, expected, value, dibs::deadline::max());
+  }
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value,
+                                       dibs::deadline t) {
     validate_key(key);
     validate_value(key, value);
-    return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, true, value).version;
+    return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, true, value, t).version;
   }
 
-  bool erase(std::string_view key, dibs::version expected) {
+  bool erase(std::string_view key, dibs::version expected) { return erase(key, expected, dibs::deadline::max()); }
+  bool erase(std::string_view key, dibs::version expected, dibs::deadline t) {
     validate_key(key);
-    return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, false, {}).outcome ==
-           swap_outcome::done;
+    return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, false, {}, t)
+               .outcome == swap_outcome::done;
   }
 
   const std::filesystem::path& directory() const noexcept { return dir_; }
@@ -395,11 +430,11 @@ private:
   // Reads a record without its lock. A slot rewritten in place may be caught
   // half-copied: then the file is read again under a shared flock, which
   // waits for the writer; only what is damaged then too is reported.
-  static std::optional<stored> load(const std::filesystem::path& path) {
-    detail::unique_fd fd{detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  static std::optional<stored> load(const std::filesystem::path& path, dibs::deadline t) {
+    detail::fork_closed_fd fd{path.c_str(), O_RDONLY | record_open_flags};
     if (!fd) {
       if (errno == ENOENT) return std::nullopt;
-      throw detail::path_error(errno, "dibs::file_store: cannot open record", path);
+      throw open_error(errno, path);
     }
     {
       const auto text = slurp(fd.get(), path);
@@ -411,10 +446,7 @@ private:
         if (e.code() != errc::corrupt_record || text->substr(0, 14) != "dibs-record 1\n") throw;
       }
     }
-    int rc;
-    do rc = ::flock(fd.get(), LOCK_SH);
-    while (rc != 0 && errno == EINTR);
-    if (rc != 0) throw detail::path_error(errno, "dibs::file_store: cannot lock record", path);
+    lock_record(fd.get(), LOCK_SH, path, t);
     if (::lseek(fd.get(), 0, SEEK_SET) != 0) throw detail::path_error(errno, "dibs::file_store: cannot read record", path);
     return load(fd.get(), path);
   }
@@ -423,12 +455,75 @@ private:
     return decode(path, *slurp(fd, path), false);
   }
 
-  // Writes a whole record to a fresh temporary file; returns its path.
-  std::filesystem::path write_temporary(std::string_view key, dibs::version v, bool live, std::string_view value) const {
+  // Record files are opened without following a symbolic link, and without
+  // blocking on a FIFO someone put there (check_regular reports both).
+  static constexpr int record_open_flags = O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY;
+
+  static std::system_error open_error(int e, const std::filesystem::path& path) {
+    struct ::stat st {};
+    if (e == ELOOP && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+      return std::system_error(std::error_code{e, std::system_category()},
+                               fmt::format("dibs::file_store: record path '{}' is a symbolic link; dibs does not follow "
+                                           "a link there (in a shared directory it could point anywhere): remove it",
+                                           path.string()));
+    return detail::path_error(e, "dibs::file_store: cannot open record", path);
+  }
+
+  static void check_regular(const struct ::stat& st, const std::filesystem::path& path) {
+    if (!S_ISREG(st.st_mode))
+      throw std::system_error(std::error_code{S_ISDIR(st.st_mode) ? EISDIR : EINVAL, std::system_category()},
+                              fmt::format("dibs::file_store: record path '{}' is not a regular file (a {}): move it away",
+                                          path.string(), S_ISDIR(st.st_mode) ? "directory" : "device, FIFO or socket"));
+  }
+
+  // Takes the record's flock (`op`: LOCK_EX or LOCK_SH). Without a deadline
+  // it blocks in the kernel; with one it polls, because flock(2) takes no
+  // timeout and a library must not take a signal from its program to
+  // interrupt it. Throws: errc::timed_out at `t`.
+  static void lock_record(int fd, int op, const std::filesystem::path& path, dibs::deadline t) {
+    const bool timed = t != dibs::deadline::max();
+    const exponential_backoff schedule{std::chrono::microseconds{20}, 2.0, std::chrono::milliseconds{1}, jitter::equal};
+    thread_local std::minstd_rand rng{std::random_device{}()};
+    for (std::uint64_t n = 0;; ++n) {
+      if (::flock(fd, op | (timed ? LOCK_NB : 0)) == 0) return;
+      if (errno == EINTR) continue;
+      if (!timed || errno != EWOULDBLOCK) throw detail::path_error(errno, "dibs::file_store: cannot lock record", path);
+      const auto left = t - std::chrono::steady_clock::now();
+      if (left <= std::chrono::steady_clock::duration::zero())
+        throw std::system_error(make_error_code(errc::timed_out),
+                                fmt::format("dibs::file_store: record '{}' is held by another process that has not "
+                                            "let go in the time given (is it stopped?)",
+                                            path.string()));
+      const double u = std::uniform_real_distribution<double>{0.0, 1.0}(rng);
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(left, schedule.delay(n, {}, u)));
+    }
+  }
+
+  // The name of a temporary file of this process: everything the proof rule
+  // needs to judge its maker gone, and a random part. Returns: the name.
+  static std::string temporary_name() {
     thread_local std::mt19937_64 rng{std::random_device{}()};
-    const auto tmp = dir_ / fmt::format(".tmp.{}.{:016x}.{}", detail::current_pid(), rng(), key);
+    const detail::owner_id& me = detail::this_process_base();
+    std::string boot;
+    for (const char c : me.boot)
+      if (c != '-') boot += c;
+    return fmt::format("{}{}.{}.{}.{}.{}.{:016x}", temporary_prefix, boot.empty() ? "0" : boot, me.pid_ns, me.time_ns,
+                       me.pid, me.start, rng());
+  }
+  static constexpr std::string_view temporary_prefix = ".dibs-tmp.";
+
+  // Writes a whole record to a fresh temporary file; returns its path.
+  std::filesystem::path write_temporary(dibs::version v, bool live, std::string_view value) const {
+    const auto tmp = dir_ / temporary_name();
     detail::unique_fd fd{detail::open_retry(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, opts_.mode)};
     if (!fd) throw detail::path_error(errno, "dibs::file_store: cannot create a temporary file in", dir_);
+    // The mode exactly, not narrowed by the umask: a record other users
+    // share must stay writable by them.
+    if (::fchmod(fd.get(), opts_.mode) != 0) {
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      throw detail::path_error(e, "dibs::file_store: cannot set the permissions of a temporary file in", dir_);
+    }
     const std::string data = encode(v, live, value);
     std::size_t done = 0;
     while (done < data.size()) {
@@ -464,32 +559,32 @@ private:
   // Compare-and-set: under the record file's flock, if ok(current) holds,
   // puts a new record (current version + 1) in its place.
   template <class Pred>
-  swap_result swap_if(std::string_view key, Pred ok, bool live, std::string_view value) {
+  swap_result swap_if(std::string_view key, Pred ok, bool live, std::string_view value, dibs::deadline t) {
     const auto path = path_of(key);
     for (;;) {
       bool in_place = opts_.in_place && !opts_.sync;
-      detail::unique_fd fd{detail::open_retry(path.c_str(), (in_place ? O_RDWR : O_RDONLY) | O_CLOEXEC)};
-      if (!fd && in_place && (errno == EACCES || errno == EPERM || errno == EROFS)) {  // not ours to write: by a new file instead
+      std::optional<detail::fork_closed_fd> fd;
+      fd.emplace(path.c_str(), (in_place ? O_RDWR : O_RDONLY) | record_open_flags);
+      if (!*fd && in_place && (errno == EACCES || errno == EPERM || errno == EROFS)) {  // not ours to write: by a new file instead
         in_place = false;
-        fd.reset(detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC));
+        fd.reset();
+        fd.emplace(path.c_str(), O_RDONLY | record_open_flags);
       }
-      if (!fd) {
+      if (!*fd) {
         if (errno == ENOENT) return {};
-        throw detail::path_error(errno, "dibs::file_store: cannot open record", path);
+        throw open_error(errno, path);
       }
-      int rc;
-      do rc = ::flock(fd.get(), LOCK_EX);
-      while (rc != 0 && errno == EINTR);
-      if (rc != 0) throw detail::path_error(errno, "dibs::file_store: cannot lock record", path);
+      lock_record(fd->get(), LOCK_EX, path, t);
       // Replaced while we waited? Then our descriptor is a dead inode: again.
       struct ::stat held {}, now {};
-      if (::fstat(fd.get(), &held) != 0) throw detail::path_error(errno, "dibs::file_store: cannot stat record", path);
-      if (::stat(path.c_str(), &now) != 0) {
+      if (::fstat(fd->get(), &held) != 0) throw detail::path_error(errno, "dibs::file_store: cannot stat record", path);
+      check_regular(held, path);
+      if (::lstat(path.c_str(), &now) != 0) {
         if (errno == ENOENT) return {};
         throw detail::path_error(errno, "dibs::file_store: cannot stat record", path);
       }
       if (held.st_ino != now.st_ino || held.st_dev != now.st_dev) continue;
-      const auto cur = load(fd.get(), path);
+      const auto cur = load(fd->get(), path);
       if (!cur || !ok(*cur)) return {swap_outcome::refused, std::nullopt};
       const dibs::version next = std::max(cur->version + 1, cur->next_after_torn);
       if (in_place) {
@@ -497,12 +592,12 @@ private:
         // Only where the current record and the file stay within the two
         // slots (a record larger than a slot was written whole, to a new file).
         if (rec.size() <= slot_size && cur->end - cur->offset <= slot_size && cur->file_size <= 2 * slot_size) {
-          write_other_slot(fd.get(), *cur, rec, path);
+          write_other_slot(fd->get(), *cur, rec, path);
           return {swap_outcome::done, next};
         }
       }
-      const auto tmp = write_temporary(key, next, live, value);
-      put_in_place(tmp, path);
+      const auto tmp = write_temporary(next, live, value);
+      put_in_place(tmp, path, held);
       sync_dir();
       return {swap_outcome::done, next};  // the flock goes with the old inode when fd closes
     }
@@ -538,7 +633,7 @@ private:
   // path: ext4 flushes the data of a file renamed over another
   // (auto_da_alloc), which made every replace ~10x slower here (see
   // docs/BENCHMARKS.md). Readers see the old inode or the new one either way.
-  static void put_in_place(const std::filesystem::path& tmp, const std::filesystem::path& path) {
+  static void put_in_place(const std::filesystem::path& tmp, const std::filesystem::path& path, const struct ::stat& old) {
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
       ::unlink(tmp.c_str());  // if we die before this, the next store to open the directory removes it
       return;
@@ -546,28 +641,66 @@ private:
     if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
       const int e = errno;
       ::unlink(tmp.c_str());
-      throw detail::path_error(e, "dibs::file_store: cannot replace record", path);
+      throw replace_error(e, path, old);
     }
     if (::rename(tmp.c_str(), path.c_str()) != 0) {  // a filesystem without RENAME_EXCHANGE
       const int e = errno;
       ::unlink(tmp.c_str());
-      throw detail::path_error(e, "dibs::file_store: cannot replace record", path);
+      throw replace_error(e, path, old);
     }
+  }
+
+  // The error for a record that may not be replaced; in a sticky directory
+  // (/tmp) that is another user's file, which only its owner may replace.
+  static std::system_error replace_error(int e, const std::filesystem::path& path, const struct ::stat& old) {
+    struct ::stat dir {};
+    const auto parent = path.has_parent_path() ? path.parent_path() : std::filesystem::path{"."};
+    if ((e == EPERM || e == EACCES) && ::stat(parent.c_str(), &dir) == 0 && (dir.st_mode & S_ISVTX) &&
+        old.st_uid != ::geteuid())
+      return std::system_error(
+          std::error_code{e, std::system_category()},
+          fmt::format("dibs::file_store: cannot replace record '{}': it belongs to another user (uid {}, mode {:04o}) "
+                      "in a sticky directory, where only its owner may replace it; records shared by several users "
+                      "need a mode that lets all of them write it in place (file_store_options::mode, lock_file's "
+                      "mode: 0664 with a shared group, or 0666)",
+                      path.string(), old.st_uid, old.st_mode & 07777));
+    return detail::path_error(e, "dibs::file_store: cannot replace record", path);
+  }
+
+  // Returns: true if `name` is a temporary file of dibs whose maker is
+  // provably gone: exactly the form temporary_name() makes, from this boot,
+  // judged by the rule every policy uses. Any other file is never touched.
+  static bool dead_temporary(std::string_view name) {
+    if (name.substr(0, temporary_prefix.size()) != temporary_prefix) return false;
+    name.remove_prefix(temporary_prefix.size());
+    std::string_view parts[6];
+    for (int i = 0; i < 6; ++i) {
+      const auto dot = name.find('.');
+      if ((dot == std::string_view::npos) != (i == 5)) return false;
+      parts[i] = name.substr(0, dot);
+      name.remove_prefix(dot == std::string_view::npos ? name.size() : dot + 1);
+    }
+    auto number = [](std::string_view f, auto& v, int base = 10) {
+      const auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v, base);
+      return !f.empty() && ec == std::errc{} && p == f.data() + f.size();
+    };
+    detail::process_identity p;
+    std::uint64_t random = 0;
+    if (!number(parts[1], p.pid_ns) || !number(parts[2], p.time_ns) || !number(parts[3], p.pid) ||
+        !number(parts[4], p.start) || parts[5].size() != 16 || !number(parts[5], random, 16))
+      return false;
+    std::string boot;
+    for (const char c : detail::this_process_base().boot)
+      if (c != '-') boot += c;
+    if (boot.empty() || parts[0] != boot) return false;  // another machine or boot: cannot judge
+    return detail::provably_gone(p);
   }
 
   void remove_dead_temporaries() const {
     DIR* d = ::opendir(dir_.c_str());
     if (!d) return;
-    while (const dirent* e = ::readdir(d)) {
-      const std::string_view name = e->d_name;
-      if (name.substr(0, 5) != ".tmp.") continue;
-      const auto dot = name.find('.', 5);
-      long pid = 0;
-      const auto [p, ec] = std::from_chars(name.data() + 5, name.data() + (dot == std::string_view::npos ? name.size() : dot), pid);
-      (void)p;
-      if (ec != std::errc{} || pid <= 0) continue;
-      if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) ::unlinkat(::dirfd(d), e->d_name, 0);
-    }
+    while (const dirent* e = ::readdir(d))
+      if (dead_temporary(e->d_name)) ::unlinkat(::dirfd(d), e->d_name, 0);
     ::closedir(d);
   }
 

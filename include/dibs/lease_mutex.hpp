@@ -5,16 +5,29 @@
 //   std::scoped_lock hold{lock};
 //   write_log_with(lock.token());
 //
-// The record names its holder (host, boot id, pid, process start time, lease
-// length) in text a person can read. A waiter breaks a lock only on proof:
-//   (a) the holder ran on this host in this boot and its pid is gone, or now
-//       belongs to a process with another start time (the pid was reused); or
+// The record names its holder (host, boot id, pid, process start time, PID
+// and time namespaces, lease length) in text a person can read. A waiter
+// breaks a lock only on proof:
+//   (a) the holder ran on this host in this boot, in the waiter's own PID
+//       namespace, and its pid is gone, or now belongs to a process with
+//       another start time (the pid was reused); whatever the waiter cannot
+//       read or compare counts as alive (detail/owner.hpp has the rule); or
 //   (b) the waiter has watched the same version of the record, unchanged, for
 //       a whole lease on its own steady clock (a live holder renews the lease
 //       about every third of it, which changes the version).
 // Wall clocks of different machines are never compared. Breaking is a
 // compare-and-set on the version judged, so two breakers cannot both win and
 // a lock renewed meanwhile is never broken.
+//
+// The holder's side of the lease (the validity rule): a hold is valid until
+// the start of its last confirmed renewal (or of its acquisition) plus the
+// lease, on the holder's own steady clock. From then on lost() is true and
+// on_lost has been called, whatever the store or the renewal of another
+// lease is doing: a waiter may break the lock one lease after it last saw
+// the record change, which is never earlier.
+//
+// fork(): a child inherits a copy of a held lease_mutex, but the hold stays
+// the parent's. The child's copy never renews, releases or erases it.
 //
 // Every acquisition's token() is the record's version at that moment: larger
 // than every token handed out before for the key, because store versions only
@@ -54,8 +67,10 @@ struct lease_options {
   /// Renew about every third of the lease, from one renewal thread per
   /// process (no thread is started per lock).
   bool renew = true;
-  /// Called once, from the renewal thread or unlock(), when the lease turns
-  /// out to have been taken over: stop the work the lock protected.
+  /// Called once, from a renewal thread or unlock(), when the lease has run
+  /// out unrenewed or turns out to have been taken over: stop the work the
+  /// lock protected. With `renew`, it is called by the lease's end at the
+  /// latest (the validity rule above).
   std::function<void()> on_lost{};
   /// Waiting between tries (woken early by the store's change notification,
   /// where it has one).
@@ -91,7 +106,7 @@ public:
   lease_mutex& operator=(const lease_mutex&) = delete;
   /// Effects: releases the lock if held (errors are swallowed: a destructor must not throw).
   ~lease_mutex() {
-    if (held_) {
+    if (held_.load()) {
       try {
         unlock();
       } catch (...) {
@@ -99,53 +114,81 @@ public:
     }
   }
 
-  void lock() { (void)acquire(nullptr); }
-  bool try_lock() { return try_once(true); }
+  /// Effects: blocks until this object holds the lock.
+  void lock() { (void)acquire(dibs::deadline::max()); }
+  /// Returns: true if this object now holds the lock. Waits for nothing but
+  /// a record another process is changing at that moment (detail::try_wait):
+  /// a record held by a stopped process reads as "busy", i.e. false.
+  bool try_lock() { return try_once(true, clock::now() + detail::try_wait); }
+  /// Returns: true if this object holds the lock within `d` (also when a
+  /// stopped process holds the record: the store's wait ends at the deadline).
   template <class Rep, class Period>
   bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(d);
-    return acquire(&until);
+    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(d));
   }
   template <class Clock, class Duration>
   bool try_lock_until(const std::chrono::time_point<Clock, Duration>& t) {
-    const auto until = std::chrono::steady_clock::now() +
-                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(t - Clock::now());
-    return acquire(&until);
+    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(t - Clock::now()));
   }
 
   /// Effects: stops renewing and removes the record if it is still ours (a
   /// compare-and-set: a lock taken over is left to its new holder, and
-  /// on_lost is called).
+  /// on_lost is called). If the record stays locked by another process (a
+  /// stopped one) for a whole lease, it is left in place: it then expires
+  /// like the lease of a holder that stopped renewing. In a forked child of
+  /// the holder it only forgets the hold, which is the parent's.
   void unlock() {
+    if (!held_.load()) return;
+    if (holder_pid_.load() != detail::current_pid()) {  // a forked child's copy: the parent's hold
+      held_ = false;
+      return;
+    }
     stop_renewal();
     bool newly_lost = false;
     {
       std::lock_guard g{m_};
       if (!held_) return;
       held_ = false;
-      if (!lost_ && !store_.erase(key_, version_)) newly_lost = mark_lost();
+      valid_until_.store(clock::time_point::max().time_since_epoch().count());
+      try {
+        if (!detail::store_erase(store_, key_, version_, clock::now() + opts_.lease)) newly_lost = mark_lost();
+      } catch (const std::system_error& e) {
+        if (!detail::timed_out(e)) throw;
+      }
     }
     notify_lost(newly_lost);
   }
 
-  /// Returns: the fencing token of the current hold (0 if none).
-  dibs::version token() const {
-    std::lock_guard g{m_};
-    return held_ ? token_ : 0;
+  /// Returns: the fencing token of the current hold (0 if none). Lock-free.
+  dibs::version token() const noexcept { return held_.load() ? token_.load() : 0; }
+  /// Returns: true if the current (or last) hold was lost: taken over, or
+  /// its lease ran out before a renewal was confirmed (the validity rule).
+  /// Lock-free: cheap enough to check before every write the lock guards.
+  bool lost() const noexcept {
+    return lost_.load() || clock::now().time_since_epoch().count() >= valid_until_.load(std::memory_order_acquire);
   }
-  /// Returns: true if the lease of the current (or last) hold was taken over.
-  bool lost() const noexcept { return lost_.load(); }
   const std::string& key() const noexcept { return key_; }
 
-  /// Effects: renews the lease now. Returns: false if it was lost.
+  /// Effects: renews the lease now. Returns: false if it was lost (then
+  /// on_lost has been called). In a forked child: false, touching nothing.
   bool renew() {
     bool newly_lost = false;
     {
       std::lock_guard g{m_};
-      if (!held_ || lost_) return false;
-      if (auto v = store_.replace(key_, version_, value())) {
-        version_ = *v;
-        return true;
+      if (!held_ || lost_ || holder_pid_.load() != detail::current_pid()) return false;
+      const auto start = clock::now();
+      const auto end = clock::time_point{clock::duration{valid_until_.load()}};
+      if (start < end) {
+        try {
+          // Waiting past the lease's end is pointless: the hold is over then.
+          if (auto v = detail::store_replace(store_, key_, version_, value(), end)) {
+            version_ = *v;
+            valid_until_.store((start + opts_.lease).time_since_epoch().count(), std::memory_order_release);
+            return true;
+          }
+        } catch (const std::system_error& e) {
+          if (!detail::timed_out(e)) throw;
+        }
       }
       newly_lost = mark_lost();
     }
@@ -158,21 +201,36 @@ private:
     return std::string(detail::lease_magic) + detail::format_owner(detail::this_process(opts_.lease));
   }
 
+  using clock = std::chrono::steady_clock;
+
   // One try. `free_first`: try to create the record before reading it,
   // which saves a read when the lock is free (the first try); later tries
   // of a waiter read first, so that they do not queue for the record's
   // write lock in front of the holder's unlock.
-  // Returns: true if this object now holds the lock.
-  bool try_once(bool free_first) {
+  // Returns: true if this object now holds the lock; false if not, also
+  // when the store could not be had by `until` (the record is busy).
+  bool try_once(bool free_first, dibs::deadline until) {
     std::lock_guard g{m_};
-    if (held_) throw std::system_error(make_error_code(std::errc::resource_deadlock_would_occur),
-                                       fmt::format("dibs::lease_mutex '{}': already held by this object", key_));
-    if (free_first) {
-      if (auto v = store_.create(key_, value())) return became_holder(*v);
+    if (held_ && holder_pid_.load() == detail::current_pid())
+      throw std::system_error(make_error_code(std::errc::resource_deadlock_would_occur),
+                              fmt::format("dibs::lease_mutex '{}': already held by this object", key_));
+    try {
+      return try_once_locked(free_first, until);
+    } catch (const std::system_error& e) {
+      if (detail::timed_out(e)) return false;
+      throw;
     }
-    const auto r = store_.read(key_);
+  }
+
+  // Requires: m_ held.
+  bool try_once_locked(bool free_first, dibs::deadline until) {
+    const auto start = clock::now();  // a hold is valid from before the call that makes it
+    if (free_first) {
+      if (auto v = detail::store_create(store_, key_, value(), until)) return became_holder(*v, start);
+    }
+    const auto r = detail::store_read(store_, key_, until);
     if (!r) {
-      if (auto v = store_.create(key_, value())) return became_holder(*v);
+      if (auto v = detail::store_create(store_, key_, value(), until)) return became_holder(*v, start);
       return false;
     }
     if (std::string_view(r->value).substr(0, detail::lease_magic.size()) != detail::lease_magic)
@@ -185,7 +243,7 @@ private:
       throw std::system_error(make_error_code(errc::corrupt_record),
                               fmt::format("dibs::lease_mutex '{}': the lease record lacks an owner field", key_));
     bool stale = detail::provably_dead(*owner);
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = clock::now();
     if (!stale) {
       if (!seen_version_ || *seen_version_ != r->version) {
         seen_version_ = r->version;  // start watching this version on our own clock
@@ -195,18 +253,18 @@ private:
       }
     }
     if (!stale) return false;
-    if (auto v = store_.replace(key_, r->version, value())) return became_holder(*v);
+    if (auto v = detail::store_replace(store_, key_, r->version, value(), until)) return became_holder(*v, start);
     return false;
   }
 
-  bool acquire(const std::chrono::steady_clock::time_point* until) {
+  bool acquire(dibs::deadline until) {
     thread_local std::mt19937_64 rng{std::random_device{}()};
     for (std::uint64_t n = 0;; ++n) {
-      if (try_once(n == 0)) return true;
+      if (try_once(n == 0, until)) return true;
       auto delay = opts_.wait.delay(n, {}, std::uniform_real_distribution<double>{0.0, 1.0}(rng));
-      if (until) {
-        const auto left = *until - std::chrono::steady_clock::now();
-        if (left <= std::chrono::steady_clock::duration::zero()) return false;
+      if (until != dibs::deadline::max()) {
+        const auto left = until - clock::now();
+        if (left <= clock::duration::zero()) return false;
         delay = std::min<std::chrono::nanoseconds>(delay, left);
       }
       if constexpr (detail::store_with_change_wait<Store>) (void)store_.wait_for_change(key_, delay);
@@ -214,45 +272,35 @@ private:
     }
   }
 
-  // Requires: m_ held.
-  bool became_holder(dibs::version v) {
+  // Requires: m_ held. `start`: when the call that made the hold began.
+  bool became_holder(dibs::version v, clock::time_point start) {
     held_ = true;
     lost_ = false;
     version_ = v;
     token_ = v;
+    holder_pid_ = detail::current_pid();
+    valid_until_.store((start + opts_.lease).time_since_epoch().count(), std::memory_order_release);
     seen_version_.reset();
     if (opts_.renew) {
-      last_renewed_ = std::chrono::steady_clock::now();
-      renewal_id_ = detail::renewal_keeper::instance().add(opts_.lease / 3, [this] { return renew_tick(); });
+      renewal_id_ = detail::renewal_keeper::instance().add(
+          opts_.lease / 3, {[this] { return renew(); }, [this] { return expire(); }, &valid_until_});
     }
     return true;
   }
 
-  // Called by the process's renewal thread. Returns: false to stop renewing.
-  bool renew_tick() {
-    try {
-      if (!renew()) return false;
-      last_renewed_ = std::chrono::steady_clock::now();
-      return true;
-    } catch (...) {
-      // The store failed for a moment: try again next time, unless the
-      // lease has run out meanwhile, in which case it cannot be trusted.
-      if (std::chrono::steady_clock::now() - last_renewed_ < opts_.lease) return true;
-      bool newly_lost;
-      {
-        std::lock_guard g{m_};
-        newly_lost = mark_lost();
-      }
-      notify_lost(newly_lost);
-      return false;
-    }
+  // Called by a renewal thread when valid_until_ has passed.
+  // Returns: true if the hold is over (false: it was renewed meanwhile).
+  bool expire() {
+    if (clock::now().time_since_epoch().count() < valid_until_.load(std::memory_order_acquire)) return false;
+    notify_lost(mark_lost());
+    return true;
   }
 
   void stop_renewal() {
     if (renewal_id_) detail::renewal_keeper::instance().remove(std::exchange(renewal_id_, 0));
   }
 
-  // Requires: m_ held. Returns: true the first time.
+  // Returns: true the first time.
   bool mark_lost() { return !lost_.exchange(true); }
   // Called without m_, so on_lost may call unlock().
   void notify_lost(bool newly_lost) {
@@ -263,14 +311,16 @@ private:
   std::string key_;
   lease_options opts_;
   mutable std::mutex m_;
-  bool held_ = false;
+  std::atomic<bool> held_{false};
   std::atomic<bool> lost_{false};
-  dibs::version version_ = 0;  // the record's current version (renewals move it)
-  dibs::version token_ = 0;    // the version at acquisition
+  std::atomic<pid_t> holder_pid_{0};   // the process that holds it (a forked child's copy is not it)
+  // The end of the hold's validity, as clock::rep (max: none running out).
+  std::atomic<clock::rep> valid_until_{clock::time_point::max().time_since_epoch().count()};
+  dibs::version version_ = 0;          // the record's current version (renewals move it)
+  std::atomic<dibs::version> token_{0};  // the version at acquisition
   std::optional<dibs::version> seen_version_;
-  std::chrono::steady_clock::time_point seen_since_{};
+  clock::time_point seen_since_{};
   std::uint64_t renewal_id_ = 0;
-  std::chrono::steady_clock::time_point last_renewed_{};
 };
 
 namespace detail {
@@ -283,12 +333,15 @@ inline std::filesystem::path lock_dir(const std::filesystem::path& p) {
 }  // namespace detail
 
 /// A lock file: lease_mutex over the file at `path` itself (a dibs record
-/// you can `cat`). Throws: as file_store for a missing or unwritable
-/// directory; errc::invalid_argument for a bad file name.
+/// you can `cat`). `mode`: the lock file's permissions, exactly (the umask
+/// does not narrow them); several users share a lock file with 0664 and a
+/// common group, or 0666 (in a sticky directory such as /tmp too).
+/// Throws: as file_store for a missing or unwritable directory;
+/// errc::invalid_argument for a bad file name.
 class lock_file : private detail::lock_file_store, public lease_mutex<file_store> {
 public:
-  explicit lock_file(const std::filesystem::path& path, lease_options opts = {})
-      : detail::lock_file_store{file_store{detail::lock_dir(path), {.suffix = "", .in_place = true}}},
+  explicit lock_file(const std::filesystem::path& path, lease_options opts = {}, mode_t mode = 0644)
+      : detail::lock_file_store{file_store{detail::lock_dir(path), {.mode = mode, .suffix = "", .in_place = true}}},
         lease_mutex<file_store>(store, path.filename().string(), std::move(opts)),
         path_(path) {}
   const std::filesystem::path& path() const noexcept { return path_; }

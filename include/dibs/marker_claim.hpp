@@ -17,10 +17,16 @@
 // Every change is one compare-and-set on the record's version, so two workers
 // never both hold an item, and a worker whose claim was taken over (its
 // version moved) can neither complete nor give back the item.
-// A processing claim is recovered from its worker only on proof, by the rules
-// of lease_mutex: the worker ran on this host in this boot and its pid is gone
-// or reused, or this process has watched the claim unchanged for its whole
-// lease (a live worker on a long item calls renew()).
+// A processing claim is recovered from its worker only on proof, by the rule
+// lease_mutex uses (detail/owner.hpp): the worker ran on this host in this
+// boot and in this PID namespace, and its pid is gone or reused (anything
+// that cannot be read or compared counts as alive), or this process has
+// watched the claim unchanged for its whole lease (a live worker on a long
+// item calls renew()).
+// try_claim and sweep wait for nothing: an item whose record another process
+// holds (a stopped one, say) is "busy" and skipped, so one stopped worker
+// never stalls the others. A claim object copied into a forked child stays
+// the parent's: the child's copy never completes, gives back or renews it.
 #pragma once
 
 #include <chrono>
@@ -36,6 +42,7 @@
 #include <fmt/format.h>
 
 #include <dibs/detail/owner.hpp>
+#include <dibs/detail/posix.hpp>
 #include <dibs/error.hpp>
 #include <dibs/store.hpp>
 
@@ -80,11 +87,11 @@ public:
   public:
     claim(claim&& o) noexcept
         : owner_(std::exchange(o.owner_, nullptr)), key_(std::move(o.key_)), version_(o.version_), token_(o.token_),
-          attempts_(o.attempts_) {}
+          attempts_(o.attempts_), pid_(o.pid_) {}
     claim& operator=(claim&&) = delete;
     claim(const claim&) = delete;
     ~claim() {
-      if (!owner_) return;
+      if (!owner_ || !in_owner_process()) return;  // a forked child's copy: the parent's claim
       try {
         (void)give_back("abandoned: the claim left scope without complete()");
       } catch (...) {
@@ -93,16 +100,24 @@ public:
 
     /// Effects: marks the item completed, keeping `result` as proof.
     /// Throws: std::system_error(errc::lease_lost) if the claim was taken
-    /// over (the item is then someone else's: do not report it done).
+    /// over (the item is then someone else's: do not report it done);
+    /// std::errc::operation_not_permitted in a forked child of the worker.
     void complete(std::string_view result = {}) {
+      check_owner_process("complete");
       finish(owner_->encode(claim_state::completed, attempts_, "", result, token_), "complete");
     }
     /// Effects: gives the item back with `error` recorded; it is failed if
     /// this was its last attempt. Returns: false if the claim was taken over.
-    bool release(std::string_view error = "released") { return give_back(error); }
+    /// Throws: std::errc::operation_not_permitted in a forked child of the worker.
+    bool release(std::string_view error = "released") {
+      check_owner_process("release");
+      return give_back(error);
+    }
     /// Effects: renews the lease. Returns: false if the claim was taken over.
+    /// Throws: std::errc::operation_not_permitted in a forked child of the worker.
     bool renew() {
       if (!owner_) return false;
+      check_owner_process("renew");
       auto v = owner_->store_.replace(key_, version_, owner_->encode(claim_state::processing, attempts_, "", "", token_));
       if (v) version_ = *v;
       return v.has_value();
@@ -116,7 +131,16 @@ public:
   private:
     friend class marker_claim;
     claim(marker_claim* owner, std::string key, dibs::version v, std::uint32_t attempts)
-        : owner_(owner), key_(std::move(key)), version_(v), token_(v), attempts_(attempts) {}
+        : owner_(owner), key_(std::move(key)), version_(v), token_(v), attempts_(attempts), pid_(detail::current_pid()) {}
+
+    bool in_owner_process() const noexcept { return pid_ == detail::current_pid(); }
+    void check_owner_process(const char* what) const {
+      if (owner_ && !in_owner_process())
+        throw std::system_error(std::make_error_code(std::errc::operation_not_permitted),
+                                fmt::format("dibs::marker_claim '{}': cannot {} in a forked child: the claim (token {}) "
+                                            "belongs to process {}, which made it; only it may finish the item",
+                                            key_, what, token_, pid_));
+    }
 
     bool give_back(std::string_view error) {
       if (!owner_) return false;
@@ -138,6 +162,7 @@ public:
     dibs::version version_;
     dibs::version token_;
     std::uint32_t attempts_;
+    pid_t pid_;  // the process that made the claim
   };
 
   /// Requires: `store` outlives this object and its claims.
@@ -150,31 +175,16 @@ public:
 
   /// Effects: claims `key` if it is absent, released, or held by a worker
   /// that is provably gone (see the top of this header).
-  /// Returns: the claim, or nothing if the item is taken, done or failed, or
-  /// another worker won the race.
+  /// Returns: the claim, or nothing if the item is taken, done or failed,
+  /// another worker won the race, or its record is busy (held by another
+  /// process for longer than detail::try_wait: a stopped one, say).
   std::optional<claim> try_claim(std::string_view key) {
-    const auto r = store_.read(key);
-    if (!r) {
-      if (auto v = store_.create(key, encode(claim_state::processing, 1, "", "", 0))) return claim{this, std::string(key), *v, 1};
-      return std::nullopt;
+    try {
+      return try_claim_until(key, std::chrono::steady_clock::now() + detail::try_wait);
+    } catch (const std::system_error& e) {
+      if (detail::timed_out(e)) return std::nullopt;
+      throw;
     }
-    const claim_status s = parse(key, *r);
-    switch (s.state) {
-      case claim_state::completed:
-      case claim_state::failed:
-      case claim_state::absent:
-        return std::nullopt;
-      case claim_state::released:
-        return take(key, s);
-      case claim_state::processing:
-        if (!stale(key, s)) return std::nullopt;
-        if (s.attempts >= opts_.max_attempts) {
-          (void)store_.replace(key, s.version, encode(claim_state::failed, s.attempts, "its worker died on the last attempt", "", 0));
-          return std::nullopt;
-        }
-        return take(key, s);
-    }
-    return std::nullopt;
   }
 
   /// Returns: the state of `key`. Throws: errc::corrupt_record if its record
@@ -193,20 +203,55 @@ public:
     std::size_t recovered = 0;
     for (const auto& k : keys) {
       const std::string_view key = k;
-      const auto r = store_.read(key);
-      if (!r) continue;
-      const claim_status s = parse(key, *r);
-      if (s.state != claim_state::processing || !stale(key, s)) continue;
-      const auto next = s.attempts >= opts_.max_attempts ? claim_state::failed : claim_state::released;
-      if (store_.replace(key, s.version, encode(next, s.attempts, "recovered from a worker that is gone", "", 0))) ++recovered;
+      try {
+        const auto until = std::chrono::steady_clock::now() + detail::try_wait;
+        const auto r = detail::store_read(store_, key, until);
+        if (!r) continue;
+        const claim_status s = parse(key, *r);
+        if (s.state != claim_state::processing || !stale(key, s)) continue;
+        const auto next = s.attempts >= opts_.max_attempts ? claim_state::failed : claim_state::released;
+        if (detail::store_replace(store_, key, s.version,
+                                  encode(next, s.attempts, "recovered from a worker that is gone", "", 0), until))
+          ++recovered;
+      } catch (const std::system_error& e) {
+        if (!detail::timed_out(e)) throw;  // busy: its holder is active, or stopped; not provably gone
+      }
     }
     return recovered;
   }
 
 private:
-  std::optional<claim> take(std::string_view key, const claim_status& s) {
+  std::optional<claim> try_claim_until(std::string_view key, dibs::deadline until) {
+    const auto r = detail::store_read(store_, key, until);
+    if (!r) {
+      if (auto v = detail::store_create(store_, key, encode(claim_state::processing, 1, "", "", 0), until))
+        return claim{this, std::string(key), *v, 1};
+      return std::nullopt;
+    }
+    const claim_status s = parse(key, *r);
+    switch (s.state) {
+      case claim_state::completed:
+      case claim_state::failed:
+      case claim_state::absent:
+        return std::nullopt;
+      case claim_state::released:
+        return take(key, s, until);
+      case claim_state::processing:
+        if (!stale(key, s)) return std::nullopt;
+        if (s.attempts >= opts_.max_attempts) {
+          (void)detail::store_replace(store_, key, s.version,
+                                      encode(claim_state::failed, s.attempts, "its worker died on the last attempt", "", 0),
+                                      until);
+          return std::nullopt;
+        }
+        return take(key, s, until);
+    }
+    return std::nullopt;
+  }
+
+  std::optional<claim> take(std::string_view key, const claim_status& s, dibs::deadline until) {
     const std::uint32_t attempts = s.attempts + 1;
-    if (auto v = store_.replace(key, s.version, encode(claim_state::processing, attempts, "", "", 0))) {
+    if (auto v = detail::store_replace(store_, key, s.version, encode(claim_state::processing, attempts, "", "", 0), until)) {
       std::lock_guard g{m_};
       seen_.erase(std::string(key));
       return claim{this, std::string(key), *v, attempts};

@@ -18,8 +18,17 @@
 //     says whether a retry can help;
 //   - a bad key or value is refused before anything is written, with
 //     std::system_error(errc::invalid_argument) naming the key and the rule.
+//
+// A store may also offer every operation with a last argument
+// `dibs::deadline t` (timed_shared_store): the operation then gives up at t,
+// if what it waits for inside the medium (a record's lock held by a process
+// that was stopped, a busy database) has not come by then, with
+// std::system_error(errc::timed_out), which is transient. Policies use it
+// for try_lock, try_lock_for and try_claim, so a timed or "try" call returns
+// within its time whatever another process holds.
 #pragma once
 
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <optional>
@@ -50,6 +59,56 @@ concept shared_store = requires(S& s, std::string_view key, std::string_view val
   { s.replace(key, v, value) } -> std::same_as<std::optional<dibs::version>>;
   { s.erase(key, v) } -> std::same_as<bool>;
 };
+
+/// When an operation gives up: a point on this process's steady clock
+/// (deadline::max(): never).
+using deadline = std::chrono::steady_clock::time_point;
+
+template <class S>
+concept timed_shared_store = shared_store<S> && requires(S& s, std::string_view key, std::string_view value,
+                                                         dibs::version v, dibs::deadline t) {
+  { s.read(key, t) } -> std::same_as<std::optional<record>>;
+  { s.create(key, value, t) } -> std::same_as<std::optional<dibs::version>>;
+  { s.replace(key, v, value, t) } -> std::same_as<std::optional<dibs::version>>;
+  { s.erase(key, v, t) } -> std::same_as<bool>;
+};
+
+namespace detail {
+
+// The policies' way into a store: with a deadline where the store takes one.
+template <class S>
+std::optional<record> store_read(S& s, std::string_view key, dibs::deadline t) {
+  if constexpr (timed_shared_store<S>) return s.read(key, t);
+  else return s.read(key);
+}
+template <class S>
+std::optional<dibs::version> store_create(S& s, std::string_view key, std::string_view value, dibs::deadline t) {
+  if constexpr (timed_shared_store<S>) return s.create(key, value, t);
+  else return s.create(key, value);
+}
+template <class S>
+std::optional<dibs::version> store_replace(S& s, std::string_view key, dibs::version v, std::string_view value,
+                                           dibs::deadline t) {
+  if constexpr (timed_shared_store<S>) return s.replace(key, v, value, t);
+  else return s.replace(key, v, value);
+}
+
+template <class S>
+bool store_erase(S& s, std::string_view key, dibs::version v, dibs::deadline t) {
+  if constexpr (timed_shared_store<S>) return s.erase(key, v, t);
+  else return s.erase(key, v);
+}
+
+/// How long a "try" operation (try_lock, try_claim) waits for a record that
+/// another process is changing: a running process holds a record for
+/// microseconds, so one still held after this is stopped or stalled, and the
+/// item is reported busy instead.
+inline constexpr std::chrono::milliseconds try_wait{20};
+
+/// Returns: true if `e` is a timed operation giving up (errc::timed_out).
+inline bool timed_out(const std::system_error& e) noexcept { return e.code() == make_error_code(errc::timed_out); }
+
+}  // namespace detail
 
 /// The rules every store applies to keys and values before writing anything.
 struct key_rules {

@@ -1,8 +1,26 @@
 // dibs/detail/owner.hpp: who holds a lease, written so a person can read it,
-// and the proof rules for deciding that a holder is gone.
+// and the one proof rule every policy (and shared_log's slots, and
+// file_store's temporaries) uses to decide that a holder is gone.
+//
+// The rule: a holder is provably gone only if
+//   - it ran on this machine in this boot (boot id, host name), and
+//   - it ran in the observer's own PID namespace (the inode of
+//     /proc/self/ns/pid; a pid means nothing across namespaces: two
+//     containers of one pod both have a pid 1), and
+//   - either its pid no longer exists here (kill(pid, 0) says ESRCH), or a
+//     process with that pid exists but started at another time (the pid was
+//     reused), where start times are compared only when both sides stand in
+//     the same time namespace (a time namespace shifts the start times that
+//     /proc shows) and the observer's /proc is its own PID namespace's.
+// Whatever cannot be read or compared counts as alive: a /proc mounted with
+// hidepid=2, a /proc of another namespace, a record without namespace fields
+// (from an older dibs), a zombie. Then only the lease can free the hold, which
+// is always safe: an alive verdict costs time, a wrong dead verdict costs a
+// second holder.
 #pragma once
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -21,14 +39,26 @@
 
 namespace dibs::detail {
 
+/// Enough of a process's identity to judge by its pid, on this machine.
+struct process_identity {
+  long pid = 0;
+  std::uint64_t start = 0;     // start time, clock ticks after boot (/proc/<pid>/stat field 22); 0: unknown
+  std::uint32_t pid_ns = 0;    // inode of /proc/self/ns/pid; 0: unknown
+  std::uint32_t time_ns = 0;   // inode of /proc/self/ns/time; 0: none (a kernel before 5.6) or unknown
+  friend bool operator==(const process_identity&, const process_identity&) = default;
+};
+
 /// The identity of a process, as far as another process can check it.
 struct owner_id {
   std::string host;
-  std::string boot;          // /proc/sys/kernel/random/boot_id
+  std::string boot;  // /proc/sys/kernel/random/boot_id
   long pid = 0;
-  std::uint64_t start = 0;   // process start time, clock ticks after boot (/proc/<pid>/stat field 22)
+  std::uint64_t start = 0;
+  std::uint32_t pid_ns = 0;
+  std::uint32_t time_ns = 0;
   std::chrono::milliseconds lease{0};
 
+  process_identity process() const noexcept { return {pid, start, pid_ns, time_ns}; }
   friend bool operator==(const owner_id&, const owner_id&) = default;
 };
 
@@ -39,40 +69,81 @@ inline std::string read_first_line(const char* path) {
   return s;
 }
 
-/// Returns: the start time of process `pid` (field 22 of /proc/<pid>/stat),
-/// or nullopt if there is no such process.
-inline std::optional<std::uint64_t> process_start(long pid) {
-  const std::string stat = read_first_line(fmt::format("/proc/{}/stat", pid).c_str());
+/// Returns: field 22 (start time) of a /proc/<pid>/stat text, or nullopt.
+inline std::optional<std::uint64_t> stat_start(const std::string& stat) {
   const auto close = stat.rfind(')');  // the command name may hold spaces and ')'
-  if (close == std::string::npos) return std::nullopt;
+  if (close == std::string::npos || close + 2 > stat.size()) return std::nullopt;
   std::istringstream fields(stat.substr(close + 2));
   std::string f;
   for (int i = 3; i <= 22 && fields >> f; ++i) {
     if (i == 22) {
       std::uint64_t v = 0;
-      std::from_chars(f.data(), f.data() + f.size(), v);
+      const auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
+      if (ec != std::errc{} || v == 0) return std::nullopt;
       return v;
     }
   }
   return std::nullopt;
 }
 
-inline const owner_id& this_process_base() {
+/// Returns: the start time of process `pid` as this process's /proc shows
+/// it, or nullopt if it cannot be read (no such process, hidepid, no /proc).
+inline std::optional<std::uint64_t> process_start(long pid) {
+  return stat_start(read_first_line(fmt::format("/proc/{}/stat", pid).c_str()));
+}
+
+/// Returns: the inode of namespace link `name` of this process (0 if unreadable).
+inline std::uint32_t own_namespace(const char* name) {
+  struct ::stat st {};
+  if (::stat(fmt::format("/proc/self/ns/{}", name).c_str(), &st) != 0) return 0;
+  return static_cast<std::uint32_t>(st.st_ino);  // namespace inodes are 32-bit (proc inode numbers)
+}
+
+/// Returns: true if /proc is the proc of this process's own PID namespace:
+/// /proc/self/status lists one pid in NSpid, and it is getpid(). A /proc of
+/// an ancestor namespace (unshare --pid without --mount-proc) lists several,
+/// and its /proc/<pid> would name another process.
+inline bool proc_is_own_namespace(long pid) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("NSpid:", 0) != 0) continue;
+    std::istringstream rest(line.substr(6));
+    long first = 0, second = 0;
+    if (!(rest >> first)) return false;
+    return first == pid && !(rest >> second);
+  }
+  return false;  // no NSpid line (a kernel before 4.1): cannot tell
+}
+
+struct this_process_info {
+  owner_id id;
+  bool proc_own = false;  // /proc/<pid> names processes of our PID namespace
+};
+
+inline const this_process_info& this_process_info_cached() {
   // Per process: recomputed in a forked child, whose pid and start time differ.
-  thread_local owner_id id;
+  thread_local this_process_info info;
   thread_local long for_pid = -1;
   const long pid = current_pid();
   if (for_pid != pid) {
     char host[256] = {};
     if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-    id.host = host;
-    id.boot = read_first_line("/proc/sys/kernel/random/boot_id");
-    id.pid = pid;
-    id.start = process_start(pid).value_or(0);
+    info.id.host = host;
+    info.id.boot = read_first_line("/proc/sys/kernel/random/boot_id");
+    info.id.pid = pid;
+    // /proc/self is this process whichever namespace /proc belongs to, and
+    // the start time it shows is in this process's own time namespace.
+    info.id.start = stat_start(read_first_line("/proc/self/stat")).value_or(0);
+    info.id.pid_ns = own_namespace("pid");
+    info.id.time_ns = own_namespace("time");
+    info.proc_own = proc_is_own_namespace(pid);
     for_pid = pid;
   }
-  return id;
+  return info;
 }
+
+inline const owner_id& this_process_base() { return this_process_info_cached().id; }
 
 inline owner_id this_process(std::chrono::milliseconds lease) {
   owner_id id = this_process_base();
@@ -80,10 +151,35 @@ inline owner_id this_process(std::chrono::milliseconds lease) {
   return id;
 }
 
+/// Returns: true only on proof that process `p` (which ran on this machine
+/// in this boot: the caller has checked that) is gone. See the top of this
+/// header for the rule.
+inline bool provably_gone(const process_identity& p) {
+  const this_process_info& me = this_process_info_cached();
+  if (p.pid <= 0 || p.pid_ns == 0 || me.id.pid_ns == 0 || p.pid_ns != me.id.pid_ns) return false;
+  const bool starts_comparable = p.start != 0 && p.time_ns == me.id.time_ns;
+  if (p.pid == me.id.pid)  // our own pid: that was us, or an earlier process with our pid
+    return starts_comparable && me.id.start != 0 && p.start != me.id.start;
+  if (::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH) return true;
+  // The pid exists (EPERM says so too). Reused by a later process?
+  if (!starts_comparable || !me.proc_own) return false;
+  const auto now = process_start(p.pid);
+  if (!now) return ::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH;  // gone meanwhile, or unreadable: alive
+  return *now != p.start;
+}
+
+/// Returns: true only on proof that `o` is gone: it ran on this host in this
+/// boot and provably_gone(o.process()).
+inline bool provably_dead(const owner_id& o) {
+  const owner_id& me = this_process_base();
+  if (o.host != me.host || o.boot.empty() || o.boot != me.boot) return false;
+  return provably_gone(o.process());
+}
+
 /// Returns: the owner lines of a record ("host ...\nboot ...\n...").
 inline std::string format_owner(const owner_id& o) {
-  return fmt::format("host {}\nboot {}\npid {}\nstart {}\nlease_ms {}\n", o.host, o.boot, o.pid, o.start,
-                     o.lease.count());
+  return fmt::format("host {}\nboot {}\npid {}\nstart {}\npid_ns {}\ntime_ns {}\nlease_ms {}\n", o.host, o.boot, o.pid,
+                     o.start, o.pid_ns, o.time_ns, o.lease.count());
 }
 
 /// Returns: the value of field `name` in "name value\n" lines, or nullopt.
@@ -111,6 +207,8 @@ std::optional<Int> number_field(std::string_view text, std::string_view name) {
 }
 
 /// Returns: the owner described by `text`, or nullopt if a field is missing.
+/// A record without pid_ns and time_ns (an older dibs) parses with both 0:
+/// its holder is then never judged by pid.
 inline std::optional<owner_id> parse_owner(std::string_view text) {
   owner_id o;
   const auto host = field(text, "host");
@@ -123,22 +221,10 @@ inline std::optional<owner_id> parse_owner(std::string_view text) {
   o.boot = std::string(*boot);
   o.pid = *pid;
   o.start = *start;
+  o.pid_ns = number_field<std::uint32_t>(text, "pid_ns").value_or(0);
+  o.time_ns = number_field<std::uint32_t>(text, "time_ns").value_or(0);
   o.lease = std::chrono::milliseconds{*lease};
   return o;
-}
-
-/// Returns: true only on proof that `o` is gone: it ran on this host in this
-/// boot, and its pid no longer exists or now belongs to a process that started
-/// at another time (the pid was reused). A holder on another host or from
-/// another boot is never judged by pid.
-inline bool provably_dead(const owner_id& o) {
-  const owner_id& me = this_process_base();
-  if (o.host != me.host || o.boot != me.boot || o.boot.empty()) return false;
-  if (o.pid <= 0) return false;
-  if (::kill(static_cast<pid_t>(o.pid), 0) != 0 && errno == ESRCH) return true;
-  const auto start = process_start(o.pid);
-  if (!start) return true;  // gone between the two checks
-  return *start != o.start;
 }
 
 }  // namespace dibs::detail
