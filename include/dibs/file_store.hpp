@@ -111,7 +111,9 @@ struct file_store_options {
   /// record with the higher version (`cat` shows both). A reader that catches
   /// a slot half-copied reads again under a shared flock. Not used with
   /// `sync`, for a larger record, or where this user may not write the file
-  /// itself: those go by a new file as without this option.
+  /// itself: those go by a new file as without this option. In a sticky
+  /// directory (such as /tmp) records are always written in place: only a
+  /// file's owner may replace it there.
   bool in_place = false;
 };
 
@@ -128,6 +130,10 @@ public:
     if (!S_ISDIR(st.st_mode)) throw detail::path_error(ENOTDIR, "dibs::file_store: not a directory:", dir_);
     if (::access(dir_.c_str(), W_OK | X_OK) != 0)
       throw detail::path_error(errno, "dibs::file_store: cannot write to directory", dir_);
+    // In a sticky directory (/tmp) only a file's owner may replace it, so
+    // records are rewritten in place there, which any user who may write
+    // the file can do (file_store_options::mode).
+    sticky_ = (st.st_mode & S_ISVTX) != 0;
     remove_dead_temporaries();
   }
 
@@ -562,7 +568,7 @@ private:
   swap_result swap_if(std::string_view key, Pred ok, bool live, std::string_view value, dibs::deadline t) {
     const auto path = path_of(key);
     for (;;) {
-      bool in_place = opts_.in_place && !opts_.sync;
+      bool in_place = (opts_.in_place || sticky_) && !opts_.sync;
       std::optional<detail::fork_closed_fd> fd;
       fd.emplace(path.c_str(), (in_place ? O_RDWR : O_RDONLY) | record_open_flags);
       if (!*fd && in_place && (errno == EACCES || errno == EPERM || errno == EROFS)) {  // not ours to write: by a new file instead
@@ -706,8 +712,10 @@ private:
 
   std::filesystem::path dir_;
   file_store_options opts_;
+  bool sticky_ = false;
 };
 
 static_assert(shared_store<file_store>);
+static_assert(timed_shared_store<file_store>);
 
 }  // namespace dibs
