@@ -43,6 +43,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <stop_token>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -52,6 +53,7 @@
 #include <fmt/format.h>
 
 #include <dibs/backoff.hpp>
+#include <dibs/detail/cancel.hpp>
 #include <dibs/detail/posix.hpp>
 #include <dibs/error.hpp>
 
@@ -161,10 +163,22 @@ public:
   /// ahead) until this process holds the lock exclusively.
   /// Throws: std::system_error naming the path if the kernel refuses.
   void lock() { (void)acquire(true, nullptr); }
+  /// Effects: as lock(), but a stop requested through `st` ends the wait
+  /// (within about 2 ms: the wait then polls the kernel instead of blocking
+  /// in it, since a library must not take a signal from its program).
+  /// Throws: std::system_error(errc::cancelled) if stopped; nothing is held then.
+  void lock(std::stop_token st) { (void)acquire(true, nullptr, &st); }
   bool try_lock() { return acquire(true, &now_deadline); }
   template <class Rep, class Period>
   bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
     return try_lock_until(std::chrono::steady_clock::now() + d);
+  }
+  /// Returns: as try_lock_for(d). Throws: errc::cancelled if a stop is
+  /// requested through `st` first.
+  template <class Rep, class Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& d, std::stop_token st) {
+    const steady::time_point until = steady::now() + std::chrono::duration_cast<steady::duration>(d);
+    return acquire(true, &until, &st);
   }
   template <class Clock, class Duration>
   bool try_lock_until(const std::chrono::time_point<Clock, Duration>& t) {
@@ -177,6 +191,7 @@ public:
   void unlock() { release(true); }
 
   void lock_shared() { (void)acquire(false, nullptr); }
+  void lock_shared(std::stop_token st) { (void)acquire(false, nullptr, &st); }
   bool try_lock_shared() { return acquire(false, &now_deadline); }
   template <class Rep, class Period>
   bool try_lock_shared_for(const std::chrono::duration<Rep, Period>& d) {
@@ -261,20 +276,29 @@ private:
   }
 
   // Returns: true if acquired. deadline == nullptr: block; *deadline == now_deadline: one try.
-  bool acquire(bool exclusive, const steady::time_point* deadline) {
+  // Throws: errc::cancelled if a stop is requested through *stop (nothing held then).
+  bool acquire(bool exclusive, const steady::time_point* deadline, const std::stop_token* stop = nullptr) {
+    if (stop && !stop->stop_possible()) stop = nullptr;
     if (forked()) reattach();
     auto& e = *entry_;
     std::unique_lock lock{e.m};
     if (exclusive) {
       ++e.waiting_writers;
-      const bool got = wait(lock, deadline, [&] { return !e.writer && e.readers == 0 && !e.acquiring; });
+      bool got = false;
+      try {
+        got = wait(lock, deadline, stop, [&] { return !e.writer && e.readers == 0 && !e.acquiring; });
+      } catch (...) {
+        --e.waiting_writers;
+        e.cv.notify_all();  // readers that let this writer go first
+        throw;
+      }
       --e.waiting_writers;
       if (!got) return false;
       e.writer = true;
       lock.unlock();
       bool ok = false;
       try {
-        ok = kernel_lock(true, deadline);
+        ok = kernel_lock(true, deadline, stop);
       } catch (...) {
         give_back(true);
         throw;
@@ -286,7 +310,7 @@ private:
       if (opts_.write_owner && e.writable) write_owner();
       return true;
     }
-    const bool got = wait(lock, deadline, [&] { return !e.writer && !e.acquiring && e.waiting_writers == 0; });
+    const bool got = wait(lock, deadline, stop, [&] { return !e.writer && !e.acquiring && e.waiting_writers == 0; });
     if (!got) return false;
     if (e.readers > 0) {  // the kernel's shared lock is already ours
       ++e.readers;
@@ -297,7 +321,7 @@ private:
     lock.unlock();
     bool ok = false;
     try {
-      ok = kernel_lock(false, deadline);
+      ok = kernel_lock(false, deadline, stop);
     } catch (...) {
       give_back(false);
       throw;
@@ -324,15 +348,29 @@ private:
   }
 
   template <class Pred>
-  bool wait(std::unique_lock<std::mutex>& lock, const steady::time_point* deadline, Pred ready) {
+  bool wait(std::unique_lock<std::mutex>& lock, const steady::time_point* deadline, const std::stop_token* stop,
+            Pred ready) {
     auto& e = *entry_;
+    if (deadline && *deadline == now_deadline) return ready();
+    if (stop) {  // in slices, looking at the stop token between them
+      for (;;) {
+        if (ready()) return true;
+        if (stop->stop_requested()) detail::throw_cancelled("dibs::file_mutex", path_.string());
+        auto until = steady::now() + stop_check;
+        if (deadline) {
+          if (steady::now() >= *deadline) return false;
+          until = std::min(until, *deadline);
+        }
+        e.cv.wait_until(lock, until);
+      }
+    }
     if (!deadline) {
       e.cv.wait(lock, ready);
       return true;
     }
-    if (*deadline == now_deadline) return ready();
     return e.cv.wait_until(lock, *deadline, ready);
   }
+  static constexpr std::chrono::milliseconds stop_check{2};
 
   void release(bool exclusive) {
     if (forked()) return;  // the parent's lock: not ours to release
@@ -373,18 +411,20 @@ private:
     }
   }
 
-  bool kernel_lock(bool exclusive, const steady::time_point* deadline) {
-    if (!deadline) return kernel_try(exclusive, true);
+  bool kernel_lock(bool exclusive, const steady::time_point* deadline, const std::stop_token* stop) {
+    if (!deadline && !stop) return kernel_try(exclusive, true);
     if (kernel_try(exclusive, false)) return true;
-    if (*deadline == now_deadline) return false;
+    if (deadline && *deadline == now_deadline) return false;
     // Neither flock(2) nor F_OFD_SETLKW takes a timeout, and interrupting them
     // would need a signal, which a library must not take from its program. A
-    // timed wait therefore polls, with jittered backoff capped at 2 ms so a
-    // handoff is noticed quickly; an untimed lock() blocks in the kernel.
+    // timed or cancellable wait therefore polls, with jittered backoff capped
+    // at 2 ms so a handoff (or a stop) is noticed quickly; an untimed lock()
+    // without a stop token blocks in the kernel.
     const exponential_backoff schedule{std::chrono::microseconds{20}, 2.0, std::chrono::milliseconds{2}, jitter::equal};
     thread_local std::minstd_rand rng{std::random_device{}()};
     for (std::uint64_t n = 0;; ++n) {
-      const auto left = *deadline - steady::now();
+      if (stop && stop->stop_requested()) detail::throw_cancelled("dibs::file_mutex", path_.string());
+      const auto left = deadline ? *deadline - steady::now() : steady::duration::max();
       if (left <= steady::duration::zero()) return false;
       const double u = std::uniform_real_distribution<double>{0.0, 1.0}(rng);
       std::this_thread::sleep_for(std::min<steady::duration>(left, schedule.delay(n, {}, u)));

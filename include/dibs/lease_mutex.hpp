@@ -53,6 +53,7 @@
 #include <fmt/format.h>
 
 #include <dibs/backoff.hpp>
+#include <dibs/detail/cancel.hpp>
 #include <dibs/detail/owner.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/error.hpp>
@@ -115,7 +116,11 @@ public:
   }
 
   /// Effects: blocks until this object holds the lock.
-  void lock() { (void)acquire(dibs::deadline::max()); }
+  void lock() { (void)acquire(dibs::deadline::max(), {}); }
+  /// Effects: blocks until this object holds the lock, or a stop is
+  /// requested through `st` (noticed within about 10 ms).
+  /// Throws: std::system_error(errc::cancelled) if stopped; nothing is held then.
+  void lock(std::stop_token st) { (void)acquire(dibs::deadline::max(), st); }
   /// Returns: true if this object now holds the lock. Waits for nothing but
   /// a record another process is changing at that moment (detail::try_wait):
   /// a record held by a stopped process reads as "busy", i.e. false.
@@ -124,11 +129,17 @@ public:
   /// stopped process holds the record: the store's wait ends at the deadline).
   template <class Rep, class Period>
   bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
-    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(d));
+    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(d), {});
+  }
+  /// Returns: as try_lock_for(d). Throws: errc::cancelled if a stop is
+  /// requested through `st` first.
+  template <class Rep, class Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& d, std::stop_token st) {
+    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(d), st);
   }
   template <class Clock, class Duration>
   bool try_lock_until(const std::chrono::time_point<Clock, Duration>& t) {
-    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(t - Clock::now()));
+    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(t - Clock::now()), {});
   }
 
   /// Effects: stops renewing and removes the record if it is still ours (a
@@ -257,18 +268,37 @@ private:
     return false;
   }
 
-  bool acquire(dibs::deadline until) {
+  // A cancellable wait looks at its stop token at least this often: a
+  // store operation waits at most this long in one go, and so does a sleep
+  // of the store's change notification.
+  static constexpr std::chrono::milliseconds stop_check{10};
+
+  bool acquire(dibs::deadline until, const std::stop_token& st) {
     thread_local std::mt19937_64 rng{std::random_device{}()};
+    const bool stoppable = st.stop_possible();
     for (std::uint64_t n = 0;; ++n) {
-      if (try_once(n == 0, until)) return true;
+      if (st.stop_requested()) detail::throw_cancelled("dibs::lease_mutex", key_);
+      if (try_once(n == 0, stoppable ? std::min(until, clock::now() + stop_check) : until)) return true;
       auto delay = opts_.wait.delay(n, {}, std::uniform_real_distribution<double>{0.0, 1.0}(rng));
       if (until != dibs::deadline::max()) {
         const auto left = until - clock::now();
         if (left <= clock::duration::zero()) return false;
         delay = std::min<std::chrono::nanoseconds>(delay, left);
       }
-      if constexpr (detail::store_with_change_wait<Store>) (void)store_.wait_for_change(key_, delay);
-      else std::this_thread::sleep_for(delay);
+      if constexpr (detail::store_with_change_wait<Store>) {
+        if (!stoppable) {
+          (void)store_.wait_for_change(key_, delay);
+        } else {
+          for (const auto end = clock::now() + delay; !st.stop_requested();) {
+            const auto left = end - clock::now();
+            if (left <= clock::duration::zero() ||
+                store_.wait_for_change(key_, std::min<std::chrono::nanoseconds>(left, stop_check)))
+              break;
+          }
+        }
+      } else {
+        (void)detail::sleep_unless_stopped(delay, st);
+      }
     }
   }
 

@@ -29,8 +29,11 @@
 // the parent's: the child's copy never completes, gives back or renews it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -43,6 +46,7 @@
 
 #include <dibs/detail/owner.hpp>
 #include <dibs/detail/posix.hpp>
+#include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/error.hpp>
 #include <dibs/store.hpp>
 
@@ -53,6 +57,15 @@ struct claim_options {
   std::chrono::milliseconds lease{60'000};
   /// Claims of an item before it is failed (the last error kept).
   std::uint32_t max_attempts = 5;
+  /// Renew each claim about every third of the lease, from the renewal
+  /// threads lease_mutex uses (no thread per claim), until it is completed or
+  /// given back: a slow item never loses its claim to a second worker while
+  /// its worker lives. Off: the worker calls claim::renew() itself.
+  bool renew = true;
+  /// Called once per claim, from a renewal thread, with the item's key, when
+  /// the claim was taken over or its lease ran out unrenewed (claim::lost()
+  /// is then true): stop working on that item.
+  std::function<void(std::string_view key)> on_lost{};
 };
 
 enum class claim_state { absent, processing, released, completed, failed };
@@ -81,22 +94,34 @@ struct claim_status {
 template <shared_store Store>
 class marker_claim {
 public:
-  /// An item held by this worker. Leaving scope without complete() gives the
-  /// item back (or fails it after max_attempts); errors there are swallowed.
+  /// An item held by this worker: a movable handle. Leaving scope (or being
+  /// assigned over) without complete() gives the item back (or fails it
+  /// after max_attempts); errors there are swallowed. With
+  /// claim_options::renew (the default) the claim renews itself in the
+  /// background until it is finished, and lost() says when it can no longer
+  /// be trusted (the validity rule of lease_mutex).
   class claim {
   public:
     claim(claim&& o) noexcept
-        : owner_(std::exchange(o.owner_, nullptr)), key_(std::move(o.key_)), version_(o.version_), token_(o.token_),
-          attempts_(o.attempts_), pid_(o.pid_) {}
-    claim& operator=(claim&&) = delete;
-    claim(const claim&) = delete;
-    ~claim() {
-      if (!owner_ || !in_owner_process()) return;  // a forked child's copy: the parent's claim
-      try {
-        (void)give_back("abandoned: the claim left scope without complete()");
-      } catch (...) {
+        : owner_(std::exchange(o.owner_, nullptr)), key_(std::move(o.key_)), token_(o.token_), attempts_(o.attempts_),
+          pid_(o.pid_), hold_(std::move(o.hold_)) {}
+    /// Effects: gives back the item this claim holds (as its destructor
+    /// would), then takes over what `o` holds.
+    claim& operator=(claim&& o) noexcept {
+      if (this != &o) {
+        abandon();
+        owner_ = std::exchange(o.owner_, nullptr);
+        key_ = std::move(o.key_);
+        token_ = o.token_;
+        attempts_ = o.attempts_;
+        pid_ = o.pid_;
+        hold_ = std::move(o.hold_);
       }
+      return *this;
     }
+    claim(const claim&) = delete;
+    claim& operator=(const claim&) = delete;
+    ~claim() { abandon(); }
 
     /// Effects: marks the item completed, keeping `result` as proof.
     /// Throws: std::system_error(errc::lease_lost) if the claim was taken
@@ -104,7 +129,14 @@ public:
     /// std::errc::operation_not_permitted in a forked child of the worker.
     void complete(std::string_view result = {}) {
       check_owner_process("complete");
-      finish(owner_->encode(claim_state::completed, attempts_, "", result, token_), "complete");
+      if (!owner_) throw std::logic_error(fmt::format("dibs::marker_claim '{}': complete on a finished claim", key_));
+      const std::string value = owner_->encode(claim_state::completed, attempts_, "", result, token_);
+      if (!finish(value))
+        throw std::system_error(make_error_code(errc::lease_lost),
+                                fmt::format("dibs::marker_claim '{}': cannot complete: the claim (token {}) was taken "
+                                            "over by another worker (its lease ran out unrenewed, or its worker "
+                                            "was judged gone)",
+                                            key_, token_));
     }
     /// Effects: gives the item back with `error` recorded; it is failed if
     /// this was its last attempt. Returns: false if the claim was taken over.
@@ -113,14 +145,19 @@ public:
       check_owner_process("release");
       return give_back(error);
     }
-    /// Effects: renews the lease. Returns: false if the claim was taken over.
+    /// Effects: renews the lease now (with claim_options::renew this also
+    /// happens by itself). Returns: false if the claim is lost.
     /// Throws: std::errc::operation_not_permitted in a forked child of the worker.
     bool renew() {
       if (!owner_) return false;
       check_owner_process("renew");
-      auto v = owner_->store_.replace(key_, version_, owner_->encode(claim_state::processing, attempts_, "", "", token_));
-      if (v) version_ = *v;
-      return v.has_value();
+      return renew_hold(*owner_, *hold_, key_, attempts_, token_);
+    }
+    /// Returns: true if the claim was taken over, or its lease ran out
+    /// before a renewal was confirmed: stop working on the item. Lock-free.
+    bool lost() const noexcept {
+      return !hold_ || hold_->lost.load() ||
+             clock::now().time_since_epoch().count() >= hold_->valid_until.load(std::memory_order_acquire);
     }
 
     /// The fencing token of this claim: larger than that of every earlier claim of the item.
@@ -130,8 +167,32 @@ public:
 
   private:
     friend class marker_claim;
-    claim(marker_claim* owner, std::string key, dibs::version v, std::uint32_t attempts)
-        : owner_(owner), key_(std::move(key)), version_(v), token_(v), attempts_(attempts), pid_(detail::current_pid()) {}
+    using clock = std::chrono::steady_clock;
+
+    // What a claim shares with its renewals: on the heap, so that a claim
+    // can move while a renewal runs.
+    struct hold {
+      std::mutex m;
+      dibs::version version = 0;  // the record's current version (renewals move it)
+      std::atomic<bool> lost{false};
+      std::atomic<clock::rep> valid_until{0};
+      std::uint64_t renewal_id = 0;
+    };
+
+    claim(marker_claim* owner, std::string key, dibs::version v, std::uint32_t attempts, clock::time_point start)
+        : owner_(owner), key_(std::move(key)), token_(v), attempts_(attempts), pid_(detail::current_pid()),
+          hold_(std::make_unique<hold>()) {
+      hold_->version = v;
+      hold_->valid_until.store((start + owner->opts_.lease).time_since_epoch().count());
+      if (!owner->opts_.renew) return;
+      hold* h = hold_.get();
+      const std::string k = key_;
+      const std::uint32_t a = attempts_;
+      const dibs::version t = token_;
+      h->renewal_id = detail::renewal_keeper::instance().add(
+          owner->opts_.lease / 3, {[owner, h, k, a, t] { return renew_hold(*owner, *h, k, a, t); },
+                                   [owner, h, k] { return expire_hold(*owner, *h, k); }, &h->valid_until});
+    }
 
     bool in_owner_process() const noexcept { return pid_ == detail::current_pid(); }
     void check_owner_process(const char* what) const {
@@ -142,27 +203,79 @@ public:
                                             key_, what, token_, pid_));
     }
 
+    // Renews `h` (from a renewal thread or renew()). Returns: false if lost.
+    static bool renew_hold(marker_claim& o, hold& h, const std::string& key, std::uint32_t attempts, dibs::version token) {
+      {
+        std::lock_guard g{h.m};
+        if (h.lost) return false;
+        const auto start = clock::now();
+        const auto end = clock::time_point{clock::duration{h.valid_until.load()}};
+        if (start < end) {
+          try {
+            // Waiting past the lease's end is pointless: the claim is over then.
+            if (auto v = detail::store_replace(o.store_, key, h.version,
+                                               o.encode(claim_state::processing, attempts, "", "", token), end)) {
+              h.version = *v;
+              h.valid_until.store((start + o.opts_.lease).time_since_epoch().count(), std::memory_order_release);
+              return true;
+            }
+          } catch (const std::system_error& e) {
+            if (!detail::timed_out(e)) throw;  // a passing failure: the renewal thread tries again, the lease's end decides
+          }
+        }
+        if (h.lost.exchange(true)) return false;
+      }
+      if (o.opts_.on_lost) o.opts_.on_lost(key);
+      return false;
+    }
+    // Called by a renewal thread at the lease's end. Returns: true if the claim is over.
+    static bool expire_hold(marker_claim& o, hold& h, const std::string& key) {
+      if (clock::now().time_since_epoch().count() < h.valid_until.load(std::memory_order_acquire)) return false;
+      if (!h.lost.exchange(true) && o.opts_.on_lost) o.opts_.on_lost(key);
+      return true;
+    }
+
+    void stop_renewal() {
+      if (hold_ && hold_->renewal_id) detail::renewal_keeper::instance().remove(std::exchange(hold_->renewal_id, 0));
+    }
+
+    // Effects: the last compare-and-set of this claim, after its renewals
+    // have stopped. Returns: false if the claim was taken over.
+    bool finish(const std::string& value) {
+      auto* o = std::exchange(owner_, nullptr);
+      stop_renewal();
+      std::lock_guard g{hold_->m};
+      return o->store_.replace(key_, hold_->version, value).has_value();
+    }
+
     bool give_back(std::string_view error) {
       if (!owner_) return false;
       const auto state = attempts_ >= owner_->opts_.max_attempts ? claim_state::failed : claim_state::released;
-      auto* o = std::exchange(owner_, nullptr);
-      return o->store_.replace(key_, version_, o->encode(state, attempts_, error, "", token_)).has_value();
+      return finish(owner_->encode(state, attempts_, error, "", token_));
     }
-    void finish(const std::string& value, const char* what) {
-      if (!owner_) throw std::logic_error(fmt::format("dibs::marker_claim '{}': {} on a finished claim", key_, what));
-      auto* o = std::exchange(owner_, nullptr);
-      if (!o->store_.replace(key_, version_, value))
-        throw std::system_error(make_error_code(errc::lease_lost),
-                                fmt::format("dibs::marker_claim '{}': cannot {}: the claim (token {}) was taken over",
-                                            key_, what, token_));
+
+    // Gives the item back, unless it is finished or this is a forked child's
+    // copy (the parent's claim: its renewals do not run here, and its hold
+    // may be locked by a thread that is not here, so it is left alone).
+    void abandon() noexcept {
+      if (!owner_) return;
+      if (!in_owner_process()) {
+        owner_ = nullptr;
+        (void)hold_.release();
+        return;
+      }
+      try {
+        (void)give_back("abandoned: the claim left scope without complete()");
+      } catch (...) {
+      }
     }
 
     marker_claim* owner_;
     std::string key_;
-    dibs::version version_;
     dibs::version token_;
     std::uint32_t attempts_;
     pid_t pid_;  // the process that made the claim
+    std::unique_ptr<hold> hold_;
   };
 
   /// Requires: `store` outlives this object and its claims.
@@ -224,8 +337,9 @@ private:
   std::optional<claim> try_claim_until(std::string_view key, dibs::deadline until) {
     const auto r = detail::store_read(store_, key, until);
     if (!r) {
+      const auto start = std::chrono::steady_clock::now();  // a claim is valid from before the call that makes it
       if (auto v = detail::store_create(store_, key, encode(claim_state::processing, 1, "", "", 0), until))
-        return claim{this, std::string(key), *v, 1};
+        return claim{this, std::string(key), *v, 1, start};
       return std::nullopt;
     }
     const claim_status s = parse(key, *r);
@@ -251,10 +365,13 @@ private:
 
   std::optional<claim> take(std::string_view key, const claim_status& s, dibs::deadline until) {
     const std::uint32_t attempts = s.attempts + 1;
+    const auto start = std::chrono::steady_clock::now();
     if (auto v = detail::store_replace(store_, key, s.version, encode(claim_state::processing, attempts, "", "", 0), until)) {
-      std::lock_guard g{m_};
-      seen_.erase(std::string(key));
-      return claim{this, std::string(key), *v, attempts};
+      {
+        std::lock_guard g{m_};
+        seen_.erase(std::string(key));
+      }
+      return claim{this, std::string(key), *v, attempts, start};
     }
     return std::nullopt;
   }

@@ -37,6 +37,7 @@
 #include <fmt/format.h>
 
 #include <dibs/backoff.hpp>
+#include <dibs/detail/cancel.hpp>
 #include <dibs/error.hpp>
 
 namespace dibs {
@@ -229,11 +230,7 @@ public:
 
   void sleep(duration d, std::stop_token st) const {
     if (sleep_) return sleep_(d, std::move(st));
-    if (!st.stop_possible()) return std::this_thread::sleep_for(d);
-    std::mutex m;
-    std::condition_variable_any cv;
-    std::unique_lock lock{m};
-    cv.wait_for(lock, st, d, [] { return false; });
+    (void)detail::sleep_unless_stopped(d, st);
   }
 
   void notify(const retry_event& e) const {
