@@ -126,12 +126,26 @@ public:
     /// Effects: marks the item completed, keeping `result` as proof.
     /// Throws: std::system_error(errc::lease_lost) if the claim was taken
     /// over (the item is then someone else's: do not report it done);
+    /// errc::timed_out if another process (a stopped one) kept the item's
+    /// record locked until the claim's lease ran out (the item is then not
+    /// completed, and is claimed again after the lease);
     /// std::errc::operation_not_permitted in a forked child of the worker.
     void complete(std::string_view result = {}) {
       check_owner_process("complete");
       if (!owner_) throw std::logic_error(fmt::format("dibs::marker_claim '{}': complete on a finished claim", key_));
       const std::string value = owner_->encode(claim_state::completed, attempts_, "", result, token_);
-      if (!finish(value))
+      bool done = false;
+      try {
+        done = finish(value);
+      } catch (const std::system_error& e) {
+        if (!detail::timed_out(e)) throw;
+        throw std::system_error(e.code(),
+                                fmt::format("dibs::marker_claim '{}': cannot complete: another process (a stopped "
+                                            "one?) kept the item's record locked until the claim's lease ran out; "
+                                            "the item is not marked completed and will be claimed again",
+                                            key_));
+      }
+      if (!done)
         throw std::system_error(make_error_code(errc::lease_lost),
                                 fmt::format("dibs::marker_claim '{}': cannot complete: the claim (token {}) was taken "
                                             "over by another worker (its lease ran out unrenewed, or its worker "
@@ -140,7 +154,8 @@ public:
     }
     /// Effects: gives the item back with `error` recorded; it is failed if
     /// this was its last attempt. Returns: false if the claim was taken over.
-    /// Throws: std::errc::operation_not_permitted in a forked child of the worker.
+    /// Throws: std::errc::operation_not_permitted in a forked child of the
+    /// worker; errc::timed_out as complete().
     bool release(std::string_view error = "released") {
       check_owner_process("release");
       return give_back(error);
@@ -240,12 +255,17 @@ public:
     }
 
     // Effects: the last compare-and-set of this claim, after its renewals
-    // have stopped. Returns: false if the claim was taken over.
+    // have stopped. It waits for the record at most until the claim's lease
+    // ends (others may take the item then anyway), so a stopped process
+    // that holds the record cannot hold this worker up for longer.
+    // Returns: false if the claim was taken over. Throws: errc::timed_out.
     bool finish(const std::string& value) {
       auto* o = std::exchange(owner_, nullptr);
       stop_renewal();
       std::lock_guard g{hold_->m};
-      return o->store_.replace(key_, hold_->version, value).has_value();
+      const auto end = clock::time_point{clock::duration{hold_->valid_until.load()}};
+      return detail::store_replace(o->store_, key_, hold_->version, value, std::max(end, clock::now() + detail::try_wait))
+          .has_value();
     }
 
     bool give_back(std::string_view error) {
