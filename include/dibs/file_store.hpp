@@ -39,7 +39,7 @@
 // else there is reported, naming the path. Descriptors that hold a record's
 // flock are closed in a child made by fork(), so a forked child never keeps
 // a lock its parent took for a moment.
-// A timed operation (the overloads taking a dibs::deadline, which the
+// A timed operation (the overloads taking a dibs::time_limit, which the
 // policies use for try_lock, try_lock_for and try_claim) waits for a record's
 // flock only until its deadline, then throws errc::timed_out: a process
 // stopped (SIGSTOP, a debugger) while it holds one record's flock delays
@@ -140,10 +140,10 @@ public:
   /// Returns: the live record of `key`, or nothing.
   /// Throws: std::system_error(errc::corrupt_record) naming the file if it is
   /// damaged or not a dibs record; errc::invalid_argument for a bad key.
-  std::optional<record> read(std::string_view key) const { return read(key, dibs::deadline::max()); }
+  std::optional<record> read(std::string_view key) const { return read(key, dibs::time_limit::max()); }
   /// Effects, Returns, Throws: as read(key); errc::timed_out if the record
   /// is caught mid-write and its writer has not finished by `t`.
-  std::optional<record> read(std::string_view key, dibs::deadline t) const {
+  std::optional<record> read(std::string_view key, dibs::time_limit t) const {
     validate_key(key);
     auto r = load(path_of(key), t);
     if (!r || !r->live) return std::nullopt;
@@ -151,11 +151,11 @@ public:
   }
 
   std::optional<dibs::version> create(std::string_view key, std::string_view value) {
-    return create(key, value, dibs::deadline::max());
+    return create(key, value, dibs::time_limit::max());
   }
   /// Effects, Returns, Throws: as create(key, value); errc::timed_out if the
   /// record's flock is held by another process until `t`.
-  std::optional<dibs::version> create(std::string_view key, std::string_view value, dibs::deadline t) {
+  std::optional<dibs::version> create(std::string_view key, std::string_view value, dibs::time_limit t) {
     validate_key(key);
     validate_value(key, value);
     const auto path = path_of(key);
@@ -181,17 +181,17 @@ public:
   }
 
   std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
-    return replace(key, expected, value, dibs::deadline::max());
+    return replace(key, expected, value, dibs::time_limit::max());
   }
   std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value,
-                                       dibs::deadline t) {
+                                       dibs::time_limit t) {
     validate_key(key);
     validate_value(key, value);
     return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, true, value, t).version;
   }
 
-  bool erase(std::string_view key, dibs::version expected) { return erase(key, expected, dibs::deadline::max()); }
-  bool erase(std::string_view key, dibs::version expected, dibs::deadline t) {
+  bool erase(std::string_view key, dibs::version expected) { return erase(key, expected, dibs::time_limit::max()); }
+  bool erase(std::string_view key, dibs::version expected, dibs::time_limit t) {
     validate_key(key);
     return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, false, {}, t)
                .outcome == swap_outcome::done;
@@ -436,7 +436,7 @@ private:
   // Reads a record without its lock. A slot rewritten in place may be caught
   // half-copied: then the file is read again under a shared flock, which
   // waits for the writer; only what is damaged then too is reported.
-  static std::optional<stored> load(const std::filesystem::path& path, dibs::deadline t) {
+  static std::optional<stored> load(const std::filesystem::path& path, dibs::time_limit t) {
     detail::fork_closed_fd fd{path.c_str(), O_RDONLY | record_open_flags};
     if (!fd) {
       if (errno == ENOENT) return std::nullopt;
@@ -486,8 +486,8 @@ private:
   // it blocks in the kernel; with one it polls, because flock(2) takes no
   // timeout and a library must not take a signal from its program to
   // interrupt it. Throws: errc::timed_out at `t`.
-  static void lock_record(int fd, int op, const std::filesystem::path& path, dibs::deadline t) {
-    const bool timed = t != dibs::deadline::max();
+  static void lock_record(int fd, int op, const std::filesystem::path& path, dibs::time_limit t) {
+    const bool timed = t != dibs::time_limit::max();
     const exponential_backoff schedule{std::chrono::microseconds{20}, 2.0, std::chrono::milliseconds{1}, jitter::equal};
     thread_local std::minstd_rand rng{std::random_device{}()};
     for (std::uint64_t n = 0;; ++n) {
@@ -565,7 +565,7 @@ private:
   // Compare-and-set: under the record file's flock, if ok(current) holds,
   // puts a new record (current version + 1) in its place.
   template <class Pred>
-  swap_result swap_if(std::string_view key, Pred ok, bool live, std::string_view value, dibs::deadline t) {
+  swap_result swap_if(std::string_view key, Pred ok, bool live, std::string_view value, dibs::time_limit t) {
     const auto path = path_of(key);
     for (;;) {
       bool in_place = (opts_.in_place || sticky_) && !opts_.sync;

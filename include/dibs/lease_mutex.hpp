@@ -115,7 +115,7 @@ public:
   }
 
   /// Effects: blocks until this object holds the lock.
-  void lock() { (void)acquire(dibs::deadline::max()); }
+  void lock() { (void)acquire(dibs::time_limit::max()); }
   /// Returns: true if this object now holds the lock. Waits for nothing but
   /// a record another process is changing at that moment (detail::try_wait):
   /// a record held by a stopped process reads as "busy", i.e. false.
@@ -209,7 +209,7 @@ private:
   // write lock in front of the holder's unlock.
   // Returns: true if this object now holds the lock; false if not, also
   // when the store could not be had by `until` (the record is busy).
-  bool try_once(bool free_first, dibs::deadline until) {
+  bool try_once(bool free_first, dibs::time_limit until) {
     std::lock_guard g{m_};
     if (held_ && holder_pid_.load() == detail::current_pid())
       throw std::system_error(make_error_code(std::errc::resource_deadlock_would_occur),
@@ -223,7 +223,7 @@ private:
   }
 
   // Requires: m_ held.
-  bool try_once_locked(bool free_first, dibs::deadline until) {
+  bool try_once_locked(bool free_first, dibs::time_limit until) {
     const auto start = clock::now();  // a hold is valid from before the call that makes it
     if (free_first) {
       if (auto v = detail::store_create(store_, key_, value(), until)) return became_holder(*v, start);
@@ -257,12 +257,12 @@ private:
     return false;
   }
 
-  bool acquire(dibs::deadline until) {
+  bool acquire(dibs::time_limit until) {
     thread_local std::mt19937_64 rng{std::random_device{}()};
     for (std::uint64_t n = 0;; ++n) {
       if (try_once(n == 0, until)) return true;
       auto delay = opts_.wait.delay(n, {}, std::uniform_real_distribution<double>{0.0, 1.0}(rng));
-      if (until != dibs::deadline::max()) {
+      if (until != dibs::time_limit::max()) {
         const auto left = until - clock::now();
         if (left <= clock::duration::zero()) return false;
         delay = std::min<std::chrono::nanoseconds>(delay, left);

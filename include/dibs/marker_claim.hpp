@@ -221,7 +221,7 @@ public:
   }
 
 private:
-  std::optional<claim> try_claim_until(std::string_view key, dibs::deadline until) {
+  std::optional<claim> try_claim_until(std::string_view key, dibs::time_limit until) {
     const auto r = detail::store_read(store_, key, until);
     if (!r) {
       if (auto v = detail::store_create(store_, key, encode(claim_state::processing, 1, "", "", 0), until))
@@ -249,7 +249,7 @@ private:
     return std::nullopt;
   }
 
-  std::optional<claim> take(std::string_view key, const claim_status& s, dibs::deadline until) {
+  std::optional<claim> take(std::string_view key, const claim_status& s, dibs::time_limit until) {
     const std::uint32_t attempts = s.attempts + 1;
     if (auto v = detail::store_replace(store_, key, s.version, encode(claim_state::processing, attempts, "", "", 0), until)) {
       std::lock_guard g{m_};

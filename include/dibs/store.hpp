@@ -20,7 +20,7 @@
 //     std::system_error(errc::invalid_argument) naming the key and the rule.
 //
 // A store may also offer every operation with a last argument
-// `dibs::deadline t` (timed_shared_store): the operation then gives up at t,
+// `dibs::time_limit t` (timed_shared_store): the operation then gives up at t,
 // if what it waits for inside the medium (a record's lock held by a process
 // that was stopped, a busy database) has not come by then, with
 // std::system_error(errc::timed_out), which is transient. Policies use it
@@ -61,12 +61,12 @@ concept shared_store = requires(S& s, std::string_view key, std::string_view val
 };
 
 /// When an operation gives up: a point on this process's steady clock
-/// (deadline::max(): never).
-using deadline = std::chrono::steady_clock::time_point;
+/// (time_limit::max(): never).
+using time_limit = std::chrono::steady_clock::time_point;
 
 template <class S>
 concept timed_shared_store = shared_store<S> && requires(S& s, std::string_view key, std::string_view value,
-                                                         dibs::version v, dibs::deadline t) {
+                                                         dibs::version v, dibs::time_limit t) {
   { s.read(key, t) } -> std::same_as<std::optional<record>>;
   { s.create(key, value, t) } -> std::same_as<std::optional<dibs::version>>;
   { s.replace(key, v, value, t) } -> std::same_as<std::optional<dibs::version>>;
@@ -77,24 +77,24 @@ namespace detail {
 
 // The policies' way into a store: with a deadline where the store takes one.
 template <class S>
-std::optional<record> store_read(S& s, std::string_view key, dibs::deadline t) {
+std::optional<record> store_read(S& s, std::string_view key, dibs::time_limit t) {
   if constexpr (timed_shared_store<S>) return s.read(key, t);
   else return s.read(key);
 }
 template <class S>
-std::optional<dibs::version> store_create(S& s, std::string_view key, std::string_view value, dibs::deadline t) {
+std::optional<dibs::version> store_create(S& s, std::string_view key, std::string_view value, dibs::time_limit t) {
   if constexpr (timed_shared_store<S>) return s.create(key, value, t);
   else return s.create(key, value);
 }
 template <class S>
 std::optional<dibs::version> store_replace(S& s, std::string_view key, dibs::version v, std::string_view value,
-                                           dibs::deadline t) {
+                                           dibs::time_limit t) {
   if constexpr (timed_shared_store<S>) return s.replace(key, v, value, t);
   else return s.replace(key, v, value);
 }
 
 template <class S>
-bool store_erase(S& s, std::string_view key, dibs::version v, dibs::deadline t) {
+bool store_erase(S& s, std::string_view key, dibs::version v, dibs::time_limit t) {
   if constexpr (timed_shared_store<S>) return s.erase(key, v, t);
   else return s.erase(key, v);
 }
