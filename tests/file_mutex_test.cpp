@@ -316,3 +316,40 @@ TEST_CASE("permissions: an unprivileged user gets a clear error, and a read-only
   INFO("child exit code " << code);
   CHECK((code == 0 || code == 77));
 }
+
+TEST_CASE("a forked child of a holder does not keep the lock once the holder is SIGKILLed") {
+  temp_dir dir;
+  const auto path = dir.path / "inherited.lock";
+  dibs_test::channel ready;
+  dibs_test::child holder{dibs_test::spawn([&]() -> int {
+    dibs::file_mutex m{path};
+    m.lock();
+    std::fflush(nullptr);
+    const pid_t g = ::fork();
+    if (g < 0) return 2;
+    if (g == 0) {  // the grandchild: works on (never execs, so O_CLOEXEC does not help) for 3 s
+      std::this_thread::sleep_for(3s);
+      ::_exit(0);
+    }
+    ready.send(std::to_string(g));
+    for (;;) ::pause();
+  })};
+  const auto r = ready.receive();
+  REQUIRE(r);
+  const pid_t grandchild = static_cast<pid_t>(std::stol(*r));
+  dibs::file_mutex m{path};
+  CHECK_FALSE(m.try_lock());  // held
+  CHECK(holder.kill() == 128 + SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool got = m.try_lock_for(1s);
+  const auto took = dibs_test::ms_since(t0);
+  const bool grandchild_alive = ::kill(grandchild, 0) == 0;
+  INFO("after the holder was killed, try_lock_for(1s) returned " << got << " after " << took << " ms; its child "
+                                                                 << grandchild << (grandchild_alive ? " still runs" : " has ended"));
+  CHECK(grandchild_alive);  // else the case proves nothing
+  CHECK(got);
+  CHECK(took < 500);
+  if (got) m.unlock();
+  // Not our child (its parent died): it ends by itself within 3 s; end it now.
+  if (grandchild_alive) ::kill(grandchild, SIGKILL);
+}

@@ -1,3 +1,4 @@
+#include <dibs/detail/owner.hpp>
 #include <dibs/file_store.hpp>
 #include <dibs/testing/store_conformance.hpp>
 
@@ -100,17 +101,94 @@ TEST_CASE("a missing, non-directory or unwritable directory is refused by name")
   CHECK((code == 0 || code == 77));
 }
 
-TEST_CASE("temporary files of dead processes are removed when a store opens, live ones are kept") {
+namespace {
+// The name file_store gives a temporary file of process `p` (its header
+// comment: .dibs-tmp.<boot>.<pid ns>.<time ns>.<pid>.<start>.<random>).
+std::string temporary_name(const dibs::detail::owner_id& p, std::uint64_t random) {
+  std::string boot;
+  for (const char c : p.boot)
+    if (c != '-') boot += c;
+  return fmt::format(".dibs-tmp.{}.{}.{}.{}.{}.{:016x}", boot, p.pid_ns, p.time_ns, p.pid, p.start, random);
+}
+}  // namespace
+
+TEST_CASE("a store removes only its own temporary files of processes provably gone, never other programs' files") {
   temp_dir dir;
-  const pid_t dead = dibs_test::spawn([] { return 0; });
-  dibs_test::wait_exit(dead);
-  const auto stale = dir.path / (".tmp." + std::to_string(dead) + ".0000000000000001.k");
-  const auto mine = dir.path / (".tmp." + std::to_string(::getpid()) + ".0000000000000002.k");
-  spit(stale, "half");
-  spit(mine, "in use");
+  // A process that is gone, as it named itself.
+  dibs_test::channel said;
+  const pid_t dead = dibs_test::spawn([&] {
+    const auto& me = dibs::detail::this_process_base();
+    said.send(fmt::format("{} {} {} {}", me.pid, me.start, me.pid_ns, me.time_ns));
+    return 0;
+  });
+  CHECK(dibs_test::wait_exit(dead) == 0);
+  const auto line = said.receive();
+  REQUIRE(line);
+  const auto w = dibs_test::words(*line);
+  REQUIRE(w.size() == 4);
+  dibs::detail::owner_id gone = dibs::detail::this_process_base();
+  gone.pid = std::stol(w[0]);
+  gone.start = std::stoull(w[1]);
+  gone.pid_ns = static_cast<std::uint32_t>(std::stoul(w[2]));
+  gone.time_ns = static_cast<std::uint32_t>(std::stoul(w[3]));
+  REQUIRE(::kill(static_cast<pid_t>(gone.pid), 0) != 0);
+  dibs::detail::owner_id elsewhere = gone;  // the same pid in another PID namespace: nobody here can judge it
+  elsewhere.pid_ns += 1;
+
+  const auto stale = dir.path / temporary_name(gone, 1);
+  const auto mine = dir.path / temporary_name(dibs::detail::this_process_base(), 2);
+  const auto other_ns = dir.path / temporary_name(elsewhere, 3);
+  const auto foreign = dir.path / fmt::format(".tmp.{}.upload-part", dibs_test::unused_pid());
+  const auto older = dir.path / (".tmp." + std::to_string(gone.pid) + ".0000000000000004.k");  // a name of no proof
+  for (const auto& p : {stale, mine, other_ns, foreign, older}) spit(p, "half");
   dibs::file_store s{dir.path};
   CHECK_FALSE(fs::exists(stale));
   CHECK(fs::exists(mine));
+  CHECK(fs::exists(other_ns));
+  CHECK(fs::exists(foreign));  // another program's file: never touched
+  CHECK(slurp(foreign) == "half");
+  CHECK(fs::exists(older));
+}
+
+TEST_CASE("a symbolic link at a record's path is refused by name, never followed or spun on") {
+  temp_dir dir, elsewhere;
+  dibs::file_store s{dir.path};
+  const auto path = s.path_of("k");
+  std::string target;
+  SECTION("a dangling link") { target = "/nonexistent/k"; }
+  SECTION("a link to a record elsewhere") {
+    dibs::file_store other{elsewhere.path};
+    REQUIRE(other.create("k", "theirs"));
+    target = other.path_of("k").string();
+  }
+  SECTION("a link to another file") {
+    target = (elsewhere.path / "notes.txt").string();
+    spit(target, "precious\n");
+  }
+  const std::string before = fs::exists(target) ? slurp(target) : std::string{};
+  REQUIRE(::symlink(target.c_str(), path.c_str()) == 0);
+  // Before issue 11 create() spun for ever on a dangling link: end that, so the test fails instead of hanging.
+  dibs_test::watchdog dog{3s, [&] { ::unlink(path.c_str()); }};
+  auto refused = [&](const char* op, auto&& call) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string what = "(nothing thrown)";
+    try {
+      (void)call();
+    } catch (const std::system_error& e) {
+      what = e.what();
+    }
+    const auto took = dibs_test::ms_since(t0);
+    INFO(op << " on a link to " << target << ": " << what << ", after " << took << " ms"
+            << (dog.fired() ? " (only because the watchdog removed the link)" : ""));
+    CHECK_THAT(what, Contains(path.string()) && Contains("symbolic link"));
+    CHECK(took < 1000);
+  };
+  refused("read", [&] { return s.read("k"); });
+  refused("create", [&] { return s.create("k", "mine"); });
+  refused("replace", [&] { return s.replace("k", 1, "mine"); });
+  refused("erase", [&] { return s.erase("k", 1); });
+  CHECK(fs::is_symlink(fs::symlink_status(path)));
+  if (!before.empty()) CHECK(slurp(target) == before);  // nothing written through the link
 }
 
 TEST_CASE("SIGKILLs during compare-and-set increments: no wedged key, no garbage, no lost acknowledged increment") {

@@ -6,28 +6,54 @@
 #include "support.hpp"
 
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 using namespace std::chrono_literals;
 using Catch::Contains;
+using dibs_test::channel;
+using dibs_test::ms_since;
 using dibs_test::slurp;
 using dibs_test::spit;
 using dibs_test::temp_dir;
+using dibs_test::words;
 namespace fs = std::filesystem;
 
 namespace {
 
-// A lease record as another process would have written it.
-std::string lease_text(const std::string& host, const std::string& boot, long pid, std::uint64_t start, long lease_ms) {
-  return fmt::format("dibs-lease 1\nhost {}\nboot {}\npid {}\nstart {}\nlease_ms {}\n", host, boot, pid, start, lease_ms);
+// A lease record as another process would have written it; without
+// namespace fields (`ns` empty) as a dibs before issue 11 wrote it.
+struct namespaces {
+  std::uint32_t pid_ns, time_ns;
+};
+std::string lease_text(const std::string& host, const std::string& boot, long pid, std::uint64_t start, long lease_ms,
+                       std::optional<namespaces> ns) {
+  std::string text = fmt::format("dibs-lease 1\nhost {}\nboot {}\npid {}\nstart {}\n", host, boot, pid, start);
+  if (ns) text += fmt::format("pid_ns {}\ntime_ns {}\n", ns->pid_ns, ns->time_ns);
+  return text + fmt::format("lease_ms {}\n", lease_ms);
 }
+
+// The record of the lock file at `path` (its version is the holder's token
+// until its first renewal), or nothing if it is free.
+std::optional<dibs::record> lock_record(const fs::path& path) {
+  dibs::file_store files{path.parent_path(), {.suffix = ""}};
+  return files.read(path.filename().string());
+}
+
+// Two unprivileged users and a group they share, for the tests of several
+// users (made in forked children; no account is needed).
+constexpr uid_t alice = 1001, bob = 1002;
+constexpr gid_t staff = 2000;
+
 }  // namespace
 
 TEST_CASE("lock_file is a standard lock whose file says who holds it, with growing tokens") {
@@ -163,16 +189,22 @@ TEST_CASE("stale recovery: a killed holder at once, a reused pid is not the owne
     for (;;) ::pause();
   });
   const auto live_start = dibs::detail::process_start(live).value();
+  const namespaces ours{me.pid_ns, me.time_ns};
   dibs::lock_file other{dir.path / "other.lock", {.lease = 60s}};
-  put(lease_text(me.host, me.boot, live, live_start + 12345, 60000));
+  put(lease_text(me.host, me.boot, live, live_start + 12345, 60000, ours));
   CHECK(other.try_lock());
   other.unlock();
   // The same live process with its real start time: respected.
-  put(lease_text(me.host, me.boot, live, live_start, 60000));
+  put(lease_text(me.host, me.boot, live, live_start, 60000, ours));
   CHECK_FALSE(other.try_lock());
   CHECK_FALSE(other.try_lock_for(200ms));
+  // A record without namespace fields (a dibs before issue 11) names a pid
+  // of some PID namespace, which one nobody can tell: never judged by pid,
+  // even when the pid here looks reused.
+  put(lease_text(me.host, me.boot, live, live_start + 12345, 60000, std::nullopt));
+  CHECK_FALSE(other.try_lock());
   // A holder on another host is never judged by pid: only by an unchanged lease.
-  put(lease_text("elsewhere.example", "other-boot", 1, 1, 300));
+  put(lease_text("elsewhere.example", "other-boot", 1, 1, 300, ours));
   dibs::lock_file remote{dir.path / "other.lock", {.lease = 60s}};
   const auto t1 = std::chrono::steady_clock::now();
   CHECK(remote.try_lock_for(5s));
@@ -236,4 +268,511 @@ TEST_CASE("bad input: a bad name, a missing or unwritable directory, a foreign o
   INFO("child exit code " << code);
   if (code == 77) WARN("no unprivileged account: the permission case was not run");
   CHECK((code == 0 || code == 77));
+}
+
+// --- issue 11: the safety holes, each under real processes ---
+
+TEST_CASE("proof of death: a live holder in another PID namespace (pid 1 there) keeps its lock file") {
+  if (!dibs_test::is_root()) {
+    WARN("SKIPPED: not root, so no PID namespace can be made: the PID namespace case was not run");
+    return;
+  }
+  temp_dir dir;
+  const auto path = dir.path / "ns.lock";
+  channel ready, ask, answer;
+  // As `unshare --pid --fork --mount-proc`: pid 1 of a new PID namespace, with a /proc of its own.
+  dibs_test::ns_process holder{CLONE_NEWPID | CLONE_NEWNS, nullptr, [] { return dibs_test::mount_own_proc(""); },
+                               [&]() -> int {
+                                 dibs::lock_file lock{path, {.lease = 30s}};
+                                 if (!lock.try_lock()) return 2;
+                                 ready.send(fmt::format("{} {}", ::getpid(), lock.token()));
+                                 if (!ask.receive()) return 3;
+                                 answer.send(fmt::format("{} {}", lock.token(), lock.lost()));
+                                 for (;;) ::pause();
+                               }};
+  if (!holder.refused().empty()) {
+    WARN("SKIPPED: the kernel refused a new PID namespace (" << holder.refused() << "): the PID namespace case was not run");
+    return;
+  }
+  const auto r = ready.receive();
+  REQUIRE(r);
+  const auto w = words(*r);
+  REQUIRE(w.size() == 2);
+  CHECK(w[0] == "1");  // its own pid, in its namespace
+  const dibs::version token = std::stoull(w[1]);
+  CHECK_THAT(slurp(path), Contains("\npid 1\n"));
+
+  dibs::lock_file lock{path, {.lease = 30s}};
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool got = lock.try_lock_for(1s);
+  const auto took = ms_since(t0);
+  const dibs::version stolen = lock.token();
+  if (got) lock.unlock();
+  INFO("the holder (pid " << holder.pid() << " here, 1 in its namespace) is alive with token " << token
+                          << "; a waiter outside its namespace " << (got ? "TOOK the lock, token " : "did not take it")
+                          << (got ? std::to_string(stolen) : std::string{}) << " after " << took << " ms");
+  CHECK_FALSE(got);
+  REQUIRE(ask.send("report"));
+  const auto a = answer.receive();
+  REQUIRE(a);
+  CHECK(*a == fmt::format("{} false", token));  // still its hold, and not lost
+}
+
+TEST_CASE("proof of death: a holder that /proc hides (hidepid=2) counts as alive") {
+  if (!dibs_test::is_root()) {
+    WARN("SKIPPED: not root, so no other users or mounts: the hidepid case was not run");
+    return;
+  }
+  temp_dir dir;
+  REQUIRE(::chmod(dir.path.c_str(), 0777) == 0);  // both users make and replace files here (not sticky)
+  const auto path = dir.path / "hidden.lock";
+  channel ready;
+  dibs_test::child holder{dibs_test::spawn([&]() -> int {
+    if (const auto why = dibs_test::become(alice, alice); !why.empty()) {
+      ready.send("error " + why);
+      return 78;
+    }
+    dibs::lock_file lock{path, {.lease = 30s}};
+    if (!lock.try_lock()) {
+      ready.send("error the free lock was not taken");
+      return 2;
+    }
+    ready.send(std::to_string(lock.token()));
+    for (;;) ::pause();
+  })};
+  const auto r = ready.receive();
+  REQUIRE(r);
+  INFO("holder: " << *r);
+  REQUIRE(r->rfind("error", 0) != 0);
+  const dibs::version token = std::stoull(*r);
+  const pid_t hpid = holder.pid();
+
+  channel verdict;
+  // The observer: another user, in a mount namespace of its own whose /proc
+  // hides other users' processes (what systemd's ProtectProc=invisible does).
+  dibs_test::ns_process observer{
+      CLONE_NEWNS, nullptr,
+      [&]() -> std::string {
+        if (auto why = dibs_test::mount_own_proc("hidepid=2"); !why.empty()) return why;
+        if (auto why = dibs_test::become(bob, bob); !why.empty()) return why;
+        if (std::ifstream(fmt::format("/proc/{}/stat", hpid)))
+          return "hidepid=2 did not hide another user's process: the case would prove nothing";
+        return {};
+      },
+      [&]() -> int {
+        const bool exists = ::kill(hpid, 0) == 0 || errno == EPERM;
+        dibs::lock_file lock{path, {.lease = 30s}};
+        const auto t0 = std::chrono::steady_clock::now();
+        const bool got = lock.try_lock_for(1s);
+        verdict.send(fmt::format("{} {} {} {}", exists, got, lock.token(), ms_since(t0)));
+        if (got) lock.unlock();
+        return 0;
+      }};
+  if (!observer.refused().empty()) {
+    WARN("SKIPPED: could not make the hidepid=2 observer (" << observer.refused() << "): the hidepid case was not run");
+    return;
+  }
+  const auto v = verdict.receive();
+  REQUIRE(v);
+  const auto w = words(*v);
+  REQUIRE(w.size() == 4);
+  INFO("holder uid " << alice << " pid " << hpid << " token " << token << "; observer uid " << bob
+                     << " (hidepid=2): exists " << w[0] << ", took the lock " << w[1] << " (token " << w[2] << ") after "
+                     << w[3] << " ms");
+  CHECK(w[0] == "true");   // kill(pid, 0): EPERM, the holder is there
+  CHECK(w[1] == "false");  // but unreadable is not gone
+  CHECK(observer.wait() == 0);
+  const auto rec = lock_record(path);
+  REQUIRE(rec);
+  CHECK(rec->version == token);  // the holder's record, untouched
+}
+
+TEST_CASE("proof of death: a holder in another time namespace (boottime shifted) is alive, not a reused pid") {
+  if (!dibs_test::is_root()) {
+    WARN("SKIPPED: not root, so no time namespace can be made: the time namespace case was not run");
+    return;
+  }
+  temp_dir dir;
+  const auto path = dir.path / "timens.lock";
+  channel ready;
+  // As `unshare --time --boottime 1000 --fork`.
+  dibs_test::ns_process holder{CLONE_NEWTIME, [] { return dibs_test::set_time_offsets("boottime 1000 0"); }, nullptr,
+                               [&]() -> int {
+                                 dibs::lock_file lock{path, {.lease = 30s}};
+                                 if (!lock.try_lock()) return 2;
+                                 ready.send(std::to_string(lock.token()));
+                                 for (;;) ::pause();
+                               }};
+  if (!holder.refused().empty()) {
+    WARN("SKIPPED: the kernel refused a new time namespace (" << holder.refused() << "): the time namespace case was not run");
+    return;
+  }
+  const auto r = ready.receive();
+  REQUIRE(r);
+  const dibs::version token = std::stoull(*r);
+  // The start time it recorded is shifted by its boottime offset: to us it
+  // looks like another process's.
+  const auto owner = dibs::detail::parse_owner(slurp(path));
+  REQUIRE(owner);
+  const auto start_here = dibs::detail::process_start(holder.pid());
+  REQUIRE(start_here);
+  INFO("recorded start " << owner->start << ", start seen from here " << *start_here);
+  if (owner->start == *start_here) {
+    WARN("SKIPPED: the boottime offset did not shift the start time: the time namespace case proves nothing here");
+    return;
+  }
+
+  dibs::lock_file lock{path, {.lease = 30s}};
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool got = lock.try_lock_for(1s);
+  const auto took = ms_since(t0);
+  const dibs::version stolen = lock.token();
+  if (got) lock.unlock();
+  INFO("the holder (pid " << holder.pid() << ", token " << token << ") is alive; a waiter outside its time namespace "
+                          << (got ? "TOOK the lock, token " + std::to_string(stolen) : std::string("did not take it"))
+                          << " after " << took << " ms");
+  CHECK_FALSE(got);
+  CHECK(::kill(holder.pid(), 0) == 0);
+  const auto rec = lock_record(path);
+  REQUIRE(rec);
+  CHECK(rec->version == token);  // the holder's record, untouched
+}
+
+TEST_CASE("a process stopped while it holds the lock file's flock delays try_lock and try_lock_for by their time at most") {
+  temp_dir dir;
+  const auto path = dir.path / "stalled.lock";
+  dibs::lock_file lock{path};
+  lock.lock();  // the file exists, and is free
+  const dibs::version first = lock.token();
+  lock.unlock();
+  // As if stopped (SIGSTOP, a debugger) inside a store operation on the file.
+  dibs_test::stopped_flock_holder stopped{path};
+  // The code before issue 11 waited for the flock for ever: end that wait, so the test fails on its timing.
+  dibs_test::watchdog dog{3s, [&] { stopped.kill(); }};
+  const auto t0 = std::chrono::steady_clock::now();
+  SECTION("try_lock_for(300ms) returns false by its time") {
+    const bool got = lock.try_lock_for(300ms);
+    const auto took = ms_since(t0);
+    if (got) lock.unlock();
+    INFO("try_lock_for(300ms) returned " << got << " after " << took << " ms"
+                                         << (dog.fired() ? " (only because the watchdog killed the stopped process)" : ""));
+    CHECK_FALSE(got);
+    CHECK(took < 500);
+  }
+  SECTION("try_lock() returns false at once") {
+    const bool got = lock.try_lock();
+    const auto took = ms_since(t0);
+    if (got) lock.unlock();
+    INFO("try_lock() returned " << got << " after " << took << " ms"
+                                << (dog.fired() ? " (only because the watchdog killed the stopped process)" : ""));
+    CHECK_FALSE(got);
+    CHECK(took < 200);
+  }
+  SECTION("other lock files of the directory are not held up") {
+    dibs::lock_file other{dir.path / "other.lock"};
+    const bool got = other.try_lock();
+    const auto took = ms_since(t0);
+    CHECK(got);
+    CHECK(took < 200);
+    if (got) other.unlock();
+  }
+  CHECK_FALSE(dog.fired());
+  // Once the stopped process is gone, the lock is free as it was.
+  stopped.kill();
+  REQUIRE(lock.try_lock_for(2s));
+  CHECK(lock.token() > first);
+  lock.unlock();
+}
+
+TEST_CASE("validity rule: a lease whose renewal is stuck is lost by its end, and another lease of the process keeps renewing") {
+  temp_dir dir;
+  const auto a_path = dir.path / "a.lock", b_path = dir.path / "b.lock";
+  constexpr auto lease = 900ms;
+  channel ready, ask, answer;
+  dibs_test::child holder{dibs_test::spawn([&]() -> int {
+    std::atomic<long long> on_lost_at{0};
+    dibs::lock_file a{a_path, {.lease = lease, .on_lost = [&] { on_lost_at = dibs_test::steady_ns(); }}};
+    dibs::lock_file b{b_path, {.lease = lease}};
+    if (!a.try_lock() || !b.try_lock()) return 2;
+    ready.send(fmt::format("{} {}", a.token(), b.token()));
+    long long lost_at = 0;  // when a.lost() was first seen true
+    while (!ask.receive(1ms))
+      if (!lost_at && a.lost()) lost_at = dibs_test::steady_ns();
+    answer.send(fmt::format("{} {} {} {} {}", lost_at, on_lost_at.load(), a.lost(), b.lost(), b.token()));
+    // Killed by the test (before issue 11, unlocking A would wait for ever on the stopped process's flock).
+    for (;;) ::pause();
+  })};
+  const auto r = ready.receive();
+  REQUIRE(r);
+  const auto tokens = words(*r);
+  REQUIRE(tokens.size() == 2);
+  const auto b_before = lock_record(b_path);
+  REQUIRE(b_before);
+
+  // A's next renewal gets stuck: a stopped process holds its record's flock.
+  dibs_test::stopped_flock_holder stopped{a_path};
+  const auto flocked = stopped.locked_at();
+  // Another process waits for B for more than three leases.
+  dibs::lock_file waiter{b_path, {.lease = lease}};
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool got_b = waiter.try_lock_for(3s);
+  const auto waited = ms_since(t0);
+  const dibs::version stolen = waiter.token();
+  if (got_b) waiter.unlock();
+  const auto b_after = lock_record(b_path);
+
+  REQUIRE(ask.send("report"));
+  const auto a = answer.receive();
+  REQUIRE(a);
+  const auto w = words(*a);
+  REQUIRE(w.size() == 5);
+  const long long lost_at = std::stoll(w[0]), on_lost_at = std::stoll(w[1]);
+  auto after_flock = [&](long long ns) {
+    return ns == 0 ? std::string("never")
+                   : std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        dibs_test::from_steady_ns(ns) - flocked)
+                                        .count()) +
+                         " ms after the flock";
+  };
+  INFO("lease " << lease.count() << " ms; A.lost() true: " << after_flock(lost_at) << "; on_lost of A: "
+                << after_flock(on_lost_at) << "; A.lost() " << w[2] << ", B.lost() " << w[3] << ", B.token() " << w[4]
+                << " (was " << tokens[1] << "); the waiter " << (got_b ? "TOOK B, token " + std::to_string(stolen) : std::string("did not take B"))
+                << " after " << waited << " ms; B's record version " << b_before->version << " -> "
+                << (b_after ? std::to_string(b_after->version) : std::string("none")));
+  const auto bound = flocked + lease + 200ms;
+  // (i) A is known lost by the end of its lease, counted from before its last confirmed renewal.
+  CHECK(w[2] == "true");
+  CHECK(lost_at != 0);
+  CHECK(on_lost_at != 0);
+  CHECK(dibs_test::from_steady_ns(lost_at) <= bound);
+  CHECK(dibs_test::from_steady_ns(on_lost_at) <= bound);
+  CHECK(dibs_test::from_steady_ns(lost_at) >= flocked);  // not before its renewals got stuck
+  // (ii) B is renewed all along: the waiter never gets it, its holder never loses it.
+  CHECK_FALSE(got_b);
+  CHECK(w[3] == "false");
+  CHECK(w[4] == tokens[1]);
+  REQUIRE(b_after);
+  CHECK(b_after->version >= b_before->version + 5);  // about one renewal every 300 ms
+}
+
+TEST_CASE("fork: a child's copy of a held lock_file neither releases nor renews the parent's hold") {
+  temp_dir dir;
+  const auto path = dir.path / "forked.lock";
+  channel ready, go, answer;
+  const bool explicit_unlock = GENERATE(false, true);
+  INFO("the child " << (explicit_unlock ? "calls unlock()" : "lets its std::unique_lock unwind"));
+  dibs_test::child holder{dibs_test::spawn([&]() -> int {
+    dibs::lock_file lock{path, {.lease = 30s}};
+    std::unique_lock hold{lock};
+    const dibs::version token = lock.token();
+    std::fflush(nullptr);
+    const pid_t c = ::fork();
+    if (c < 0) return 2;
+    if (c == 0) {
+      // The child: renew() must not touch the parent's hold; then its
+      // copies unwind as it returns (hold, then lock), as in any program.
+      if (lock.renew()) return 10;
+      if (explicit_unlock) lock.unlock();
+      return 0;
+    }
+    const int child_code = dibs_test::wait_exit(c);
+    ready.send(fmt::format("{} {}", token, child_code));
+    if (!go.receive()) return 3;
+    answer.send(fmt::format("{} {}", lock.token(), lock.lost()));
+    if (!go.receive()) return 4;
+    return 0;  // its own unlock, as hold unwinds
+  })};
+  const auto r = ready.receive();
+  REQUIRE(r);
+  const auto w = words(*r);
+  REQUIRE(w.size() == 2);
+  const dibs::version token = std::stoull(w[0]);
+  INFO("the parent holds token " << token << "; its child exited with " << w[1] << " (10: renew() in the child renewed)");
+  CHECK(w[1] == "0");
+  const auto rec = lock_record(path);
+  CHECK(rec);
+  if (rec) CHECK(rec->version == token);  // the parent's record, untouched
+  CHECK_THAT(slurp(path), Contains(fmt::format("\npid {}\n", holder.pid())));
+
+  // No renewal thread in this process: the generator's second run forks a
+  // holder that starts threads, which ThreadSanitizer refuses in a child of a
+  // process that has threads.
+  dibs::lock_file third{path, {.lease = 30s, .renew = false}};
+  const bool got = third.try_lock_for(500ms);
+  const dibs::version stolen = third.token();
+  if (got) third.unlock();
+  INFO("a third process " << (got ? "TOOK the lock, token " + std::to_string(stolen) : std::string("did not take it")));
+  CHECK_FALSE(got);
+  REQUIRE(go.send("report"));
+  const auto a = answer.receive();
+  REQUIRE(a);
+  CHECK(*a == fmt::format("{} false", token));  // the parent still holds, and is not told otherwise
+  REQUIRE(go.send("unlock"));
+  CHECK(holder.wait() == 0);
+  REQUIRE(third.try_lock());  // the parent's own unlock did release it
+  CHECK(third.token() > token);
+  third.unlock();
+}
+
+TEST_CASE("paths: a symbolic link at a lock path is refused by name, never followed or spun on") {
+  temp_dir dir, elsewhere;
+  const auto path = dir.path / "x.lock";
+  std::string target;
+  std::string target_before;
+  SECTION("a dangling link") { target = "/nonexistent/x"; }
+  SECTION("a link to a free lock file elsewhere") {
+    target = (elsewhere.path / "real.lock").string();
+    dibs::lock_file real{target};
+    real.lock();
+    real.unlock();
+  }
+  SECTION("a link to another file") {
+    target = (elsewhere.path / "notes.txt").string();
+    spit(target, "precious\n");
+  }
+  if (fs::exists(target)) target_before = slurp(target);
+  REQUIRE(::symlink(target.c_str(), path.c_str()) == 0);
+  dibs::lock_file lock{path};
+  // Before issue 11 a dangling link made try_lock() spin for ever: end that, so the test fails instead of hanging.
+  dibs_test::watchdog dog{3s, [&] { ::unlink(path.c_str()); }};
+  const auto t0 = std::chrono::steady_clock::now();
+  bool got = false;
+  std::string what = "(nothing thrown)";
+  try {
+    got = lock.try_lock();
+  } catch (const std::system_error& e) {
+    what = e.what();
+  }
+  const auto took = ms_since(t0);
+  if (got) lock.unlock();
+  INFO("link to " << target << ": try_lock() returned " << got << " after " << took << " ms"
+                  << (dog.fired() ? " (only because the watchdog removed the link)" : "") << "; error: " << what);
+  CHECK_FALSE(got);
+  CHECK_THAT(what, Contains(path.string()) && Contains("symbolic link"));
+  CHECK(took < 1000);
+  CHECK(fs::is_symlink(fs::symlink_status(path)));
+  if (!target_before.empty()) CHECK(slurp(target) == target_before);  // nothing written through the link
+  CHECK_FALSE(fs::exists("/nonexistent/x"));
+}
+
+TEST_CASE("opening a lock file leaves other programs' files in its directory alone") {
+  temp_dir dir;
+  const pid_t gone = dibs_test::unused_pid();
+  REQUIRE(gone > 0);
+  const auto foreign = dir.path / fmt::format(".tmp.{}.upload-part", gone);
+  spit(foreign, "half an upload");
+  {
+    dibs::lock_file lock{dir.path / "x.lock"};
+    CHECK(lock.try_lock());
+    lock.unlock();
+  }
+  INFO(foreign);
+  CHECK(fs::exists(foreign));
+  CHECK(slurp(foreign) == "half an upload");
+}
+
+namespace {
+
+// In a child process running as `uid` (group `uid`, and `groups`) with umask
+// 022: locks the lock file at `path` (with `mode`, or lock_file's default)
+// and unlocks it.
+// Returns: "ok <token>", "busy", or "error <ms> <what>".
+std::string lock_as(uid_t uid, const std::vector<gid_t>& groups, const fs::path& path, std::optional<mode_t> mode) {
+  channel out;
+  const int code = dibs_test::run_as(uid, uid, groups, [&]() -> int {
+    ::umask(022);  // the mode is applied exactly, not narrowed by the umask
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      std::optional<dibs::lock_file> lock;
+      if (mode) lock.emplace(path, dibs::lease_options{}, *mode);
+      else lock.emplace(path);
+      if (!lock->try_lock()) {
+        out.send("busy");
+        return 0;
+      }
+      const auto token = lock->token();
+      lock->unlock();
+      out.send(fmt::format("ok {}", token));
+    } catch (const std::exception& e) {
+      out.send(fmt::format("error {} {}", ms_since(t0), e.what()));
+    }
+    return 0;
+  });
+  if (code != 0) return fmt::format("child exit {}", code);
+  return out.receive(0ms).value_or("(no answer)");
+}
+
+dibs::version token_of(const std::string& answer) {
+  const auto w = words(answer);
+  return w.size() == 2 && w[0] == "ok" ? std::stoull(w[1]) : 0;
+}
+
+}  // namespace
+
+TEST_CASE("several users: in a sticky world-writable directory (/tmp), a lock file of mode 0666 serves each in turn") {
+  if (!dibs_test::is_root()) {
+    WARN("SKIPPED: not root, so no other users: the shared-directory case was not run");
+    return;
+  }
+  temp_dir dir;
+  REQUIRE(::chmod(dir.path.c_str(), 01777) == 0);
+  const auto path = dir.path / "shared.lock";
+  const auto first = lock_as(alice, {}, path, 0666);
+  INFO("uid " << alice << ": " << first);
+  REQUIRE(token_of(first) > 0);
+  struct ::stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0666);  // whatever the umask
+  CHECK(st.st_uid == alice);
+  const auto second = lock_as(bob, {}, path, 0666);
+  INFO("then uid " << bob << ": " << second);
+  CHECK(token_of(second) > token_of(first));
+  const auto third = lock_as(alice, {}, path, 0666);
+  INFO("then uid " << alice << " again: " << third);
+  CHECK(token_of(third) > token_of(second));
+}
+
+TEST_CASE("several users: a lock file of the default mode (0644) in a sticky directory refuses another user with a clear error") {
+  if (!dibs_test::is_root()) {
+    WARN("SKIPPED: not root, so no other users: the shared-directory case was not run");
+    return;
+  }
+  temp_dir dir;
+  REQUIRE(::chmod(dir.path.c_str(), 01777) == 0);
+  const auto path = dir.path / "private.lock";
+  const auto first = lock_as(alice, {}, path, std::nullopt);
+  INFO("uid " << alice << ": " << first);
+  REQUIRE(token_of(first) > 0);
+  const auto second = lock_as(bob, {}, path, std::nullopt);
+  INFO("then uid " << bob << ": " << second);
+  const auto w = words(second);
+  REQUIRE(w.size() > 2);
+  REQUIRE(w[0] == "error");
+  CHECK(std::stoll(w[1]) < 1000);  // at once, not after a wait
+  CHECK_THAT(second, Contains(path.string()) && (Contains("belongs", Catch::CaseSensitive::No) ||
+                                                 Contains("permission", Catch::CaseSensitive::No)));
+  // And the lock file is still alice's to use.
+  CHECK(token_of(lock_as(alice, {}, path, std::nullopt)) > token_of(first));
+}
+
+TEST_CASE("several users: in a shared group directory (02775), a lock file of mode 0664 serves each member in turn") {
+  if (!dibs_test::is_root()) {
+    WARN("SKIPPED: not root, so no other users: the group case was not run");
+    return;
+  }
+  temp_dir dir;
+  REQUIRE(::chown(dir.path.c_str(), 0, staff) == 0);
+  REQUIRE(::chmod(dir.path.c_str(), 02775) == 0);
+  const auto path = dir.path / "group.lock";
+  dibs::version last = 0;
+  for (const uid_t who : {alice, bob, alice, bob}) {
+    const auto answer = lock_as(who, {staff}, path, 0664);
+    INFO("uid " << who << " (group " << staff << "): " << answer);
+    CHECK(token_of(answer) > last);
+    last = token_of(answer);
+  }
+  struct ::stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0664);  // whatever the umask
+  CHECK(st.st_gid == staff);
 }

@@ -8,15 +8,20 @@
 #include "support.hpp"
 
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 using namespace std::chrono_literals;
 using Catch::Contains;
+using dibs_test::channel;
+using dibs_test::ms_since;
 using dibs_test::temp_dir;
+using dibs_test::words;
 
 TEST_CASE("claim, complete, and the item stays done") {
   temp_dir dir;
@@ -134,4 +139,200 @@ TEST_CASE("exactly once under crashes: 8 workers, 5,000 items, 20 SIGKILLs") {
   temp_dir items_dir, journal_dir;
   dibs_test::check_exactly_once_under_crashes([&] { return dibs::file_store{items_dir.path}; },
                                               [&] { return dibs::file_store{journal_dir.path}; });
+}
+
+// --- issue 11: the safety holes, each under real processes ---
+
+TEST_CASE("proof of death: a live worker in another PID namespace (pid 1 there) keeps its claim") {
+  if (!dibs_test::is_root()) {
+    WARN("SKIPPED: not root, so no PID namespace can be made: the PID namespace case was not run");
+    return;
+  }
+  temp_dir dir;
+  channel ready, ask, answer;
+  // As `unshare --pid --fork --mount-proc`: pid 1 of a new PID namespace, with a /proc of its own.
+  dibs_test::ns_process worker{CLONE_NEWPID | CLONE_NEWNS, nullptr, [] { return dibs_test::mount_own_proc(""); },
+                               [&]() -> int {
+                                 dibs::file_store store{dir.path};
+                                 dibs::marker_claim<dibs::file_store> claims{store, {.lease = 30s}};
+                                 auto c = claims.try_claim("item");
+                                 if (!c) return 2;
+                                 ready.send(fmt::format("{} {}", ::getpid(), c->token()));
+                                 if (!ask.receive()) return 3;
+                                 answer.send(std::to_string(c->token()));
+                                 for (;;) ::pause();
+                               }};
+  if (!worker.refused().empty()) {
+    WARN("SKIPPED: the kernel refused a new PID namespace (" << worker.refused() << "): the PID namespace case was not run");
+    return;
+  }
+  const auto r = ready.receive();
+  REQUIRE(r);
+  const auto w = words(*r);
+  REQUIRE(w.size() == 2);
+  CHECK(w[0] == "1");
+  const dibs::version token = std::stoull(w[1]);
+
+  dibs::file_store store{dir.path};
+  dibs::marker_claim<dibs::file_store> claims{store, {.lease = 30s}};
+  const auto before = claims.status("item");
+  REQUIRE(before.owner);
+  CHECK(before.owner->pid == 1);
+  auto c = claims.try_claim("item");
+  const dibs::version stolen = c ? c->token() : 0;
+  if (c) (void)c->release("taken by the test");
+  INFO("the worker (pid " << worker.pid() << " here, 1 in its namespace) is alive with token " << token
+                          << "; try_claim outside its namespace " << (c ? "TOOK the item, token " + std::to_string(stolen) : std::string("did not take it")));
+  CHECK_FALSE(c);
+  const auto s = claims.status("item");
+  CHECK(s.state == dibs::claim_state::processing);
+  CHECK(s.version == token);
+  CHECK(s.attempts == 1);
+  REQUIRE(ask.send("report"));
+  CHECK(answer.receive() == std::to_string(token));
+}
+
+TEST_CASE("a stopped process holding one item's record makes try_claim skip that item at once, and stalls no other worker") {
+  temp_dir dir;
+  dibs::file_store store{dir.path};
+  dibs::marker_claim<dibs::file_store> claims{store};
+  {
+    auto c = claims.try_claim("blocked");  // claimed once and given back: free to claim
+    REQUIRE(c);
+    REQUIRE(c->release("try again"));
+  }
+  REQUIRE(claims.status("blocked").state == dibs::claim_state::released);
+  // As if a worker was stopped (SIGSTOP) inside a store operation on the item.
+  dibs_test::stopped_flock_holder stopped{store.path_of("blocked")};
+  // The code before issue 11 waited for its flock for ever: end that wait, so the test fails on its timing.
+  dibs_test::watchdog dog{5s, [&] { stopped.kill(); }};
+
+  SECTION("try_claim of that item returns nothing at once") {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto c = claims.try_claim("blocked");
+    const auto took = ms_since(t0);
+    INFO("try_claim of the item whose record is held returned " << (c ? "a claim" : "nothing") << " after " << took
+                                                                 << " ms"
+                                                                 << (dog.fired() ? " (only because the watchdog killed the stopped process)" : ""));
+    CHECK_FALSE(c);
+    CHECK(took < 200);
+  }
+  SECTION("4 workers complete the 20 other items exactly once") {
+    // 4 worker processes each run down the list, the held item first,
+    // claiming and completing what they can, until the 20 others are completed.
+    constexpr int items = 20, workers = 4;
+    std::vector<std::string> keys{"blocked"};
+    for (int i = 0; i < items; ++i) keys.push_back(fmt::format("item-{:02}", i));
+    channel done;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<dibs_test::child> procs;
+    for (int n = 0; n < workers; ++n)
+      procs.emplace_back(dibs_test::spawn([&]() -> int {
+        dibs::file_store s{dir.path};
+        dibs::marker_claim<dibs::file_store> mine{s};
+        const auto end = std::chrono::steady_clock::now() + 15s;
+        while (std::chrono::steady_clock::now() < end) {
+          int completed = 0;
+          for (const auto& k : keys) {
+            if (auto claim = mine.try_claim(k)) {
+              const auto token = claim->token();
+              claim->complete();
+              done.send(fmt::format("{} {}", k, token));
+            }
+            if (k != "blocked" && mine.status(k).state == dibs::claim_state::completed) ++completed;
+          }
+          if (completed == items) return 0;
+        }
+        return 1;
+      }));
+    int failed = 0;
+    for (auto& p : procs) failed += p.wait() != 0;
+    const auto took = ms_since(t0);
+    std::map<std::string, int> times;
+    for (const auto& line : done.drain()) ++times[words(line).at(0)];
+    INFO("4 workers finished after " << took << " ms"
+                                     << (dog.fired() ? " (only because the watchdog killed the stopped process)" : "")
+                                     << "; " << times.size() << " items completed (the held one "
+                                     << (times.count("blocked") ? "too" : "not") << ")");
+    CHECK(failed == 0);
+    CHECK(took < 3000);
+    CHECK(times.count("blocked") == 0);
+    for (const auto& k : keys) {
+      if (k == "blocked") continue;
+      INFO(k);
+      CHECK(times[k] == 1);  // exactly once
+      CHECK(claims.status(k).state == dibs::claim_state::completed);
+    }
+  }
+  CHECK_FALSE(dog.fired());
+  const auto blocked = claims.status("blocked");
+  CHECK(blocked.state == dibs::claim_state::released);  // untouched while held
+  CHECK(blocked.attempts == 1);
+}
+
+TEST_CASE("fork: a child's copy of a claim neither gives the item back nor completes it") {
+  temp_dir dir;
+  channel ready, go;
+  dibs_test::child worker{dibs_test::spawn([&]() -> int {
+    dibs::file_store store{dir.path};
+    dibs::marker_claim<dibs::file_store> claims{store};
+    auto c = claims.try_claim("item");
+    if (!c) return 2;
+    const dibs::version token = c->token();
+    // First child: lets its copy of the claim leave scope as it exits.
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    if (pid < 0) return 3;
+    if (pid == 0) return 0;  // c's destructor runs in the child as it returns
+    const int first = dibs_test::wait_exit(pid);
+    const auto after_first = claims.status("item");
+    // Second child: tries to complete the item, then leaves scope too.
+    std::fflush(nullptr);
+    pid = ::fork();
+    if (pid < 0) return 3;
+    if (pid == 0) {
+      try {
+        c->complete("done by the child");
+        return 10;  // completed the parent's item
+      } catch (const std::system_error&) {
+      }
+      return claims.status("item").state == dibs::claim_state::processing ? 0 : 11;
+    }
+    const int second = dibs_test::wait_exit(pid);
+    const auto after_second = claims.status("item");
+    ready.send(fmt::format("{} {} {} {} {} {} {}", token, first, dibs::to_string(after_first.state), after_first.version,
+                           second, dibs::to_string(after_second.state), after_second.version));
+    if (!go.receive()) return 4;
+    c->complete("done by the worker");  // still the parent's to finish
+    return 0;
+  })};
+  const auto r = ready.receive();
+  REQUIRE(r);
+  const auto w = words(*r);
+  REQUIRE(w.size() == 7);
+  const std::string token = w[0];
+  INFO("worker's token " << token << "; after the first child left scope: " << w[2] << " version " << w[3] << " (exit "
+                         << w[1] << "); after the second child's complete(): " << w[5] << " version " << w[6] << " (exit "
+                         << w[4] << ": 10 completed it, 11 it threw but the item moved)");
+  CHECK(w[1] == "0");
+  CHECK(w[2] == "processing");
+  CHECK(w[3] == token);
+  CHECK(w[4] == "0");
+  CHECK(w[5] == "processing");
+  CHECK(w[6] == token);
+
+  dibs::file_store store{dir.path};
+  dibs::marker_claim<dibs::file_store> claims{store};
+  auto c = claims.try_claim("item");
+  const dibs::version stolen = c ? c->token() : 0;
+  if (c) (void)c->release("taken by the test");
+  INFO("a third process " << (c ? "TOOK the item, token " + std::to_string(stolen) : std::string("did not take it")));
+  CHECK_FALSE(c);
+  c.reset();
+  REQUIRE(go.send("finish"));
+  CHECK(worker.wait() == 0);
+  const auto s = claims.status("item");
+  CHECK(s.state == dibs::claim_state::completed);
+  CHECK(s.result == "done by the worker");
+  CHECK(s.attempts == 1);
 }

@@ -15,7 +15,9 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -124,19 +126,27 @@ TEST_CASE("8 processes x 10,000 records with rotation: every record exactly once
   for (std::size_t n = 1; n < c.files; ++n) CHECK(fs::exists(path.string() + "." + std::to_string(n)));
 }
 
-TEST_CASE("SIGKILLs of random writers: every acknowledged record is present once and whole") {
-  constexpr int initial = 8, kills = 20;
-  temp_dir dir;
-  const auto path = dir.path / "chaos.log";
+namespace {
+struct chaos_result {
+  std::set<std::pair<int, int>> acked;  // (writer, seq) of every record whose append returned
+  int failed = 0;                       // writers that were not killed and did not exit 0
+};
+
+// Runs `initial` writer processes appending numbered records of random
+// lengths, writer w through names[w % names.size()]; each reports every
+// acknowledged record on a pipe. `kills` times, a random writer is killed
+// with SIGKILL and a new one (with fewer records) started in its place.
+chaos_result run_chaos(const std::vector<fs::path>& names, int initial, int kills, std::uint64_t rotate_size) {
   int acks[2];
   REQUIRE(::pipe(acks) == 0);
   std::map<pid_t, int> live;  // pid -> writer id
   int next_id = 0;
   auto start_writer = [&](int records) {
     const int id = next_id++;
-    const pid_t pid = dibs_test::spawn([&, id, records] {
+    const fs::path name = names[static_cast<std::size_t>(id) % names.size()];
+    const pid_t pid = dibs_test::spawn([&, id, records, name] {
       ::close(acks[0]);
-      dibs::shared_log log{path, {.rotate_size = 256 * 1024}};
+      dibs::shared_log log{name, {.rotate_size = rotate_size}};
       std::mt19937 rng(static_cast<unsigned>(id));
       char ack[24];
       for (int s = 0; s < records; ++s) {
@@ -150,7 +160,7 @@ TEST_CASE("SIGKILLs of random writers: every acknowledged record is present once
   };
   for (int i = 0; i < initial; ++i) start_writer(10'000);
 
-  std::set<std::pair<int, int>> acked;
+  chaos_result r;
   std::string pending;
   auto drain = [&](int timeout_ms) {
     pollfd pfd{acks[0], POLLIN, 0};
@@ -163,7 +173,7 @@ TEST_CASE("SIGKILLs of random writers: every acknowledged record is present once
     while (pending.size() - pos >= 18) {
       int w, s;
       REQUIRE(std::sscanf(pending.c_str() + pos, "%d %d", &w, &s) == 2);
-      acked.insert({w, s});
+      r.acked.insert({w, s});
       pos += 18;
     }
     pending.erase(0, pos);
@@ -186,12 +196,11 @@ TEST_CASE("SIGKILLs of random writers: every acknowledged record is present once
     next_kill = std::chrono::steady_clock::now() + std::chrono::milliseconds{std::uniform_int_distribution<int>{5, 60}(rng)};
   }
   ::close(acks[1]);
-  int failed = 0;
   while (drain(100) || !live.empty()) {
     for (auto it = live.begin(); it != live.end();) {
       int status;
       if (::waitpid(it->first, &status, WNOHANG) == it->first) {
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++r.failed;
         it = live.erase(it);
       } else {
         ++it;
@@ -201,23 +210,33 @@ TEST_CASE("SIGKILLs of random writers: every acknowledged record is present once
   while (drain(100)) {
   }
   ::close(acks[0]);
-  CHECK(failed == 0);
+  return r;
+}
 
-  const census c = read_all(path);
+// Checks the log (and its rotated files) against what the writers were told.
+void check_chaos(const fs::path& log, const chaos_result& r, int kills) {
+  CHECK(r.failed == 0);
+  const census c = read_all(log);
   long missing = 0, duplicates = 0;
-  for (const auto& k : acked) {
-    auto it = c.seen.find(k);
-    if (it == c.seen.end()) ++missing;
-  }
+  for (const auto& k : r.acked) missing += c.seen.count(k) == 0;
   for (auto& [k, n] : c.seen) duplicates += n - 1;
-  INFO("acknowledged " << acked.size() << ", found " << c.seen.size() << ", torn lines " << c.torn);
-  CHECK(acked.size() > 20'000);  // real work was done (sanitizer builds are slower)
+  INFO("acknowledged " << r.acked.size() << ", found " << c.seen.size() << ", torn lines " << c.torn);
+  CHECK(r.acked.size() > 20'000);  // real work was done (sanitizer builds are slower)
   CHECK(missing == 0);
   CHECK(duplicates == 0);
   // A record cut short by the kill is cut off again by the next writer.
   CHECK(c.torn == 0);
+  CHECK(c.blank == 0);
   // At most one unacknowledged record per killed writer can be in the log.
-  CHECK(c.seen.size() - acked.size() <= static_cast<std::size_t>(kills));
+  CHECK(static_cast<long>(c.seen.size()) - static_cast<long>(r.acked.size()) <= kills);
+}
+}  // namespace
+
+TEST_CASE("SIGKILLs of random writers: every acknowledged record is present once and whole") {
+  constexpr int initial = 8, kills = 20;
+  temp_dir dir;
+  const auto path = dir.path / "chaos.log";
+  check_chaos(path, run_chaos({path}, initial, kills, 256 * 1024), kills);
 }
 
 namespace {
@@ -286,6 +305,65 @@ TEST_CASE("a writer killed half-way through a record: the next writer cuts the f
   CHECK_THAT(slurp(path), Contains("half of a rec"));
   log.append("whole record 2");
   CHECK(slurp(path) == "whole record 1\nwhole record 2\n");
+}
+
+TEST_CASE("one log reached through a symbolic link and through '..': one lock, and under SIGKILLs every acknowledged "
+          "record once and whole") {
+  constexpr int initial = 9, kills = 18;
+  temp_dir dir;
+  const auto app = dir.path / "app.log";
+  const auto current = dir.path / "current.log";
+  const auto dotted = dir.path / "sub" / ".." / "app.log";
+  fs::create_directory(dir.path / "sub");
+  // Dangling when the first writer comes: its open creates app.log through it.
+  fs::create_symlink("app.log", current);
+  const fs::path resolved = fs::canonical(dir.path) / "app.log";
+  {
+    dibs::shared_log via_link{current};
+    dibs::shared_log direct{app};
+    dibs::shared_log via_dots{dotted};
+    CHECK(fs::is_symlink(current));
+    CHECK(fs::is_regular_file(app));
+    CHECK(via_link.path() == resolved);
+    CHECK(direct.path() == resolved);
+    CHECK(via_dots.path() == resolved);
+    CHECK(via_link.lock_path() == direct.lock_path());
+    CHECK(via_dots.lock_path() == direct.lock_path());
+    CHECK(via_link.lock_path() == resolved.string() + ".lock");
+  }
+  // Writers through all three names at once. Two locks would let a repair
+  // under one cut off records written under the other; and a rotation
+  // through the link must rename the file, not the link.
+  SECTION("without rotation") {
+    check_chaos(app, run_chaos({app, current, dotted}, initial, kills, 0), kills);
+  }
+  SECTION("rotating every 256 KiB") {
+    check_chaos(app, run_chaos({app, current, dotted}, initial, kills, 256 * 1024), kills);
+  }
+  SECTION("a writer through the link killed half-way through a record: one through the file's name cuts it off") {
+    dibs::shared_log direct{app};
+    direct.append("whole record 1");
+    const pid_t w = dibs_test::spawn([&] {
+      dibs::shared_log via_link{current};
+      auto* st = map_lock(via_link.lock_path());
+      if (!st || ::pthread_mutex_lock(&st->mutex.m) != 0) return 2;
+      // What a writer does, stopped in the middle of its record.
+      st->pending_start = static_cast<std::int64_t>(fs::file_size(app));
+      st->pending_len = static_cast<std::int64_t>(std::string("half of a record\n").size());
+      const int fd = ::open(current.c_str(), O_WRONLY | O_APPEND);
+      const std::string part = "half of a rec";
+      if (::write(fd, part.data(), part.size()) != static_cast<ssize_t>(part.size())) return 3;
+      ::kill(::getpid(), SIGKILL);
+      return 4;
+    });
+    CHECK(dibs_test::wait_exit(w) == 128 + SIGKILL);
+    direct.append("whole record 2");
+    CHECK(slurp(app) == "whole record 1\nwhole record 2\n");
+  }
+  CHECK(fs::is_symlink(current));
+  CHECK(fs::read_symlink(current) == "app.log");
+  CHECK_FALSE(fs::exists(dir.path / "current.log.1"));
+  CHECK_FALSE(fs::exists(dir.path / "current.log.lock"));
 }
 
 namespace {
@@ -624,4 +702,216 @@ TEST_CASE("durability settings append the same bytes, and bad options are refuse
                     Contains("batch_records"));
   CHECK_THROWS_WITH((dibs::shared_log{dir.path / "x.log", {.lock_timeout = std::chrono::milliseconds{-1}}}),
                     Contains("lock_timeout"));
+}
+
+TEST_CASE("a log file with a second hard link is refused, naming the path and the hard link") {
+  temp_dir dir;
+  const auto path = dir.path / "h.log";
+  const auto other = dir.path / "other-name.log";
+  { dibs::shared_log{path}.append("one"); }
+  fs::create_hard_link(path, other);
+  for (const auto& name : {path, other}) {
+    INFO("opened as " << name);
+    try {
+      dibs::shared_log log{name};
+      FAIL("a log with two names was opened");
+    } catch (const std::system_error& e) {
+      CHECK(e.code() == std::errc::too_many_links);
+      CHECK_THAT(e.what(), Contains("'" + name.string() + "'") && Contains("hard link") &&
+                               Contains("remove the extra links"));
+    }
+  }
+  // Also when a writer opens the log again after a rotation by another.
+  fs::remove(other);
+  dibs::shared_log writer{path};
+  writer.append("two");
+  dibs::shared_log rotator{path, {.rotate_size = 1}};
+  rotator.append("three");  // then rotated: path is a new, empty file
+  REQUIRE(fs::exists(path.string() + ".1"));
+  fs::create_hard_link(path, other);
+  CHECK_THROWS_WITH(writer.append("four"), Contains("'" + path.string() + "'") && Contains("hard link"));
+  CHECK(slurp(path).empty());
+  CHECK(slurp(path.string() + ".1") == "one\ntwo\nthree\n");
+}
+
+namespace {
+struct ::stat stat_of(const fs::path& p) {
+  struct ::stat st {};
+  REQUIRE(::stat(p.c_str(), &st) == 0);
+  return st;
+}
+
+// Appends `record` to the log at `path`. Returns: 0, or 20 + errno of the failure.
+int append_once(const fs::path& path, const std::string& record, dibs::shared_log_options opts = {}) {
+  try {
+    dibs::shared_log log{path, opts};
+    log.append(record);
+    return 0;
+  } catch (const std::system_error& e) {
+    std::fprintf(stderr, "uid %d: %s\n", static_cast<int>(::getuid()), e.what());
+    return 20 + e.code().value();
+  }
+}
+}  // namespace
+
+TEST_CASE("two users append to one log: the lock file gets the log's permission bits and group, whatever the umask") {
+  if (!dibs_test::is_root()) {
+    WARN("*** not root: the several-users case was NOT tested (it needs to switch users) ***");
+    return;
+  }
+  constexpr uid_t first_user = 1001, second_user = 1002;
+  constexpr gid_t staff = 2000, other_group = 3000;
+  temp_dir dir;
+  REQUIRE(::chmod(dir.path.c_str(), 0755) == 0);
+  // Group-owned and set-group-id: what is made in it belongs to the group.
+  const auto shared = dir.path / "shared";
+  fs::create_directory(shared);
+  REQUIRE(::chown(shared.c_str(), 0, staff) == 0);
+  REQUIRE(::chmod(shared.c_str(), 02775) == 0);
+  // A writer as user `uid` (no account needed) under umask `mask`.
+  auto as_user = [](uid_t uid, gid_t gid, std::vector<gid_t> groups, mode_t mask, const std::function<int()>& body) {
+    return dibs_test::run_as(uid, gid, groups, [&] {
+      ::umask(mask);
+      return body();
+    });
+  };
+
+  SECTION("a new log made group-writable (mode 0664, umask 002): the second user appends") {
+    const auto path = shared / "batch.log";
+    CHECK(as_user(first_user, staff, {}, 002, [&] { return append_once(path, "by 1001", {.mode = 0664}); }) == 0);
+    CHECK(as_user(second_user, second_user, {staff}, 022, [&] { return append_once(path, "by 1002"); }) == 0);
+    CHECK(slurp(path) == "by 1001\nby 1002\n");
+    const auto log = stat_of(path), lock = stat_of(path.string() + ".lock");
+    CHECK((log.st_mode & 07777) == 0664);
+    CHECK((lock.st_mode & 07777) == (log.st_mode & 07777));
+    CHECK(lock.st_gid == log.st_gid);
+  }
+
+  SECTION("a log made group-writable beforehand, a first writer with umask 022 and another group") {
+    // No set-group-id directory here: the lock file's group is its creator's
+    // own group until it is given the log's.
+    const auto plain = dir.path / "plain";
+    fs::create_directory(plain);
+    REQUIRE(::chmod(plain.c_str(), 0777) == 0);
+    const auto path = plain / "batch.log";
+    spit(path, "");
+    REQUIRE(::chown(path.c_str(), 0, staff) == 0);
+    REQUIRE(::chmod(path.c_str(), 0664) == 0);
+    CHECK(as_user(first_user, other_group, {staff}, 022, [&] { return append_once(path, "by 1001"); }) == 0);
+    CHECK(as_user(second_user, second_user, {staff}, 022, [&] { return append_once(path, "by 1002"); }) == 0);
+    CHECK(slurp(path) == "by 1001\nby 1002\n");
+    const auto lock = stat_of(path.string() + ".lock");
+    CHECK((lock.st_mode & 07777) == 0664);
+    CHECK(lock.st_gid == staff);
+    CHECK(lock.st_uid == first_user);  // (only root may give a file away)
+  }
+
+  SECTION("a root writer creates the lock file: it gets the log's owner too") {
+    const auto path = shared / "batch.log";
+    spit(path, "");
+    REQUIRE(::chown(path.c_str(), first_user, staff) == 0);
+    REQUIRE(::chmod(path.c_str(), 0640) == 0);
+    CHECK(append_once(path, "by root") == 0);
+    const auto lock = stat_of(path.string() + ".lock");
+    CHECK((lock.st_mode & 07777) == 0640);
+    CHECK(lock.st_uid == first_user);
+    CHECK(lock.st_gid == staff);
+    CHECK(as_user(first_user, first_user, {}, 077, [&] { return append_once(path, "by 1001"); }) == 0);
+    CHECK(slurp(path) == "by root\nby 1001\n");
+  }
+
+  SECTION("the umask narrows a new log (mode 0664, umask 022): the lock matches it, and the refusal names the log") {
+    const auto path = shared / "batch.log";
+    CHECK(as_user(first_user, staff, {}, 022, [&] { return append_once(path, "by 1001", {.mode = 0664}); }) == 0);
+    const auto log = stat_of(path), lock = stat_of(path.string() + ".lock");
+    CHECK((log.st_mode & 07777) == 0644);
+    CHECK((lock.st_mode & 07777) == 0644);
+    CHECK(as_user(second_user, second_user, {staff}, 022, [&] {
+            try {
+              dibs::shared_log refused{path};
+              return 10;
+            } catch (const std::system_error& e) {
+              if (e.code() != std::errc::permission_denied) return 11;
+              if (std::string(e.what()).find("'" + path.string() + "'") == std::string::npos) return 12;
+            }
+            return 0;
+          }) == 0);
+  }
+
+  SECTION("a lock file just created by another user, not yet widened: the second user waits for it") {
+    const auto path = shared / "batch.log";
+    const auto lock_path = path.string() + ".lock";
+    // What the first user's writer leaves between creating the lock file
+    // (umask 077) and widening it under the set-up lock.
+    spit(path, "");
+    REQUIRE(::chown(path.c_str(), first_user, staff) == 0);
+    REQUIRE(::chmod(path.c_str(), 0664) == 0);
+    spit(lock_path, "");
+    REQUIRE(::chown(lock_path.c_str(), first_user, staff) == 0);
+    REQUIRE(::chmod(lock_path.c_str(), 0600) == 0);
+    const pid_t second = dibs_test::spawn([&] {
+      return as_user(second_user, second_user, {staff}, 022, [&] { return append_once(path, "by 1002"); });
+    });
+    std::this_thread::sleep_for(150ms);
+    CHECK(as_user(first_user, staff, {}, 077, [&] { return append_once(path, "by 1001"); }) == 0);
+    CHECK(dibs_test::wait_exit(second) == 0);
+    const std::string content = slurp(path);
+    CHECK((content == "by 1001\nby 1002\n" || content == "by 1002\nby 1001\n"));
+    CHECK((stat_of(lock_path).st_mode & 07777) == 0664);
+  }
+}
+
+TEST_CASE("slots are judged by the library's proof rule: both namespaces in pid_ns, pid reuse, another time namespace") {
+  temp_dir dir;
+  const auto path = dir.path / "slots.log";
+  dibs::shared_log log{path};
+  auto* st = map_lock(log.lock_path());
+  REQUIRE(st);
+  auto ns_inode = [](const char* name) {
+    struct ::stat s {};
+    return ::stat((std::string("/proc/self/ns/") + name).c_str(), &s) == 0 ? static_cast<std::uint32_t>(s.st_ino)
+                                                                            : std::uint32_t{0};
+  };
+  const std::uint32_t pid_ns = ns_inode("pid"), time_ns = ns_inode("time");
+  REQUIRE(pid_ns != 0);
+  auto packed = [](std::uint32_t pid, std::uint32_t time) { return std::uint64_t{time} << 32 | pid; };
+  const pid_t gone = dibs_test::spawn([] { return 0; });
+  REQUIRE(dibs_test::wait_exit(gone) == 0);
+  const pid_t alive = dibs_test::spawn([]() -> int {
+    for (;;) ::pause();
+  });
+  std::optional<std::uint64_t> alive_start;
+  REQUIRE(dibs_test::eventually([&] { return (alive_start = dibs::detail::process_start(alive)).has_value(); }));
+  struct owner {
+    pid_t pid;
+    std::uint64_t start;
+    std::uint64_t ns;
+    bool freed;
+  };
+  const owner dead{gone, 1, packed(pid_ns, time_ns), true};
+  const std::map<std::size_t, owner> special{
+      {60, {alive, *alive_start, packed(pid_ns, time_ns), false}},          // alive
+      {61, {alive, *alive_start + 1, packed(pid_ns, time_ns), true}},       // its pid reused by another process
+      {62, {alive, *alive_start + 1, packed(pid_ns, time_ns + 1), false}},  // start times of another time namespace
+      {63, {alive, *alive_start + 1, packed(pid_ns + 1, time_ns), false}},  // a pid of another PID namespace
+  };
+  for (std::size_t i = 0; i < dibs::detail::log_slot_count; ++i) {
+    auto& s = st->slots[i];
+    const owner o = special.count(i) ? special.at(i) : dead;
+    s.pid = o.pid;
+    s.start = o.start;
+    s.pid_ns = o.ns;
+    s.owner_ticket = slot::ticket_unit;
+    s.word = slot::ticket_unit | (i % 2 ? slot::filling : slot::done);
+  }
+  log.append("after the dead");
+  CHECK(slurp(path) == "after the dead\n");
+  for (std::size_t i = 0; i < dibs::detail::log_slot_count; ++i) {
+    const bool freed = special.count(i) ? special.at(i).freed : true;
+    INFO("slot " << i);
+    CHECK(((st->slots[i].word.load() & slot::state_mask) == slot::free) == freed);
+  }
+  ::kill(alive, SIGKILL);
+  dibs_test::wait_exit(alive);
+  ::munmap(st, sizeof *st);
 }

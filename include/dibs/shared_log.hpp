@@ -45,6 +45,16 @@
 // dies. It is never deleted. Same host only, and every writer of the log
 // must go through shared_log: O_APPEND is not atomic over NFS, and a process
 // that appends by itself bypasses the lock.
+//
+// One file, one lock: the path is resolved once, when a shared_log is made
+// (symbolic links of every component, the last one too, `.` and `..`), and
+// the lock file and the rotated files are named after the resolved path. So
+// writers through `current.log -> app.log` and through `app.log` share one
+// lock (a link repointed later is followed only by shared_logs made later).
+// A log file with more than one hard link is refused: no name of it is more
+// its own than another. The lock file gets the log's permission bits (and
+// group, and owner where allowed) when it is created, so every user who may
+// write the log may take its lock.
 #pragma once
 
 #include <fcntl.h>
@@ -71,6 +81,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -103,6 +114,10 @@ struct shared_log_options {
   /// withdrawn. A record taken into a batch is not withdrawn: its writer waits
   /// for the outcome (a holder that dies is found within 5 ms).
   std::chrono::milliseconds lock_timeout{10'000};
+  /// Permissions of a log file that does not exist yet, less the umask of
+  /// the process that creates it (as open(2) does): for a log that a group
+  /// shares, use 0664 with umask 002, or create the log beforehand. The lock
+  /// file follows whatever the log got, whatever its own creator's umask.
   mode_t mode = 0644;
 };
 
@@ -130,7 +145,7 @@ struct alignas(64) log_slot {
   std::atomic<std::int32_t> pid;     // the owner
   std::int32_t error;                // errno of a failure
   std::atomic<std::uint64_t> start;  // the owner's start time (with pid, its identity)
-  std::atomic<std::uint64_t> pid_ns; // the owner's pid namespace
+  std::atomic<std::uint64_t> pid_ns; // the owner's time namespace << 32 | its pid namespace
   std::uint32_t sync;                // 1: fdatasync before marking it done
   std::uint32_t failure;             // which step failed (log_failure)
   // The ticket of the claim that pid, start and pid_ns describe: stored after
@@ -177,20 +192,20 @@ public:
   /// their own writer under the lock.
   static constexpr std::size_t slot_capacity = sizeof(detail::log_slot::data);
 
-  /// Effects: opens (creating if needed) the log and its lock file `<path>.lock`.
+  /// Effects: resolves `path` (see path()), opens (creating if needed) the
+  /// log with `opts.mode` (less the umask) and its lock file `path() + ".lock"`,
+  /// created with the log's permission bits, owner and group where allowed.
   /// Throws: std::system_error naming the path (missing directory, a
-  /// directory, no permission, a lock file that is not a shared_log's);
-  /// std::invalid_argument for a bad option.
-  explicit shared_log(std::filesystem::path path, shared_log_options opts = {})
-      : path_(std::filesystem::absolute(path)), opts_(opts) {
+  /// directory, no permission, a log file with more than one hard link, a
+  /// lock file that is not a shared_log's); std::invalid_argument for a bad
+  /// option.
+  explicit shared_log(std::filesystem::path path, shared_log_options opts = {}) : opts_(opts) {
     if (opts_.sync == durability::per_batch && opts_.batch_records == 0)
       throw std::invalid_argument("dibs::shared_log: batch_records must be positive");
     if (opts_.lock_timeout < std::chrono::milliseconds::zero())
       throw std::invalid_argument("dibs::shared_log: lock_timeout must not be negative");
-    open_log();
+    open_resolved(path);
     map_state();
-    struct ::stat ns {};
-    pid_ns_ = ::stat("/proc/self/ns/pid", &ns) == 0 ? static_cast<std::uint64_t>(ns.st_ino) : 0;
   }
 
   shared_log(const shared_log&) = delete;
@@ -215,10 +230,12 @@ public:
   /// message says so).
   void append(std::string_view record) {
     const char* what = "cannot append to log";
-    if (auto ec = append_record(record, what))
-      throw std::system_error(ec, fmt::format("dibs::shared_log: {} '{}'{}", what, path_.string(),
-                                              ec.category() == std::system_category() ? detail::errno_hint(ec.value())
-                                                                                      : ""));
+    if (auto ec = append_record(record, what)) {
+      const char* hint = ec.category() != std::system_category() ? ""
+                         : ec.value() == EMLINK ? " (the log file was given a second name, a hard link: remove it)"
+                                                : detail::errno_hint(ec.value());
+      throw std::system_error(ec, fmt::format("dibs::shared_log: {} '{}'{}", what, path_.string(), hint));
+    }
   }
 
   /// Effects: as append(record), reporting a failure through `ec` instead.
@@ -254,6 +271,9 @@ public:
     unsynced_ = 0;
   }
 
+  /// Returns: the log's path as resolved when this object was made: absolute,
+  /// with every symbolic link (the last component's too), `.` and `..`
+  /// resolved. The lock file and the rotated files are named after it.
   const std::filesystem::path& path() const noexcept { return path_; }
   /// Returns: the path of rotated file n (1 is the oldest).
   std::filesystem::path rotated_path(std::uint64_t n) const { return path_.string() + "." + std::to_string(n); }
@@ -284,10 +304,55 @@ private:
       "dibs::shared_log: not a dibs shared_log lock file, or one of another version of dibs (remove it if no "
       "writer runs):";
 
+  // Sets path_ to `given` resolved, and opens the log. Every writer must name
+  // the lock file after the same name of the file: two names (a symbolic
+  // link, `..`) would be two locks, and records lost and torn. Resolved
+  // again after the open: a last component that is a dangling symbolic link
+  // names a file only once the open has created it.
+  void open_resolved(const std::filesystem::path& given) {
+    std::error_code ec;
+    const auto absolute = std::filesystem::absolute(given, ec);
+    if (ec) throw detail::path_error(ec.value(), "dibs::shared_log: cannot make the path of log absolute", given);
+    for (int round = 0; round < 8; ++round) {
+      auto resolved = std::filesystem::weakly_canonical(absolute, ec);
+      // weakly_canonical looks whether the file exists, then resolves it: a
+      // rotation renaming it in between says ENOENT. Look again.
+      if (ec == std::errc::no_such_file_or_directory && round < 7) {
+        std::this_thread::yield();
+        continue;
+      }
+      if (ec) throw detail::path_error(ec.value(), "dibs::shared_log: cannot resolve the path of log", absolute);
+      if (fd_ && resolved == path_) return;
+      path_ = std::move(resolved);
+      open_log();
+    }
+    throw detail::path_error(ELOOP, "dibs::shared_log: the symbolic links of log keep changing while it is opened:",
+                             absolute);
+  }
+
   // Maps the lock file, setting it up if it is new or from an earlier boot.
   void map_state() {
     const auto lp = lock_path();
-    file_mutex setup{lp, {.family = lock_family::flock, .write_owner = false}};
+    // A lock file that another user has just created, and not yet set up,
+    // may still have the permissions its creator's umask left, narrower than
+    // the log's: it widens them under the set-up lock. Wait for that, rather
+    // than fail the first writers of several users that start together.
+    for (int waited_ms = 0;; ++waited_ms) {
+      try {
+        set_up_and_map(lp);
+        return;
+      } catch (const std::system_error& e) {
+        struct ::stat st {};
+        if (e.code() != std::errc::permission_denied || waited_ms >= 1000 || ::stat(lp.c_str(), &st) != 0 ||
+            st.st_size != 0 || st.st_uid == ::geteuid())
+          throw;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{1});
+    }
+  }
+
+  void set_up_and_map(const std::filesystem::path& lp) {
+    file_mutex setup{lp, {.family = lock_family::flock, .write_owner = false, .mode = log_mode_}};
     std::lock_guard hold{setup};
     detail::unique_fd fd{detail::open_retry(lp.c_str(), O_RDWR | O_CLOEXEC)};
     if (!fd) throw detail::path_error(errno, "dibs::shared_log: cannot open lock file", lp);
@@ -295,6 +360,17 @@ private:
     if (::fstat(fd.get(), &st) != 0) throw detail::path_error(errno, "dibs::shared_log: cannot stat lock file", lp);
     if (st.st_size != 0 && static_cast<std::size_t>(st.st_size) != sizeof(detail::log_shared_state))
       throw detail::path_error(EINVAL, not_ours, lp);
+    // Whoever may write the log must be able to write its lock, which every
+    // append takes. So a lock file this writer has just created (empty, and
+    // its own) gets the log's permission bits whatever this process's umask
+    // took from them, and the log's owner and group where this user may give
+    // them (root may; others may choose a group of their own). Best effort:
+    // what cannot be done shows later as another user's "permission denied"
+    // naming the lock file.
+    if (st.st_size == 0 && st.st_uid == ::geteuid()) {
+      if (::fchown(fd.get(), log_uid_, log_gid_) != 0) (void)::fchown(fd.get(), static_cast<uid_t>(-1), log_gid_);
+      (void)::fchmod(fd.get(), log_mode_);
+    }
     // Its blocks are allocated before it is mapped: a page of a sparse file
     // that cannot be allocated later (a full disk) would kill the writer
     // touching it (SIGBUS).
@@ -365,9 +441,23 @@ private:
       throw detail::path_error(S_ISDIR(st.st_mode) ? EISDIR : e ? e : EINVAL,
                                "dibs::shared_log: log is not a regular file:", path_);
     }
+    // The lock is keyed by one name of the file. Symbolic links are resolved
+    // to it, but hard links are names of equal standing: writers through two
+    // of them would take two locks, and lose and tear records.
+    if (st.st_nlink > 1) {
+      ::close(fd);
+      throw std::system_error(
+          std::error_code{EMLINK, std::system_category()},
+          fmt::format("dibs::shared_log: log file '{}' has {} names (hard links): writers through different names "
+                      "would not share one lock; remove the extra links or give every writer the same name",
+                      path_.string(), static_cast<unsigned long>(st.st_nlink)));
+    }
     fd_.reset(fd);
     log_dev_ = static_cast<std::uint64_t>(st.st_dev);
     log_ino_ = static_cast<std::uint64_t>(st.st_ino);
+    log_mode_ = st.st_mode & 0666;
+    log_uid_ = st.st_uid;
+    log_gid_ = st.st_gid;
     // A record that must be on disk needs the file's name there too (it may
     // have just been created, or renamed by a rotation).
     if (opts_.sync != durability::none) sync_directory();
@@ -425,6 +515,16 @@ private:
     return ec;
   }
 
+  // A slot's pid_ns field holds both namespaces its owner is judged in: the
+  // time namespace's inode above the PID namespace's (each is 32 bits). A
+  // slot of an older dibs holds the PID namespace alone, so its time
+  // namespace reads as none, which matches only a kernel without time
+  // namespaces: elsewhere its start time is not compared, and only a pid
+  // that no longer exists frees it (safe: such a slot is kept, never taken).
+  static constexpr std::uint64_t pack_namespaces(std::uint32_t pid_ns, std::uint32_t time_ns) noexcept {
+    return std::uint64_t{time_ns} << 32 | pid_ns;
+  }
+
   // Effects: takes a free slot. Returns: its index, or nullopt if none is free.
   std::optional<unsigned> claim_slot() {
     const auto& me = detail::this_process_base();  // before a claim: it may throw
@@ -437,7 +537,7 @@ private:
         const std::uint32_t ticket = ticket_of(w) + slot::ticket_unit;
         if (!s.word.compare_exchange_strong(w, ticket + slot::filling, std::memory_order_acquire)) continue;
         s.start.store(me.start, std::memory_order_relaxed);
-        s.pid_ns.store(pid_ns_, std::memory_order_relaxed);
+        s.pid_ns.store(pack_namespaces(me.pid_ns, me.time_ns), std::memory_order_relaxed);
         s.pid.store(static_cast<std::int32_t>(me.pid), std::memory_order_relaxed);
         s.owner_ticket.store(ticket, std::memory_order_release);
         hint_ = i;
@@ -458,13 +558,12 @@ private:
       if (st != slot::filling && st != slot::done && st != slot::failed) continue;
       // Who claimed it, as that claim wrote it (if it got that far; else keep it).
       if (s.owner_ticket.load(std::memory_order_acquire) != ticket_of(w)) continue;
-      const std::int32_t pid = s.pid.load(std::memory_order_relaxed);
-      const std::uint64_t start = s.start.load(std::memory_order_relaxed);
-      if (pid <= 0 || s.pid_ns.load(std::memory_order_relaxed) != pid_ns_) continue;  // cannot tell: keep it
-      if (::kill(pid, 0) == 0 || errno != ESRCH) {
-        const auto now = detail::process_start(pid);
-        if (!now || *now == start) continue;  // alive (or cannot tell): keep it
-      }
+      const std::uint64_t ns = s.pid_ns.load(std::memory_order_relaxed);
+      const detail::process_identity owner{s.pid.load(std::memory_order_relaxed),
+                                           s.start.load(std::memory_order_relaxed),
+                                           static_cast<std::uint32_t>(ns), static_cast<std::uint32_t>(ns >> 32)};
+      // (Same host and boot: the lock file is set up anew after a reboot.)
+      if (!detail::provably_gone(owner)) continue;  // alive, or cannot tell: keep it
       // Fails if the slot moved on meanwhile (then pid may not be its owner's).
       if (s.word.compare_exchange_strong(w, ticket_of(w) + slot::free)) any = true;
     }
@@ -857,8 +956,12 @@ private:
   detail::unique_fd fd_;
   detail::log_shared_state* state_ = nullptr;
   std::uint64_t generation_ = 0;
-  std::uint64_t pid_ns_ = 0;
   std::uint64_t log_dev_ = 0, log_ino_ = 0;  // of the file fd_ is open on
+  // Its permission bits, owner and group, which a lock file this writer
+  // creates takes on.
+  mode_t log_mode_ = 0;
+  uid_t log_uid_ = 0;
+  gid_t log_gid_ = 0;
   unsigned hint_ = 0;
   std::size_t unsynced_ = 0;
   std::mutex self_;
