@@ -17,6 +17,7 @@
 #include <fstream>
 #include <mutex>
 #include <shared_mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -352,4 +353,57 @@ TEST_CASE("a forked child of a holder does not keep the lock once the holder is 
   if (got) m.unlock();
   // Not our child (its parent died): it ends by itself within 3 s; end it now.
   if (grandchild_alive) ::kill(grandchild, SIGKILL);
+}
+
+// ---- Issue 12: a lock wait can be cancelled ------------------------------
+
+TEST_CASE("a file_mutex wait ends promptly with errc::cancelled when a stop is requested, in the kernel or behind a thread") {
+  temp_dir dir;
+  const auto path = dir.path / "nightly.lock";
+  auto expect_cancelled = [](auto&& wait) {
+    std::stop_source stop;
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(200ms);
+      stop.request_stop();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    std::error_code code;
+    try {
+      wait(stop.get_token());
+    } catch (const std::system_error& e) {
+      code = e.code();
+    }
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    canceller.join();
+    CHECK(code == dibs::errc::cancelled);
+    CHECK(waited >= 200ms);
+    CHECK(waited < 200ms + 100ms);
+  };
+  SECTION("held by another process (a wait in the kernel)") {
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    dibs_test::child holder{dibs_test::spawn([&]() -> int {
+      dibs::file_mutex m{path};
+      m.lock();
+      if (::write(ready[1], "r", 1) != 1) return 2;
+      for (;;) ::pause();
+    })};
+    char c;
+    REQUIRE(::read(ready[0], &c, 1) == 1);
+    dibs::file_mutex m{path};
+    expect_cancelled([&](std::stop_token st) { m.lock(st); });
+    expect_cancelled([&](std::stop_token st) { (void)m.try_lock_for(4s, st); });
+    holder.kill();
+    CHECK(m.try_lock_for(2s));  // nothing was left half-taken by the cancelled waits
+    m.unlock();
+  }
+  SECTION("held by another thread of this process") {
+    dibs::file_mutex a{path};
+    dibs::file_mutex b{path};
+    a.lock();
+    expect_cancelled([&](std::stop_token st) { b.lock(st); });
+    a.unlock();
+    CHECK(b.try_lock());
+    b.unlock();
+  }
 }

@@ -15,7 +15,9 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <stop_token>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -775,4 +777,57 @@ TEST_CASE("several users: in a shared group directory (02775), a lock file of mo
   REQUIRE(::stat(path.c_str(), &st) == 0);
   CHECK((st.st_mode & 07777) == 0664);  // whatever the umask
   CHECK(st.st_gid == staff);
+}
+
+// ---- Issue 12: a lock wait can be cancelled ------------------------------
+
+TEST_CASE("a lock_file wait ends promptly with errc::cancelled when a stop is requested, holding nothing") {
+  temp_dir dir;
+  const auto path = dir.path / "busy.lock";
+  channel held;
+  dibs_test::child holder{dibs_test::spawn([&]() -> int {
+    dibs::lock_file lock{path, {.lease = 30s}};
+    lock.lock();
+    held.send("held " + std::to_string(lock.token()));
+    for (;;) ::pause();
+  })};
+  REQUIRE(held.receive() == std::optional<std::string>{"held 1"});
+
+  dibs::lock_file lock{path, {.lease = 30s}};
+  auto cancelled_after = [&](auto&& wait) {
+    std::stop_source stop;
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(200ms);
+      stop.request_stop();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    std::error_code code;
+    try {
+      wait(stop.get_token());
+    } catch (const std::system_error& e) {
+      code = e.code();
+    }
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    canceller.join();
+    CHECK(code == dibs::errc::cancelled);
+    return waited;
+  };
+  SECTION("lock(stop_token)") {
+    const auto waited = cancelled_after([&](std::stop_token st) { lock.lock(st); });
+    CHECK(waited >= 200ms);
+    CHECK(waited < 200ms + 150ms);
+  }
+  SECTION("try_lock_for(4s, stop_token)") {
+    const auto waited = cancelled_after([&](std::stop_token st) { (void)lock.try_lock_for(4s, st); });
+    CHECK(waited < 200ms + 150ms);
+  }
+  CHECK(lock.token() == 0);
+  CHECK(dibs_test::slurp(path).find(fmt::format("pid {}\n", holder.pid())) != std::string::npos);  // still the holder's
+  // A stop already requested: no wait at all, and a free lock is not taken either.
+  std::stop_source done;
+  done.request_stop();
+  CHECK_THROWS_AS(lock.lock(done.get_token()), std::system_error);
+  holder.kill();
+  CHECK(lock.try_lock_for(2s, std::stop_source{}.get_token()));  // no stop: acquires once the holder is gone
+  lock.unlock();
 }

@@ -11,9 +11,13 @@
 #include <sched.h>
 #include <signal.h>
 
+#include <atomic>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -335,4 +339,120 @@ TEST_CASE("fork: a child's copy of a claim neither gives the item back nor compl
   CHECK(s.state == dibs::claim_state::completed);
   CHECK(s.result == "done by the worker");
   CHECK(s.attempts == 1);
+}
+
+// ---- Issue 12: claims renew themselves, and are movable handles ----------
+
+TEST_CASE("a live worker on an item longer than the lease keeps its claim: claims renew themselves") {
+  temp_dir dir;
+  dibs::file_store store{dir.path};
+  channel claimed;
+  dibs_test::child worker{dibs_test::spawn([&]() -> int {
+    dibs::file_store s{dir.path};
+    dibs::marker_claim<dibs::file_store> claims{s, {.lease = 300ms}};
+    auto c = claims.try_claim("slow-item");
+    if (!c) return 2;
+    claimed.send("token " + std::to_string(c->token()));
+    std::this_thread::sleep_for(1500ms);  // five leases of work, no renew() call
+    if (c->lost()) return 3;
+    c->complete("done by the slow worker");
+    return 0;
+  })};
+  const auto line = claimed.receive();
+  REQUIRE(line);
+  REQUIRE(*line == "token 1");
+  // Another worker keeps trying the whole time: it must never get the item.
+  dibs::marker_claim<dibs::file_store> others{store, {.lease = 300ms}};
+  int taken = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < 1300ms) {
+    if (auto c = others.try_claim("slow-item")) {
+      ++taken;
+      c->complete("done twice");
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  CHECK(taken == 0);
+  CHECK(worker.wait() == 0);
+  const auto s = others.status("slow-item");
+  CHECK(s.state == dibs::claim_state::completed);
+  CHECK(s.result == "done by the slow worker");
+  CHECK(s.attempts == 1);
+}
+
+TEST_CASE("with renew off, a claim that outlives its lease is lost, lost() says so, and complete() is refused") {
+  temp_dir dir;
+  dibs::file_store store{dir.path};
+  dibs::marker_claim<dibs::file_store> claims{store, {.lease = 100ms, .renew = false}};
+  auto c = claims.try_claim("k");
+  REQUIRE(c);
+  CHECK_FALSE(c->lost());
+  std::this_thread::sleep_for(150ms);
+  CHECK(c->lost());  // the validity rule: the lease ran out unrenewed
+  dibs::marker_claim<dibs::file_store> other{store, {.lease = 100ms}};
+  CHECK_FALSE(other.try_claim("k"));  // first sight of this version
+  std::this_thread::sleep_for(120ms);
+  auto c2 = other.try_claim("k");  // watched unchanged for a whole lease
+  REQUIRE(c2);
+  CHECK(c2->token() > c->token());
+  CHECK_THROWS_WITH(c->complete(), Contains("taken over"));
+  c2->complete();
+}
+
+TEST_CASE("a claim whose renewal is stuck behind a stopped process is lost by its lease's end, and on_lost is called") {
+  temp_dir dir;
+  dibs::file_store store{dir.path};
+  std::atomic<long long> lost_at_ns{0};
+  std::string lost_key;
+  std::mutex m;
+  dibs::marker_claim<dibs::file_store> claims{store, {.lease = 600ms, .on_lost = [&](std::string_view k) {
+                                                       std::lock_guard g{m};
+                                                       lost_key = std::string(k);
+                                                       lost_at_ns = dibs_test::steady_ns();
+                                                     }}};
+  auto c = claims.try_claim("stuck");
+  REQUIRE(c);
+  dibs_test::stopped_flock_holder holder{store.path_of("stuck")};
+  REQUIRE(dibs_test::eventually([&] { return lost_at_ns.load() != 0; }, 3s));
+  const auto lost_after = std::chrono::duration_cast<std::chrono::milliseconds>(
+      dibs_test::from_steady_ns(lost_at_ns.load()) - holder.locked_at());
+  INFO("on_lost came " << lost_after.count() << " ms after the record was locked");
+  CHECK(lost_after <= 600ms + 200ms);
+  CHECK(c->lost());
+  {
+    std::lock_guard g{m};
+    CHECK(lost_key == "stuck");
+  }
+  holder.kill();
+}
+
+TEST_CASE("claims are movable handles: assigning over a held claim gives its item back, a vector of claims works") {
+  temp_dir dir;
+  dibs::file_store store{dir.path};
+  dibs::marker_claim<dibs::file_store> claims{store};
+  std::optional<dibs::marker_claim<dibs::file_store>::claim> current;
+  current = claims.try_claim("a");
+  REQUIRE(current);
+  CHECK(claims.status("a").state == dibs::claim_state::processing);
+  current = claims.try_claim("b");  // "a" is given back, "b" is held
+  REQUIRE(current);
+  CHECK(current->key() == "b");
+  CHECK(claims.status("a").state == dibs::claim_state::released);
+  CHECK(claims.status("b").state == dibs::claim_state::processing);
+
+  std::vector<dibs::marker_claim<dibs::file_store>::claim> held;
+  for (const char* k : {"c", "d", "e"}) {
+    auto c = claims.try_claim(k);
+    REQUIRE(c);
+    held.push_back(std::move(*c));
+  }
+  held.erase(held.begin() + 1);  // "d" goes back; the others move and stay held
+  CHECK(claims.status("d").state == dibs::claim_state::released);
+  CHECK(claims.status("c").state == dibs::claim_state::processing);
+  CHECK(claims.status("e").state == dibs::claim_state::processing);
+  for (auto& c : held) c.complete();
+  current->complete();
+  CHECK(claims.status("c").state == dibs::claim_state::completed);
+  CHECK(claims.status("e").state == dibs::claim_state::completed);
+  CHECK(claims.status("b").state == dibs::claim_state::completed);
 }
