@@ -456,3 +456,55 @@ TEST_CASE("claims are movable handles: assigning over a held claim gives its ite
   CHECK(claims.status("e").state == dibs::claim_state::completed);
   CHECK(claims.status("b").state == dibs::claim_state::completed);
 }
+
+// ---- Issue 12: one damaged record costs one item, not the worker pool ------
+
+TEST_CASE("a damaged claim record is reported and skipped, never taken for absent, and the advice is safe") {
+  temp_dir dir;
+  dibs::file_store store{dir.path};
+  std::vector<std::pair<std::string, std::string>> reported;
+  dibs::marker_claim<dibs::file_store> claims{
+      store, {.on_damaged = [&](std::string_view k, std::string_view what) { reported.emplace_back(k, what); }}};
+  {
+    auto b = claims.try_claim("b");
+    REQUIRE(b);
+    b->complete("done once");
+  }
+  // Damage the completed item's record by hand (a disk error, an editor).
+  auto text = dibs_test::slurp(store.path_of("b"));
+  REQUIRE(text.find("completed") != std::string::npos);
+  text.replace(text.find("completed"), 9, "c0mpleted");
+  dibs_test::spit(store.path_of("b"), text);
+
+  int done = 0;
+  for (const char* k : {"a", "b", "c"}) {  // the guide's loop, with no try/catch
+    if (auto c = claims.try_claim(k)) {
+      c->complete();
+      ++done;
+    }
+  }
+  CHECK(done == 2);  // a and c; b is neither absent nor claimable
+  REQUIRE(reported.size() == 1);
+  CHECK(reported[0].first == "b");
+  CHECK_THAT(reported[0].second, Contains(store.path_of("b").string()));
+  CHECK_THAT(reported[0].second, Contains("do not delete or move it"));
+  CHECK_THAT(reported[0].second, !Contains("to let the key be used again"));
+  const auto s = claims.status("b");
+  CHECK(s.state == dibs::claim_state::damaged);
+  CHECK(std::string(dibs::to_string(s.state)) == "damaged");
+  CHECK_THAT(s.error, Contains(store.path_of("b").string()));
+  CHECK(dibs_test::slurp(store.path_of("b")) == text);  // left exactly as it was
+  CHECK(claims.sweep(std::vector<std::string>{"a", "b", "c"}) == 0);
+  CHECK(reported.size() == 2);  // the sweep reported it too, and went on
+}
+
+TEST_CASE("a foreign value under a claim key is damaged too, in every store") {
+  dibs::memory_store store;
+  REQUIRE(store.create("k", "not a claim at all"));
+  dibs::marker_claim<dibs::memory_store> claims{store, {.on_damaged = [](std::string_view, std::string_view) {}}};
+  CHECK_FALSE(claims.try_claim("k"));
+  const auto s = claims.status("k");
+  CHECK(s.state == dibs::claim_state::damaged);
+  CHECK_THAT(s.error, Contains("'k'"));
+  CHECK(store.read("k")->value == "not a claim at all");
+}

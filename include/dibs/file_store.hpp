@@ -273,7 +273,9 @@ private:
   [[noreturn]] static void corrupt(const std::filesystem::path& path, std::string_view why) {
     throw std::system_error(make_error_code(errc::corrupt_record),
                             fmt::format("dibs::file_store: record file '{}' is damaged or not a dibs record ({}); "
-                                        "move it away to let the key be used again",
+                                        "do not delete or move it away (for a claim, the item would be handled "
+                                        "again): restore it from a backup, or find out the key's state and write "
+                                        "the record again",
                                         path.string(), why));
   }
 

@@ -37,6 +37,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -66,9 +67,16 @@ struct claim_options {
   /// the claim was taken over or its lease ran out unrenewed (claim::lost()
   /// is then true): stop working on that item.
   std::function<void(std::string_view key)> on_lost{};
+  /// Called when try_claim or sweep meets an item whose record is damaged
+  /// (the item is skipped, never treated as absent), with the key and what
+  /// is wrong. Unset: one line on stderr, once per key and marker_claim.
+  std::function<void(std::string_view key, std::string_view what)> on_damaged{};
 };
 
-enum class claim_state { absent, processing, released, completed, failed };
+/// `damaged`: the item's record cannot be read as a claim (a damaged file, a
+/// foreign value). It is never taken for absent: claim loops skip it, and
+/// status() says what is wrong, naming the key (and the file).
+enum class claim_state { absent, processing, released, completed, failed, damaged };
 
 inline const char* to_string(claim_state s) noexcept {
   switch (s) {
@@ -77,6 +85,7 @@ inline const char* to_string(claim_state s) noexcept {
     case claim_state::released: return "released";
     case claim_state::completed: return "completed";
     case claim_state::failed: return "failed";
+    case claim_state::damaged: return "damaged";
   }
   return "?";
 }
@@ -85,7 +94,7 @@ inline const char* to_string(claim_state s) noexcept {
 struct claim_status {
   claim_state state = claim_state::absent;
   std::uint32_t attempts = 0;
-  std::string error;              ///< the last error given back, if any
+  std::string error;              ///< the last error given back, if any; what is wrong, if damaged
   std::string result;             ///< what complete() recorded
   dibs::version version = 0;      ///< the record's version (0 if absent)
   std::optional<detail::owner_id> owner;  ///< the worker, while processing
@@ -311,21 +320,33 @@ public:
   /// Returns: the claim, or nothing if the item is taken, done or failed,
   /// another worker won the race, or its record is busy (held by another
   /// process for longer than detail::try_wait: a stopped one, say).
+  /// A damaged record costs its item only: try_claim returns nothing for it
+  /// and reports it through claim_options::on_damaged.
   std::optional<claim> try_claim(std::string_view key) {
     try {
       return try_claim_until(key, std::chrono::steady_clock::now() + detail::try_wait);
     } catch (const std::system_error& e) {
       if (detail::timed_out(e)) return std::nullopt;
-      throw;
+      if (e.code() != make_error_code(errc::corrupt_record)) throw;
+      report_damaged(key, e.what());
+      return std::nullopt;
     }
   }
 
-  /// Returns: the state of `key`. Throws: errc::corrupt_record if its record
-  /// is not a claim.
+  /// Returns: the state of `key`; claim_state::damaged, with `error` saying
+  /// what is wrong, if its record cannot be read as a claim.
   claim_status status(std::string_view key) {
-    const auto r = store_.read(key);
-    if (!r) return {};
-    return parse(key, *r);
+    try {
+      const auto r = store_.read(key);
+      if (!r) return {};
+      return parse(key, *r);
+    } catch (const std::system_error& e) {
+      if (e.code() != make_error_code(errc::corrupt_record)) throw;
+      claim_status s;
+      s.state = claim_state::damaged;
+      s.error = e.what();
+      return s;
+    }
   }
 
   /// Effects: gives back every processing claim among `keys` whose worker is
@@ -347,13 +368,23 @@ public:
                                   encode(next, s.attempts, "recovered from a worker that is gone", "", 0), until))
           ++recovered;
       } catch (const std::system_error& e) {
-        if (!detail::timed_out(e)) throw;  // busy: its holder is active, or stopped; not provably gone
+        if (e.code() == make_error_code(errc::corrupt_record)) report_damaged(key, e.what());
+        else if (!detail::timed_out(e)) throw;  // busy: its holder is active, or stopped; not provably gone
       }
     }
     return recovered;
   }
 
 private:
+  void report_damaged(std::string_view key, std::string_view what) {
+    if (opts_.on_damaged) return opts_.on_damaged(key, what);
+    {
+      std::lock_guard g{m_};
+      if (!damaged_reported_.emplace(key).second) return;
+    }
+    fmt::print(stderr, "dibs::marker_claim: skipping item '{}', whose record is damaged: {}\n", key, what);
+  }
+
   std::optional<claim> try_claim_until(std::string_view key, dibs::time_limit until) {
     const auto r = detail::store_read(store_, key, until);
     if (!r) {
@@ -367,6 +398,7 @@ private:
       case claim_state::completed:
       case claim_state::failed:
       case claim_state::absent:
+      case claim_state::damaged:
         return std::nullopt;
       case claim_state::released:
         return take(key, s, until);
@@ -452,6 +484,7 @@ private:
   claim_options opts_;
   std::mutex m_;
   std::map<std::string, std::pair<dibs::version, std::chrono::steady_clock::time_point>, std::less<>> seen_;
+  std::set<std::string, std::less<>> damaged_reported_;
 };
 
 }  // namespace dibs
