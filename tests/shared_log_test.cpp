@@ -21,6 +21,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -282,6 +283,48 @@ TEST_CASE("a lock that cannot be had in time is a timed_out error, and the recor
   dibs_test::wait_exit(holder);
   log.append("after");
   CHECK(slurp(path) == "before\nafter\n");
+}
+
+TEST_CASE("a wait for the lock ends promptly with errc::cancelled on a stop request; the record is not written") {
+  temp_dir dir;
+  const auto path = dir.path / "c.log";
+  dibs::shared_log log{path, {.lock_timeout = 10s}};
+  log.append("before");
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t holder = dibs_test::spawn([&] {
+    auto* st = map_lock(log.lock_path());
+    if (!st || ::pthread_mutex_lock(&st->mutex.m) != 0) return 2;
+    if (::write(ready[1], "r", 1) != 1) return 3;
+    for (;;) ::pause();
+  });
+  char c;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  // A record that fits a slot (queued) and one larger than a slot (its own writer waits for the lock).
+  for (const std::string record : {std::string("queued"), std::string(dibs::shared_log::slot_capacity + 10, 'x')}) {
+    std::stop_source stop;
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(200ms);
+      stop.request_stop();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    std::error_code code;
+    try {
+      log.append(record, stop.get_token());
+    } catch (const std::system_error& e) {
+      code = e.code();
+      CHECK_THAT(e.what(), Contains(path.string()) && Contains("cancelled"));
+    }
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    canceller.join();
+    CHECK(code == dibs::errc::cancelled);
+    CHECK(waited >= 200ms);
+    CHECK(waited < 200ms + 100ms);  // not the 10 s lock_timeout
+  }
+  ::kill(holder, SIGKILL);
+  dibs_test::wait_exit(holder);
+  log.append("after");
+  CHECK(slurp(path) == "before\nafter\n");  // neither cancelled record is there
 }
 
 TEST_CASE("a writer killed half-way through a record: the next writer cuts the fragment off") {

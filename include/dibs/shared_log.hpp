@@ -65,6 +65,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <atomic>
@@ -79,6 +80,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <stop_token>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -228,9 +230,16 @@ public:
   /// Throws: std::system_error naming the log; the record is then not in the
   /// file, not even in part (except when only its fdatasync failed: the
   /// message says so).
-  void append(std::string_view record) {
+  void append(std::string_view record) { append(record, std::stop_token{}); }
+
+  /// Effects: as append(record), but a stop requested through `st` while it
+  /// waits for the lock ends the wait (within about 5 ms) with
+  /// errc::cancelled, and the record is then not in the file. A record
+  /// that a lock holder has already taken into its write is not withdrawn:
+  /// its outcome is awaited instead (it comes within microseconds).
+  void append(std::string_view record, std::stop_token st) {
     const char* what = "cannot append to log";
-    if (auto ec = append_record(record, what)) {
+    if (auto ec = append_record(record, what, st)) {
       const char* hint = ec.category() != std::system_category() ? ""
                          : ec.value() == EMLINK ? " (the log file was given a second name, a hard link: remove it)"
                                                 : detail::errno_hint(ec.value());
@@ -243,7 +252,7 @@ public:
   bool append(std::string_view record, std::error_code& ec) noexcept {
     const char* what = "";
     try {
-      ec = append_record(record, what);
+      ec = append_record(record, what, {});
     } catch (const std::system_error& e) {
       ec = e.code();
     } catch (...) {
@@ -498,7 +507,7 @@ private:
     }
   }
 
-  std::error_code append_record(std::string_view record, const char*& what) {
+  std::error_code append_record(std::string_view record, const char*& what, const std::stop_token& stop) {
     const bool newline = record.empty() || record.back() != '\n';
     const std::size_t total = record.size() + (newline ? 1 : 0);
     std::lock_guard self{self_};
@@ -507,7 +516,7 @@ private:
     std::error_code ec;
     std::optional<unsigned> i;
     if (total <= slot_capacity) i = claim_slot();
-    ec = i ? append_queued(*i, record, newline, sync, what) : append_own(record, newline, sync, what);
+    ec = i ? append_queued(*i, record, newline, sync, what, stop) : append_own(record, newline, sync, what, stop);
     if (!ec)
       unsynced_ = sync ? 0 : unsynced_ + 1;
     else if (what == describe(detail::log_failure::sync))  // in the file, not yet on disk
@@ -572,7 +581,8 @@ private:
 
   // Effects: queues the record in slot i and waits until it is written
   // (by whoever holds the lock, this writer included) or it fails.
-  std::error_code append_queued(unsigned i, std::string_view record, bool newline, bool sync, const char*& what) {
+  std::error_code append_queued(unsigned i, std::string_view record, bool newline, bool sync, const char*& what,
+                                const std::stop_token& stop) {
     slot& s = state_->slots[i];
     std::memcpy(s.data, record.data(), record.size());
     if (newline) s.data[record.size()] = '\n';
@@ -637,10 +647,10 @@ private:
       }
       const auto now = std::chrono::steady_clock::now();
       auto wait = std::chrono::nanoseconds(holder_check);
-      if (now >= deadline) {
+      if (const bool stopped = stop.stop_requested(); stopped || now >= deadline) {
         if (st == slot::ready && s.word.compare_exchange_strong(w, ticket + slot::free)) {
-            what = "timed out waiting for the lock of log";
-          return errc::timed_out;
+          what = stopped ? "cancelled waiting for the lock of log" : "timed out waiting for the lock of log";
+          return stopped ? errc::cancelled : errc::timed_out;
         }
         // Taken: being written. Its outcome comes soon, or the holder died
         // and the next one (perhaps this writer) deals with the batch.
@@ -659,8 +669,25 @@ private:
 
   // Effects: writes a record that is not queued (too large, or no free slot)
   // under the lock, with whatever is queued.
-  std::error_code append_own(std::string_view record, bool newline, bool sync, const char*& what) {
-    const int rc = state_->mutex.lock_for(opts_.lock_timeout);
+  std::error_code append_own(std::string_view record, bool newline, bool sync, const char*& what,
+                             const std::stop_token& stop) {
+    int rc;
+    if (!stop.stop_possible()) {
+      rc = state_->mutex.lock_for(opts_.lock_timeout);
+    } else {  // in slices, looking at the stop token between them
+      const auto deadline = std::chrono::steady_clock::now() + opts_.lock_timeout;
+      for (;;) {
+        if (stop.stop_requested()) {
+          what = "cancelled waiting for the lock of log";
+          return errc::cancelled;
+        }
+        const auto left = deadline - std::chrono::steady_clock::now();
+        rc = state_->mutex.lock_for(std::chrono::duration_cast<std::chrono::nanoseconds>(
+            std::clamp<std::chrono::steady_clock::duration>(left, std::chrono::steady_clock::duration::zero(),
+                                                            holder_check)));
+        if (rc != ETIMEDOUT || left <= std::chrono::steady_clock::duration::zero()) break;
+      }
+    }
     if (rc == ETIMEDOUT) {
       what = "timed out waiting for the lock of log";
       return errc::timed_out;
