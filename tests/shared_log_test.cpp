@@ -285,7 +285,7 @@ TEST_CASE("a lock that cannot be had in time is a timed_out error, and the recor
   CHECK(slurp(path) == "before\nafter\n");
 }
 
-TEST_CASE("a wait for the lock ends promptly with errc::cancelled on a stop request; the record is not written") {
+TEST_CASE("a wait for the lock ends promptly with errc::cancelled on a stop request, and the record is not written") {
   temp_dir dir;
   const auto path = dir.path / "c.log";
   dibs::shared_log log{path, {.lock_timeout = 10s}};
@@ -301,7 +301,7 @@ TEST_CASE("a wait for the lock ends promptly with errc::cancelled on a stop requ
   char c;
   REQUIRE(::read(ready[0], &c, 1) == 1);
   // A record that fits a slot (queued) and one larger than a slot (its own writer waits for the lock).
-  for (const std::string record : {std::string("queued"), std::string(dibs::shared_log::slot_capacity + 10, 'x')}) {
+  for (const std::string& record : {std::string("queued"), std::string(dibs::shared_log::slot_capacity + 10, 'x')}) {
     std::stop_source stop;
     std::thread canceller([&] {
       std::this_thread::sleep_for(200ms);
