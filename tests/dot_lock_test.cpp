@@ -247,6 +247,36 @@ TEST_CASE("dot_lock: many waiters break one stale lock, one holder at a time") {
   }
 }
 
+TEST_CASE("dot_lock: holders that die holding, every handoff a break by proof, one holder at a time") {
+  // Each hold is a process that exits without unlocking, so every handoff
+  // is a stale lock that several waiters, polling fast, judge at once.
+  temp_dir d;
+  const auto lock = d.path / "x.lck";
+  dibs_test::spit(d.path / "counter", "0\n");
+  constexpr int workers = 6, holds = 40;
+  const dibs::dot_lock_options fast{.wait = {20us, 2.0, 500us, dibs::jitter::full}};
+  std::vector<dibs_test::child> kids;
+  for (int i = 0; i < workers; ++i) {
+    kids.emplace_back(dibs_test::spawn([&] {
+      for (int j = 0; j < holds; ++j) {
+        const int rc = dibs_test::wait_exit(dibs_test::spawn([&] {
+          dibs::dot_lock l{lock, fast};
+          l.lock();
+          const int r = increment(d.path);
+          std::fflush(nullptr);
+          ::_exit(r);  // holding: the lock file stays, naming a pid that is gone once reaped
+          return r;
+        }));
+        if (rc != 0) return rc;
+      }
+      return 0;
+    }));
+  }
+  for (auto& c : kids) CHECK(c.wait() == 0);
+  CHECK(dibs_test::slurp(d.path / "counter") == std::to_string(workers * holds) + "\n");
+  CHECK(leftovers(d.path) == std::vector<std::string>{"x.lck"});
+}
+
 TEST_CASE("dot_lock: unlock leaves a lock that is not its own") {
   temp_dir d;
   const auto lock = d.path / "x.lck";
