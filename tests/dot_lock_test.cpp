@@ -20,16 +20,11 @@
 
 using namespace std::chrono_literals;
 using Catch::Contains;
+using dibs_test::sh;
 using dibs_test::temp_dir;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Runs a shell command; returns its exit code.
-int sh(const std::string& cmd) {
-  const int st = std::system(cmd.c_str());
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 // Starts bash running `script` in a child process.
 pid_t bash(const std::string& script) {
@@ -128,6 +123,14 @@ TEST_CASE("dot_lock: a dibs holder is held for dotlockfile and noclobber, and th
     CHECK(sh("dotlockfile -l -r 0 -p " + l + " 2>/dev/null") != 0);
     CHECK(sh("dotlockfile -l -r 0 " + l + " 2>/dev/null") != 0);
     CHECK(sh("set -o noclobber; { echo $$ > " + l + "; } 2>/dev/null") != 0);
+    CHECK(mine.still_held());
+    // An hour old: dotlockfile -p still sees the live pid; without -p it
+    // judges by age alone, and a touch (what the holder does on its own
+    // every third of stale_after) makes the lock young again.
+    age_file(lock, 3600s);
+    CHECK(sh("dotlockfile -l -r 0 -p " + l + " 2>/dev/null") != 0);
+    CHECK(mine.touch());
+    CHECK(sh("dotlockfile -l -r 0 " + l + " 2>/dev/null") != 0);
     CHECK(mine.still_held());
     mine.unlock();
     CHECK(!fs::exists(lock));
