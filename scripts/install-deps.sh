@@ -9,6 +9,7 @@ packages=(
   libboost-dev libfmt-dev                          # the core's dependencies
   libsqlite3-dev                                   # dibs::sqlite
   catch2 libbenchmark-dev                          # tests and benchmarks
+  liblockfile-bin                                  # dotlockfile(1): dot_lock_test's foreign lock holder
 )
 
 missing=()

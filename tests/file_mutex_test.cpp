@@ -24,16 +24,12 @@
 
 using namespace std::chrono_literals;
 using Catch::Contains;
+using dibs_test::sh;
 using dibs_test::temp_dir;
 namespace fs = std::filesystem;
 
 namespace {
 
-// Runs a shell command; returns its exit code.
-int sh(const std::string& cmd) {
-  const int st = std::system(cmd.c_str());
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 // A util-linux flock(1) process that holds `path` until release() (or destruction).
 struct flock_holder {

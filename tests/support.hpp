@@ -64,6 +64,12 @@ inline std::string slurp(const fs::path& p) {
 /// Effects: replaces the content of the file at `p` with `s`.
 inline void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
 
+/// Runs a shell command (std::system); returns its exit code, or -1 if it did not exit.
+inline int sh(const std::string& cmd) {
+  const int st = std::system(cmd.c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /// Effects: forks; the child runs `body` and exits with its return value (1 if
 /// it throws, after printing what). Never returns in the child.
 inline pid_t spawn(const std::function<int()>& body) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <dibs/backoff.hpp>
+#include <dibs/dot_lock.hpp>
 #include <dibs/error.hpp>
 #include <dibs/file_mutex.hpp>
 #include <dibs/file_store.hpp>

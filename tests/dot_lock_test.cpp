@@ -1,0 +1,354 @@
+// Tests of dibs::dot_lock: mutual exclusion with dotlockfile(1) (Debian's
+// liblockfile-bin, which scripts/install-deps.sh installs) and with a
+// `set -o noclobber` shell loop, both ways; stale locks broken on proof or by
+// age only, by one breaker at a time; errors that name the path.
+#include "support.hpp"
+
+#include <dibs/dot_lock.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using Catch::Contains;
+using dibs_test::sh;
+using dibs_test::temp_dir;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Starts bash running `script` in a child process.
+pid_t bash(const std::string& script) {
+  return dibs_test::spawn([&] {
+    ::execl("/bin/bash", "bash", "-c", script.c_str(), static_cast<char*>(nullptr));
+    return 127;
+  });
+}
+
+bool has_dotlockfile() { return sh("command -v dotlockfile >/dev/null 2>&1") == 0; }
+
+// Sets the mtime (and atime) of `p` to `age` ago.
+void age_file(const fs::path& p, std::chrono::seconds age) {
+  const auto t = std::chrono::system_clock::now() - age;
+  const auto s = std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
+  const timespec ts[2] = {{s, 0}, {s, 0}};
+  REQUIRE(::utimensat(AT_FDCWD, p.c_str(), ts, AT_SYMLINK_NOFOLLOW) == 0);
+}
+
+// The critical section of every locker: read the counter, pause, write it
+// back plus one; and an O_EXCL marker that two holders at once cannot both make.
+int increment(const fs::path& dir) {
+  const auto inside = dir / "inside";
+  const int fd = ::open(inside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return 3;  // someone else is inside: two holders
+  ::close(fd);
+  const long n = std::stol("0" + dibs_test::slurp(dir / "counter"));
+  std::this_thread::sleep_for(1ms);
+  dibs_test::spit(dir / "counter", std::to_string(n + 1) + "\n");
+  ::unlink(inside.c_str());
+  return 0;
+}
+
+// The file names in `dir` other than counter: lock files, temporaries,
+// moved-away stale locks left behind.
+std::vector<std::string> leftovers(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename() != "counter") out.push_back(e.path().filename().string());
+  return out;
+}
+
+// The same critical section in bash: the marker with noclobber.
+const char* bash_increment = R"(
+  if ! ( set -o noclobber; : > "$D/inside" ) 2>/dev/null; then exit 3; fi
+  n=$(cat "$D/counter"); sleep 0.001; echo $((10#${n:-0} + 1)) >| "$D/counter"
+  rm -f "$D/inside"
+)";
+
+}  // namespace
+
+TEST_CASE("dot_lock: dibs, dotlockfile -p, dotlockfile and a noclobber loop exclude each other") {
+  if (!has_dotlockfile()) FAIL("dotlockfile is missing: run scripts/install-deps.sh (package liblockfile-bin)");
+  temp_dir d;
+  const auto lock = d.path / "counter.lck";
+  dibs_test::spit(d.path / "counter", "0\n");
+  constexpr int k = 40;
+  const std::string env = "D='" + d.path.string() + "'; L='" + lock.string() + "'; K=" + std::to_string(k) + "\n";
+  std::vector<dibs_test::child> kids;
+  for (int i = 0; i < 2; ++i) {
+    kids.emplace_back(dibs_test::spawn([&] {
+      dibs::dot_lock l{lock};
+      for (int j = 0; j < k; ++j) {
+        std::scoped_lock hold{l};
+        if (const int rc = increment(d.path)) return rc;
+      }
+      return 0;
+    }));
+  }
+  // dotlockfile -r 1000 sleeps 5 s and more between tries: a loop of single
+  // tries with a short sleep is what a job that wants a quick handoff runs.
+  for (const char* flags : {"-p", ""}) {
+    kids.emplace_back(bash(env + "for ((i = 0; i < K; i++)); do\n"
+                                 "  until dotlockfile -l -r 0 " + std::string(flags) + " \"$L\" 2>/dev/null; do sleep 0.001; done\n" +
+                           bash_increment + "  dotlockfile -u \"$L\" || exit 4\ndone\n"));
+  }
+  kids.emplace_back(bash(env + "set -o noclobber\nfor ((i = 0; i < K; i++)); do\n"
+                               "  until { echo $$ > \"$L\"; } 2>/dev/null; do sleep 0.001; done\n" +
+                         bash_increment + "  rm -f \"$L\"\ndone\n"));
+  const int n = static_cast<int>(kids.size());
+  for (auto& c : kids) CHECK(c.wait() == 0);
+  CHECK(dibs_test::slurp(d.path / "counter") == std::to_string(n * k) + "\n");
+  CHECK(leftovers(d.path).empty());
+}
+
+TEST_CASE("dot_lock: a dibs holder is held for dotlockfile and noclobber, and theirs for dibs") {
+  if (!has_dotlockfile()) FAIL("dotlockfile is missing: run scripts/install-deps.sh (package liblockfile-bin)");
+  temp_dir d;
+  const auto lock = d.path / "x.lck";
+  const std::string l = "'" + lock.string() + "'";
+  {
+    dibs::dot_lock mine{lock};
+    REQUIRE(mine.try_lock());
+    // The pid first, where liblockfile reads it.
+    CHECK(dibs_test::slurp(lock).rfind(std::to_string(::getpid()) + "\ndibs-dot-lock 1\nhost ", 0) == 0);
+    CHECK(sh("dotlockfile -l -r 0 -p " + l + " 2>/dev/null") != 0);
+    CHECK(sh("dotlockfile -l -r 0 " + l + " 2>/dev/null") != 0);
+    CHECK(sh("set -o noclobber; { echo $$ > " + l + "; } 2>/dev/null") != 0);
+    CHECK(mine.still_held());
+    // An hour old: dotlockfile -p still sees the live pid; without -p it
+    // judges by age alone, and a touch (what the holder does on its own
+    // every third of stale_after) makes the lock young again.
+    age_file(lock, 3600s);
+    CHECK(sh("dotlockfile -l -r 0 -p " + l + " 2>/dev/null") != 0);
+    CHECK(mine.touch());
+    CHECK(sh("dotlockfile -l -r 0 " + l + " 2>/dev/null") != 0);
+    CHECK(mine.still_held());
+    mine.unlock();
+    CHECK(!fs::exists(lock));
+  }
+  dibs::dot_lock dibs_side{lock};
+  REQUIRE(sh("dotlockfile -l -r 0 -p " + l) == 0);  // the pid of a shell that is gone by now: no proof
+  CHECK(!dibs_side.try_lock());
+  CHECK(!dibs_side.try_lock_for(30ms));
+  REQUIRE(sh("dotlockfile -u " + l) == 0);
+  REQUIRE(sh("dotlockfile -l -r 0 " + l) == 0);  // "0": no pid at all
+  CHECK(!dibs_side.try_lock());
+  REQUIRE(sh("dotlockfile -u " + l) == 0);
+  REQUIRE(sh("set -o noclobber; echo $$ > " + l) == 0);
+  CHECK(!dibs_side.try_lock());
+  fs::remove(lock);
+  CHECK(dibs_side.try_lock());
+}
+
+TEST_CASE("dot_lock: a killed dibs holder is broken at once, on proof") {
+  temp_dir d;
+  const auto lock = d.path / "x.lck";
+  dibs_test::channel ch;
+  dibs_test::child holder{dibs_test::spawn([&] {
+    dibs::dot_lock l{lock};
+    l.lock();
+    ch.send("held");
+    ::pause();
+    return 0;
+  })};
+  REQUIRE(ch.receive() == "held");
+  dibs::dot_lock waiter{lock};  // stale_after: 5 minutes, so only the proof can free it
+  CHECK(!waiter.try_lock());
+  holder.kill();
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(waiter.try_lock());
+  CHECK(dibs_test::ms_since(t0) < 1000);
+  CHECK(leftovers(d.path) == std::vector<std::string>{"x.lck"});
+}
+
+TEST_CASE("dot_lock: a foreign lock is broken only by age") {
+  temp_dir d;
+  const auto lock = d.path / "x.lck";
+  dibs::dot_lock waiter{lock, {.stale_after = 2s}};
+  SECTION("an empty file") { dibs_test::spit(lock, ""); }
+  SECTION("the bare pid of a process that is gone") {
+    // No boot id, no namespace: a pid alone proves nothing (it may be of
+    // another container, or another machine over NFS).
+    dibs_test::child gone{dibs_test::spawn([] { return 0; })};
+    const pid_t pid = gone.pid();
+    gone.wait();
+    dibs_test::spit(lock, std::to_string(pid) + "\n");
+  }
+  SECTION("a dibs record whose pid namespace is not ours") {
+    dibs::dot_lock other{lock, {.stale_after = 2s}};  // the age a record gets is its writer's, at least
+    REQUIRE(other.try_lock());
+    auto text = dibs_test::slurp(lock);
+    other.unlock();
+    const auto ns = text.find("pid_ns ");
+    text.replace(ns, text.find('\n', ns) - ns, "pid_ns 1");
+    text.replace(0, text.find('\n'), "999999");  // and a pid that does not exist
+    text.replace(text.find("\npid ") + 5, text.find('\n', text.find("\npid ") + 1) - text.find("\npid ") - 5, "999999");
+    dibs_test::spit(lock, text);
+  }
+  CHECK(!waiter.try_lock());
+  age_file(lock, 1s);
+  CHECK(!waiter.try_lock());
+  age_file(lock, 3s);
+  CHECK(waiter.try_lock());
+  CHECK(leftovers(d.path) == std::vector<std::string>{"x.lck"});
+  CHECK(dibs_test::slurp(lock).rfind(std::to_string(::getpid()) + "\n", 0) == 0);
+}
+
+TEST_CASE("dot_lock: a live holder touches its file, so age never breaks it") {
+  temp_dir d;
+  const auto lock = d.path / "x.lck";
+  dibs::dot_lock holder{lock, {.stale_after = 300ms}};
+  dibs::dot_lock waiter{lock, {.stale_after = 300ms}};
+  REQUIRE(holder.try_lock());
+  const auto t0 = std::chrono::steady_clock::now();
+  while (dibs_test::ms_since(t0) < 1200) {
+    REQUIRE(!waiter.try_lock());
+    std::this_thread::sleep_for(20ms);
+  }
+  CHECK(holder.still_held());
+  holder.unlock();
+  CHECK(waiter.try_lock());
+}
+
+TEST_CASE("dot_lock: many waiters break one stale lock, one holder at a time") {
+  temp_dir d;
+  const auto lock = d.path / "x.lck";
+  dibs_test::spit(d.path / "counter", "0\n");
+  constexpr int waiters = 6, rounds = 25;
+  for (int r = 0; r < rounds; ++r) {
+    dibs_test::spit(lock, "");
+    age_file(lock, 10s);
+    int go[2];
+    REQUIRE(::pipe(go) == 0);
+    std::vector<dibs_test::child> kids;
+    for (int i = 0; i < waiters; ++i) {
+      kids.emplace_back(dibs_test::spawn([&] {
+        ::close(go[1]);
+        char c;
+        (void)::read(go[0], &c, 1);  // all start at once, when the pipe is closed
+        dibs::dot_lock l{lock, {.stale_after = 5s}};
+        std::scoped_lock hold{l};
+        if (const int rc = increment(d.path)) return rc;
+        std::this_thread::sleep_for(2ms);  // a longer hold: a second holder would overlap it
+        return 0;
+      }));
+    }
+    ::close(go[0]);
+    ::close(go[1]);
+    for (auto& c : kids) REQUIRE(c.wait() == 0);
+    REQUIRE(dibs_test::slurp(d.path / "counter") == std::to_string((r + 1) * waiters) + "\n");
+    REQUIRE(leftovers(d.path).empty());
+  }
+}
+
+TEST_CASE("dot_lock: holders that die holding, every handoff a break by proof, one holder at a time") {
+  // Each hold is a process that exits without unlocking, so every handoff
+  // is a stale lock that several waiters, polling fast, judge at once.
+  temp_dir d;
+  const auto lock = d.path / "x.lck";
+  dibs_test::spit(d.path / "counter", "0\n");
+  constexpr int workers = 6, holds = 30;
+  const dibs::dot_lock_options fast{.touch = false, .wait = {20us, 2.0, 500us, dibs::jitter::full}};  // holds are short
+  std::vector<dibs_test::child> kids;
+  for (int i = 0; i < workers; ++i) {
+    kids.emplace_back(dibs_test::spawn([&] {
+      for (int j = 0; j < holds; ++j) {
+        const int rc = dibs_test::wait_exit(dibs_test::spawn([&] {
+          dibs::dot_lock l{lock, fast};
+          l.lock();
+          const int r = increment(d.path);
+          std::fflush(nullptr);
+          ::_exit(r);  // holding: the lock file stays, naming a pid that is gone once reaped
+          return r;
+        }));
+        if (rc != 0) return rc;
+      }
+      return 0;
+    }));
+  }
+  for (auto& c : kids) CHECK(c.wait() == 0);
+  CHECK(dibs_test::slurp(d.path / "counter") == std::to_string(workers * holds) + "\n");
+  CHECK(leftovers(d.path) == std::vector<std::string>{"x.lck"});
+}
+
+TEST_CASE("dot_lock: unlock leaves a lock that is not its own") {
+  temp_dir d;
+  const auto lock = d.path / "x.lck";
+  dibs::dot_lock l{lock};
+  REQUIRE(l.try_lock());
+  fs::remove(lock);  // broken by another tool
+  dibs_test::spit(lock, "4242\n");  // and taken by it
+  CHECK(!l.still_held());
+  l.unlock();
+  CHECK(dibs_test::slurp(lock) == "4242\n");
+}
+
+TEST_CASE("dot_lock: a forked child's copy does not release the parent's hold") {
+  temp_dir d;
+  const auto lock = d.path / "x.lck";
+  dibs::dot_lock l{lock};
+  REQUIRE(l.try_lock());
+  CHECK(dibs_test::wait_exit(dibs_test::spawn([&] {
+    l.unlock();
+    return fs::exists(lock) ? 0 : 1;
+  })) == 0);
+  CHECK(fs::exists(lock));
+  CHECK(l.still_held());
+}
+
+TEST_CASE("dot_lock: bad paths are errors that name the path") {
+  temp_dir d;
+  SECTION("a symbolic link at the path, dangling or not") {
+    const auto lock = d.path / "x.lck";
+    const auto target = d.path / "target";
+    const bool dangling = GENERATE(true, false);
+    if (!dangling) dibs_test::spit(target, "keep\n");
+    fs::create_symlink(target, lock);
+    dibs::dot_lock l{lock};
+    CHECK_THROWS_WITH(l.try_lock(), Contains(lock.string()) && Contains("symbolic link"));
+    CHECK_THROWS_WITH(l.try_lock_for(20ms), Contains("symbolic link"));
+    CHECK(fs::is_symlink(lock));
+    if (!dangling) CHECK(dibs_test::slurp(target) == "keep\n");
+    if (dangling) CHECK(!fs::exists(target));
+  }
+  SECTION("a missing directory") {
+    const auto lock = d.path / "nope" / "x.lck";
+    CHECK_THROWS_WITH(dibs::dot_lock{lock}, Contains(lock.string()) && Contains("does the directory exist?"));
+  }
+  SECTION("a directory at the path") {
+    const auto lock = d.path / "x.lck";
+    fs::create_directory(lock);
+    dibs::dot_lock l{lock};
+    CHECK_THROWS_WITH(l.try_lock(), Contains(lock.string()) && Contains("not a regular file"));
+  }
+  SECTION("a directory this user may not write") {
+    uid_t uid;
+    gid_t gid;
+    if (::geteuid() != 0 || !dibs_test::unprivileged_ids(uid, gid)) return;
+    REQUIRE(::chmod(d.path.c_str(), 0755) == 0);
+    const auto lock = d.path / "x.lck";
+    const int code = dibs_test::run_unprivileged([&] {
+      dibs::dot_lock l{lock};
+      try {
+        (void)l.try_lock();
+      } catch (const std::system_error& e) {
+        const std::string what = e.what();
+        return e.code() == std::errc::permission_denied && what.find(lock.string()) != std::string::npos ? 0 : 2;
+      }
+      return 1;
+    });
+    CHECK(code == 0);
+  }
+  SECTION("a path without a file name") {
+    CHECK_THROWS_WITH(dibs::dot_lock{d.path / ""}, Contains("names no file"));
+  }
+}
