@@ -203,7 +203,10 @@ TEST_CASE("proof of death: a live worker in another PID namespace (pid 1 there) 
 TEST_CASE("a stopped process holding one item's record makes try_claim skip that item at once, and stalls no other worker") {
   temp_dir dir;
   dibs::file_store store{dir.path};
-  dibs::marker_claim<dibs::file_store> claims{store};
+  // renew off, here and in the workers: a claim that renews starts the
+  // renewal threads, and TSan cannot run a child that starts threads after
+  // a fork of a process that has them.
+  dibs::marker_claim<dibs::file_store> claims{store, {.renew = false}};
   {
     auto c = claims.try_claim("blocked");  // claimed once and given back: free to claim
     REQUIRE(c);
@@ -237,7 +240,7 @@ TEST_CASE("a stopped process holding one item's record makes try_claim skip that
     for (int n = 0; n < workers; ++n)
       procs.emplace_back(dibs_test::spawn([&]() -> int {
         dibs::file_store s{dir.path};
-        dibs::marker_claim<dibs::file_store> mine{s};
+        dibs::marker_claim<dibs::file_store> mine{s, {.renew = false}};
         const auto end = std::chrono::steady_clock::now() + 15s;
         while (std::chrono::steady_clock::now() < end) {
           int completed = 0;
