@@ -107,7 +107,9 @@ enum class durability {
 struct shared_log_options {
   /// Rotate when the file reaches this size; 0: never.
   std::uint64_t rotate_size = 0;
-  /// Rotated files to keep (the oldest beyond it are deleted); 0: keep all.
+  /// Rotated files to keep, `.1` (the newest) to `.keep`: each rotation
+  /// deletes those it shifts beyond. 0: keep all (each rotation then renames
+  /// every rotated file, as logrotate does: bound them for a busy log).
   std::uint64_t keep = 0;
   durability sync = durability::none;
   std::size_t batch_records = 64;
