@@ -73,7 +73,9 @@ TEST_CASE("leaving scope gives the item back with its attempts, and after max_at
 
 TEST_CASE("a claim that stops renewing is taken over after its lease, and its late complete() is refused") {
   dibs::memory_store store;
-  dibs::marker_claim<dibs::memory_store> a{store, {.lease = 200ms}}, b{store, {.lease = 200ms}};
+  // renew = false: this worker stops renewing (claims renew themselves by default).
+  const dibs::claim_options opts{.lease = 200ms, .renew = false};
+  dibs::marker_claim<dibs::memory_store> a{store, opts}, b{store, opts};
   auto slow = a.try_claim("item");
   REQUIRE(slow);
   CHECK_FALSE(b.try_claim("item"));  // the worker is alive (this process): only the lease can end it
