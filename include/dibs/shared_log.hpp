@@ -10,7 +10,9 @@
 // record is still in the caller's hands, never dropped to stderr.
 //
 // How: every byte goes into the file under one lock, a robust process-shared
-// mutex in the lock file `<path>.lock` (mapped by every writer). Robust
+// mutex in the lock file `.<name>.dibs-lock` beside the log (mapped by
+// every writer; hidden, so that no glob of the log's files, `batch.log*`,
+// matches it). Robust
 // means: if its holder dies (SIGKILL included), the kernel hands the mutex to
 // the next writer with EOWNERDEAD, and that writer cuts off whatever the dead
 // one left half-written (the mapping records where its write began and how
@@ -107,7 +109,9 @@ enum class durability {
 struct shared_log_options {
   /// Rotate when the file reaches this size; 0: never.
   std::uint64_t rotate_size = 0;
-  /// Rotated files to keep (the oldest beyond it are deleted); 0: keep all.
+  /// Rotated files to keep, `.1` (the newest) to `.keep`: each rotation
+  /// deletes those it shifts beyond. 0: keep all (each rotation then renames
+  /// every rotated file, as logrotate does: bound them for a busy log).
   std::uint64_t keep = 0;
   durability sync = durability::none;
   std::size_t batch_records = 64;
@@ -161,14 +165,14 @@ static_assert(sizeof(log_slot) == 1024);
 // What a failed record's writer reports.
 enum class log_failure : std::uint32_t { none, write, sync, reopen, seek };
 
-// The lock file `<log>.lock`, shared by every writer through mmap.
+// The lock file `.<log's name>.dibs-lock`, shared by every writer through mmap.
 struct log_shared_state {
   static constexpr char magic_value[8] = {'d', 'i', 'b', 's', 'l', 'o', 'g', '3'};
   char magic[8];
   char boot_id[40];             // the boot that set the mutex up; after a reboot it is set up anew
   robust_mutex mutex;
   std::uint64_t generation;     // bumped by every rotation
-  std::uint64_t next_rotation;  // n of the next `<log>.<n>`
+  std::uint64_t unused;         // dibs 0.1.0: the n of the next `<log>.<n>` (rotated files counted up)
   std::int64_t pending_start;   // where the batch being written began; -1: none
   std::int64_t pending_len;     // and its length
   std::uint64_t pending_dev;    // and the file it went to
@@ -195,7 +199,7 @@ public:
   static constexpr std::size_t slot_capacity = sizeof(detail::log_slot::data);
 
   /// Effects: resolves `path` (see path()), opens (creating if needed) the
-  /// log with `opts.mode` (less the umask) and its lock file `path() + ".lock"`,
+  /// log with `opts.mode` (less the umask) and its lock file lock_path(),
   /// created with the log's permission bits, owner and group where allowed.
   /// Throws: std::system_error naming the path (missing directory, a
   /// directory, no permission, a log file with more than one hard link, a
@@ -284,9 +288,22 @@ public:
   /// with every symbolic link (the last component's too), `.` and `..`
   /// resolved. The lock file and the rotated files are named after it.
   const std::filesystem::path& path() const noexcept { return path_; }
-  /// Returns: the path of rotated file n (1 is the oldest).
+  /// Returns: the path of rotated file n, `path() + "." + n`. As with
+  /// logrotate, 1 is the newest: every rotation renames the log to `.1`
+  /// after renaming `.1` to `.2`, `.2` to `.3`, and so on.
   std::filesystem::path rotated_path(std::uint64_t n) const { return path_.string() + "." + std::to_string(n); }
-  std::filesystem::path lock_path() const { return path_.string() + ".lock"; }
+  /// Returns: the path of the lock file, `.<name>.dibs-lock` beside the log
+  /// (for `/var/log/batch.log`: `/var/log/.batch.log.dibs-lock`): hidden, and
+  /// matched by no glob of the log's files such as `batch.log*`. dibs 0.1.0
+  /// used `<path>.lock`, which new writers ignore (docs/guide-shared-log.md).
+  std::filesystem::path lock_path() const {
+    // Appended piece by piece: `"." + std::string&&` trips GCC 12's bogus
+    // -Wrestrict at -O3 (GCC bug 105651) in programs built with -Werror.
+    std::string name = ".";
+    name += path_.filename().native();
+    name += ".dibs-lock";
+    return path_.parent_path() / name;
+  }
 
 private:
   using slot = detail::log_slot;
@@ -419,7 +436,6 @@ private:
       state_->file_end = -1;
       if (fresh) {
         state_->generation = 1;
-        state_->next_rotation = 1;
         state_->pending_start = -1;
       }
       state_->needs_repair = state_->pending_start >= 0 ? 1 : 0;
@@ -956,6 +972,19 @@ private:
   }
 
   // Requires: the lock is held and our descriptor is the current file.
+  // Effects: renames the log to `<path>.1` after shifting the rotated files
+  // up by one (`.1` to `.2`, ...), as logrotate does, and deletes those
+  // beyond opts_.keep.
+  //
+  // Crash safety: every step is one rename (never over an existing file:
+  // RENAME_NOREPLACE) or the deletion of a file beyond `keep`, so a rotator
+  // killed at any point loses no record. It may leave a shift half done: a
+  // gap in `.1 .2 ...` (`.1 .3 .4` after `.3 -> .4` and `.2 -> .3`), or no
+  // `.1` at all. The next rotation finishes it: it shifts only the files
+  // below the first gap, which is exactly what the dead rotator had left to
+  // shift, and a missing `.1` needs no shift. Then it renames the log, which
+  // still holds every record written since (the generation was bumped first,
+  // so writers reopen the same file until the rename happens).
   void rotate() {
     if (opts_.sync != durability::none) ::fdatasync(fd_.get());
     // First: every writer opens the log again before its next batch. A
@@ -963,18 +992,37 @@ private:
     // dies after it leaves them the new one, never the renamed one.
     ++state_->generation;
     state_->file_end = -1;
-    for (;;) {
-      const std::uint64_t n = state_->next_rotation++;
-      const auto target = rotated_path(n);
-      // Never overwrite an older rotated file (say, of a lock file that was reset).
-      if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) == 0) {
-        if (opts_.keep > 0 && n > opts_.keep) ::unlink(rotated_path(n - opts_.keep).c_str());
-        break;
+    auto exists = [](const std::filesystem::path& p) {
+      struct ::stat st {};
+      if (::lstat(p.c_str(), &st) == 0) return true;
+      if (errno != ENOENT) throw detail::path_error(errno, "dibs::shared_log: cannot stat rotated log", p);
+      return false;
+    };
+    for (int attempt = 0;; ++attempt) {
+      // The first gap: `.1 ... .(gap-1)` exist, `.gap` does not.
+      std::uint64_t gap = 1;
+      while (exists(rotated_path(gap))) ++gap;
+      // Shift the newest-first run up by one, oldest first, so that no rename
+      // has to replace a file.
+      for (std::uint64_t n = gap - 1; n >= 1; --n) {
+        const auto from = rotated_path(n), to = rotated_path(n + 1);
+        if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) != 0 && errno != ENOENT)
+          throw detail::path_error(errno, "dibs::shared_log: cannot shift rotated log", from);
       }
+      const auto newest = rotated_path(1);
+      if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, newest.c_str(), RENAME_NOREPLACE) == 0) break;
       if (errno == ENOENT) break;  // a rotator died after its rename: finish its rotation
-      if (errno != EEXIST) throw detail::path_error(errno, "dibs::shared_log: cannot rotate log", path_);
+      // `.1` appeared meanwhile (not through shared_log, which rotates under
+      // the lock): shift again, a few times at most.
+      if (errno != EEXIST || attempt >= 3) throw detail::path_error(errno, "dibs::shared_log: cannot rotate log", path_);
     }
-    open_log();  // (and, with durability, syncs the directory: the rename and the new file)
+    if (opts_.keep > 0) {
+      // Beyond `keep`: normally only `.keep+1`, just shifted there; more if
+      // `keep` was lowered since the last rotation.
+      for (std::uint64_t n = opts_.keep + 1; ::unlink(rotated_path(n).c_str()) == 0; ++n) {
+      }
+    }
+    open_log();  // (and, with durability, syncs the directory: the renames and the new file)
     generation_ = state_->generation;
   }
 
