@@ -129,3 +129,12 @@ TEST_CASE("invalid schedules are rejected when built, naming the field") {
   CHECK_THROWS_AS((dibs::exponential_backoff{10ms, 2.0, 5ms}), std::invalid_argument);
   CHECK_NOTHROW(dibs::exponential_backoff{10ms, 1.0, 10ms});
 }
+
+TEST_CASE("bad schedules are refused with durations in human units, not nanoseconds") {
+  CHECK_THROWS_WITH((dibs::exponential_backoff{1s, 2.0, 100ms}),
+                    Catch::Contains("cap 100 ms < initial 1 s") && !Catch::Contains("ns"));
+  CHECK_THROWS_WITH((dibs::exponential_backoff{-1500us, 2.0, 100ms}), Catch::Contains("got -1.5 ms"));
+  CHECK(dibs::detail::human(90s) == "1.5 min");
+  CHECK(dibs::detail::human(250us) == "250 µs");
+  CHECK(dibs::detail::human(7ns) == "7 ns");
+}

@@ -127,7 +127,7 @@ TEST_CASE("a database in a missing directory is refused at open, naming the path
     FAIL("opened");
   } catch (const std::system_error& e) {
     CHECK((e.code().value() & 0xff) == SQLITE_CANTOPEN);
-    CHECK_THAT(e.what(), Contains(path.string()) && Contains("directory exist"));
+    CHECK_THAT(e.what(), Contains(path.string()) && Contains("does not exist"));
   }
   CHECK_FALSE(fs::exists(dir.path / "no"));
 }
@@ -229,4 +229,28 @@ TEST_CASE("8 processes x 200 read-modify-write transactions: the counter ends at
   CHECK(failed == 0);
   dibs::sqlite::connection db{path};
   CHECK(db.query_int64("SELECT v FROM counter WHERE id = 1") == processes * transactions);
+}
+
+TEST_CASE("open errors say what about the path is wrong, and never name a statement the caller did not write") {
+  temp_dir dir;
+  SECTION("a directory") {
+    CHECK_THROWS_WITH(dibs::sqlite::connection{dir.path},
+                      Contains(dir.path.string()) && Contains("names a directory") &&
+                          !Contains("does the directory exist") && !Contains("SELECT"));
+  }
+  SECTION("a missing directory") {
+    const auto path = dir.path / "nope" / "x.db";
+    CHECK_THROWS_WITH(dibs::sqlite::connection{path},
+                      Contains(path.string()) && Contains("'" + (dir.path / "nope").string() + "' does not exist"));
+  }
+  SECTION("a file that is not a database") {
+    const auto path = dir.path / "text.db";
+    dibs_test::spit(path, std::string(4096, 'x'));
+    CHECK_THROWS_WITH(dibs::sqlite::connection{path}, Contains("cannot open database '" + path.string() + "'") &&
+                                                          !Contains("SELECT count"));
+  }
+}
+
+TEST_CASE("the busy hint does not tell a caller inside dibs::transact to use dibs::transact") {
+  CHECK_THAT(std::string(dibs::sqlite::detail::hint(SQLITE_BUSY)), !Contains("with dibs::transact") && Contains("transient"));
 }

@@ -15,6 +15,8 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <dibs/detail/units.hpp>
+
 namespace dibs {
 
 /// How a delay is spread around the exponential ceiling
@@ -61,13 +63,14 @@ public:
       : initial_(initial), multiplier_(multiplier), cap_(cap), jitter_(j) {
     if (initial <= duration::zero())
       throw std::invalid_argument(
-          fmt::format("dibs::exponential_backoff: initial delay must be positive (got {})", initial));
+          fmt::format("dibs::exponential_backoff: initial delay must be positive (got {})", detail::human(initial)));
     if (!(multiplier >= 1.0) || !std::isfinite(multiplier))
       throw std::invalid_argument(
           fmt::format("dibs::exponential_backoff: multiplier must be a finite number >= 1 (got {})", multiplier));
     if (cap < initial)
       throw std::invalid_argument(fmt::format(
-          "dibs::exponential_backoff: cap must be at least the initial delay (cap {} < initial {})", cap, initial));
+          "dibs::exponential_backoff: cap must be at least the initial delay (cap {} < initial {})", detail::human(cap),
+          detail::human(initial)));
   }
 
   duration initial() const noexcept { return initial_; }

@@ -38,6 +38,7 @@
 
 #include <dibs/backoff.hpp>
 #include <dibs/detail/cancel.hpp>
+#include <dibs/detail/units.hpp>
 #include <dibs/error.hpp>
 
 namespace dibs {
@@ -142,7 +143,7 @@ public:
   /// sleep is cut to the time left. Throws: std::invalid_argument if d <= 0.
   retry_policy& deadline(duration d) {
     if (d <= duration::zero())
-      throw std::invalid_argument(fmt::format("dibs::retry_policy: deadline must be positive (got {})", d));
+      throw std::invalid_argument(fmt::format("dibs::retry_policy: deadline must be positive (got {})", detail::human(d)));
     deadline_ = d;
     return *this;
   }

@@ -51,7 +51,7 @@ public:
 inline const char* hint(int rc) noexcept {
   switch (rc & 0xff) {
     case SQLITE_BUSY:
-    case SQLITE_LOCKED: return " (another connection holds the lock; retry the transaction with dibs::transact)";
+    case SQLITE_LOCKED: return " (another connection holds the database's lock: transient, a retry of the whole transaction can succeed)";
     case SQLITE_CANTOPEN: return " (does the directory exist, and may this user write to it?)";
     case SQLITE_READONLY: return " (is the file, or its directory, read-only for this user?)";
     case SQLITE_PERM: return " (permission denied)";
@@ -166,7 +166,7 @@ public:
       ::sqlite3_close_v2(db_);
       db_ = nullptr;
       throw std::system_error(make_error_code(rc), fmt::format("sqlite: cannot open database '{}': {}{}",
-                                                               path_.string(), msg, detail::hint(rc)));
+                                                               path_.string(), msg, open_hint(rc)));
     }
     try {
       ::sqlite3_extended_result_codes(db_, 1);
@@ -178,7 +178,14 @@ public:
       // Touch the file now, so that a file that is not a database is reported
       // here, by name, and not by the first statement of some transaction.
       const auto setup = retry_policy{}.deadline(std::chrono::seconds{30}).unlimited_attempts();
-      retry(setup, [&] { exec("SELECT count(*) FROM sqlite_schema"); });
+      try {
+        retry(setup, [&] { exec("SELECT count(*) FROM sqlite_schema"); });
+      } catch (const std::system_error& e) {
+        // Reported as the open that failed, not as a statement the caller never wrote.
+        const int code = e.code().category() == category() ? e.code().value() : SQLITE_ERROR;
+        throw std::system_error(e.code(), fmt::format("sqlite: cannot open database '{}': {}{}", path_.string(),
+                                                      ::sqlite3_errstr(code), open_hint(code)));
+      }
       if (!opts.journal_mode.empty() && !opts.read_only)
         retry(setup, [&] { exec(fmt::format("PRAGMA journal_mode={}", opts.journal_mode)); });
       if (!opts.synchronous.empty()) exec(fmt::format("PRAGMA synchronous={}", opts.synchronous));
@@ -250,6 +257,23 @@ public:
   }
 
 private:
+  // The hint for a failed open: what about this path made it fail.
+  std::string open_hint(int rc) const {
+    std::error_code ec;
+    const int primary = rc & 0xff;
+    if (primary == SQLITE_CANTOPEN) {
+      if (std::filesystem::is_directory(path_, ec)) return " (the path names a directory: give the path of a database file)";
+      const auto dir = path_.has_parent_path() ? path_.parent_path() : std::filesystem::path{"."};
+      if (!std::filesystem::exists(dir, ec)) return fmt::format(" (its directory '{}' does not exist)", dir.string());
+    }
+    if (primary == SQLITE_IOERR || primary == SQLITE_FULL) {
+      const auto dir = path_.has_parent_path() ? path_.parent_path() : std::filesystem::path{"."};
+      const auto space = std::filesystem::space(dir, ec);
+      if (!ec && space.available == 0) return fmt::format(" (the filesystem of '{}' is full)", dir.string());
+    }
+    return detail::hint(rc);
+  }
+
   std::filesystem::path path_;
   ::sqlite3* db_ = nullptr;
 };
