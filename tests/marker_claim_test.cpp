@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -514,4 +515,26 @@ TEST_CASE("a foreign value under a claim key is damaged too, in every store") {
   CHECK(s.state == dibs::claim_state::damaged);
   CHECK_THAT(s.error, Contains("'k'"));
   CHECK(store.read("k")->value == "not a claim at all");
+}
+
+// ---- Issue 12: states and statuses print by name ---------------------------
+
+TEST_CASE("claim states and statuses print as a person reads them, through fmt and ostream") {
+  temp_dir dir;
+  dibs::file_store store{dir.path};
+  dibs::marker_claim<dibs::file_store> claims{store};
+  CHECK(fmt::format("{}", dibs::claim_state::processing) == "processing");
+  std::ostringstream os;
+  os << dibs::claim_state::damaged << ' ' << dibs::jitter::full;
+  CHECK(os.str() == "damaged full");
+  auto c = claims.try_claim("job-7");
+  REQUIRE(c);
+  const auto& me = dibs::detail::this_process_base();
+  CHECK(fmt::format("{}", claims.status("job-7")) ==
+        fmt::format("processing, attempt 1, by pid {} on {} (lease 1 min)", me.pid, me.host));
+  c->complete("order 17");
+  std::ostringstream done;
+  done << claims.status("job-7");
+  CHECK(done.str() == "completed, attempt 1: order 17");
+  CHECK(fmt::format("{}", claims.status("never")) == "absent");
 }

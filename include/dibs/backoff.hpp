@@ -15,6 +15,7 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <dibs/detail/format.hpp>
 #include <dibs/detail/units.hpp>
 
 namespace dibs {

@@ -54,6 +54,7 @@
 
 #include <dibs/backoff.hpp>
 #include <dibs/detail/cancel.hpp>
+#include <dibs/detail/format.hpp>
 #include <dibs/detail/posix.hpp>
 #include <dibs/error.hpp>
 
@@ -63,6 +64,10 @@ enum class lock_family {
   flock,  ///< flock(2), as util-linux flock(1)
   posix,  ///< POSIX record locks on the whole file (OFD locks where the kernel has them)
 };
+
+inline const char* to_string(lock_family f) noexcept {
+  return f == lock_family::flock ? "flock" : f == lock_family::posix ? "posix" : "?";
+}
 
 struct file_mutex_options {
   lock_family family = lock_family::flock;

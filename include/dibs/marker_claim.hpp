@@ -37,6 +37,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <ostream>
 #include <set>
 #include <string>
 #include <string_view>
@@ -45,9 +46,11 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/format.hpp>
 #include <dibs/detail/owner.hpp>
 #include <dibs/detail/posix.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
+#include <dibs/detail/units.hpp>
 #include <dibs/error.hpp>
 #include <dibs/store.hpp>
 
@@ -90,6 +93,15 @@ inline const char* to_string(claim_state s) noexcept {
   return "?";
 }
 
+/// Who holds a lease or a claim, as its record says (host, boot id, pid,
+/// start time, PID and time namespaces, lease).
+using owner_info = detail::owner_id;
+
+/// Returns: "pid 4711 on build-7 (lease 60 s)".
+inline std::string to_string(const owner_info& o) {
+  return fmt::format("pid {} on {} (lease {})", o.pid, o.host, detail::human(o.lease));
+}
+
 /// What status() reports of an item.
 struct claim_status {
   claim_state state = claim_state::absent;
@@ -97,8 +109,22 @@ struct claim_status {
   std::string error;              ///< the last error given back, if any; what is wrong, if damaged
   std::string result;             ///< what complete() recorded
   dibs::version version = 0;      ///< the record's version (0 if absent)
-  std::optional<detail::owner_id> owner;  ///< the worker, while processing
+  std::optional<owner_info> owner;  ///< the worker, while processing
 };
+
+/// Returns: one line a person reads: "processing, attempt 2, by pid 4711 on
+/// build-7 (lease 60 s)", "completed, attempt 1: order 17", "damaged: ...".
+inline std::string to_string(const claim_status& s) {
+  std::string out = to_string(s.state);
+  if (s.state == claim_state::damaged) return out + ": " + s.error;
+  if (s.state == claim_state::absent) return out;
+  out += fmt::format(", attempt {}", s.attempts);
+  if (s.owner) out += ", by " + to_string(*s.owner);
+  if (!s.result.empty()) out += ": " + s.result;
+  if (!s.error.empty()) out += " (last error: " + s.error + ")";
+  return out;
+}
+inline std::ostream& operator<<(std::ostream& out, const claim_status& s) { return out << to_string(s); }
 
 template <shared_store Store>
 class marker_claim {
@@ -488,3 +514,11 @@ private:
 };
 
 }  // namespace dibs
+
+template <>
+struct fmt::formatter<dibs::claim_status, char> : fmt::formatter<std::string_view, char> {
+  template <class Context>
+  auto format(const dibs::claim_status& s, Context& ctx) const {
+    return fmt::formatter<std::string_view, char>::format(dibs::to_string(s), ctx);
+  }
+};

@@ -106,6 +106,15 @@ enum class durability {
   per_batch,   ///< fdatasync() after every `batch_records` records, and by flush() and the destructor
 };
 
+inline const char* to_string(durability d) noexcept {
+  switch (d) {
+    case durability::none: return "none";
+    case durability::per_record: return "per_record";
+    case durability::per_batch: return "per_batch";
+  }
+  return "?";
+}
+
 struct shared_log_options {
   /// Rotate when the file reaches this size; 0: never.
   std::uint64_t rotate_size = 0;
