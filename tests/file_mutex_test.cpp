@@ -357,23 +357,10 @@ TEST_CASE("a file_mutex wait ends promptly with errc::cancelled when a stop is r
   temp_dir dir;
   const auto path = dir.path / "nightly.lock";
   auto expect_cancelled = [](auto&& wait) {
-    std::stop_source stop;
-    std::thread canceller([&] {
-      std::this_thread::sleep_for(200ms);
-      stop.request_stop();
-    });
-    const auto t0 = std::chrono::steady_clock::now();
-    std::error_code code;
-    try {
-      wait(stop.get_token());
-    } catch (const std::system_error& e) {
-      code = e.code();
-    }
-    const auto waited = std::chrono::steady_clock::now() - t0;
-    canceller.join();
-    CHECK(code == dibs::errc::cancelled);
-    CHECK(waited >= 200ms);
-    CHECK(waited < 200ms + 100ms);
+    const auto r = dibs_test::cancel_after(200ms, wait);
+    CHECK(r.code == dibs::errc::cancelled);
+    CHECK(r.waited >= 200ms);
+    CHECK(r.waited < 200ms + 100ms);
   };
   SECTION("held by another process (a wait in the kernel)") {
     int ready[2];

@@ -797,22 +797,9 @@ TEST_CASE("a lock_file wait ends promptly with errc::cancelled when a stop is re
 
   dibs::lock_file lock{path, {.lease = 30s}};
   auto cancelled_after = [&](auto&& wait) {
-    std::stop_source stop;
-    std::thread canceller([&] {
-      std::this_thread::sleep_for(200ms);
-      stop.request_stop();
-    });
-    const auto t0 = std::chrono::steady_clock::now();
-    std::error_code code;
-    try {
-      wait(stop.get_token());
-    } catch (const std::system_error& e) {
-      code = e.code();
-    }
-    const auto waited = std::chrono::steady_clock::now() - t0;
-    canceller.join();
-    CHECK(code == dibs::errc::cancelled);
-    return waited;
+    const auto r = dibs_test::cancel_after(200ms, wait);
+    CHECK(r.code == dibs::errc::cancelled);
+    return r.waited;
   };
   SECTION("lock(stop_token)") {
     const auto waited = cancelled_after([&](std::stop_token st) { lock.lock(st); });

@@ -335,24 +335,19 @@ TEST_CASE("a wait for the lock ends promptly with errc::cancelled on a stop requ
   REQUIRE(::read(ready[0], &c, 1) == 1);
   // A record that fits a slot (queued) and one larger than a slot (its own writer waits for the lock).
   for (const std::string& record : {std::string("queued"), std::string(dibs::shared_log::slot_capacity + 10, 'x')}) {
-    std::stop_source stop;
-    std::thread canceller([&] {
-      std::this_thread::sleep_for(200ms);
-      stop.request_stop();
+    std::string message;
+    const auto r = dibs_test::cancel_after(200ms, [&](std::stop_token st) {
+      try {
+        log.append(record, st);
+      } catch (const std::system_error& e) {
+        message = e.what();
+        throw;
+      }
     });
-    const auto t0 = std::chrono::steady_clock::now();
-    std::error_code code;
-    try {
-      log.append(record, stop.get_token());
-    } catch (const std::system_error& e) {
-      code = e.code();
-      CHECK_THAT(e.what(), Contains(path.string()) && Contains("cancelled"));
-    }
-    const auto waited = std::chrono::steady_clock::now() - t0;
-    canceller.join();
-    CHECK(code == dibs::errc::cancelled);
-    CHECK(waited >= 200ms);
-    CHECK(waited < 200ms + 100ms);  // not the 10 s lock_timeout
+    CHECK(r.code == dibs::errc::cancelled);
+    CHECK_THAT(message, Contains(path.string()) && Contains("cancelled"));
+    CHECK(r.waited >= 200ms);
+    CHECK(r.waited < 200ms + 100ms);  // not the 10 s lock_timeout
   }
   ::kill(holder, SIGKILL);
   dibs_test::wait_exit(holder);

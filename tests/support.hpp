@@ -31,6 +31,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <stop_token>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -501,6 +503,39 @@ inline pid_t unused_pid(pid_t first = 999999) {
   for (pid_t p = first; p > 1; --p)
     if (::kill(p, 0) != 0 && errno == ESRCH) return p;
   return -1;
+}
+
+}  // namespace dibs_test
+
+namespace dibs_test {
+
+/// What a wait that was cancelled gave: its error code (none if it returned)
+/// and how long it took.
+struct cancelled_wait {
+  std::error_code code;
+  std::chrono::steady_clock::duration waited{};
+};
+
+/// Effects: runs wait(token) while another thread requests a stop through
+/// the token after `after`. Returns: the code of the std::system_error the
+/// wait threw (none if it returned) and how long it waited.
+template <class Wait>
+cancelled_wait cancel_after(std::chrono::milliseconds after, Wait&& wait) {
+  std::stop_source stop;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(after);
+    stop.request_stop();
+  });
+  cancelled_wait out;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    wait(stop.get_token());
+  } catch (const std::system_error& e) {
+    out.code = e.code();
+  }
+  out.waited = std::chrono::steady_clock::now() - t0;
+  canceller.join();
+  return out;
 }
 
 }  // namespace dibs_test
