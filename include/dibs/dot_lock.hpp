@@ -100,6 +100,7 @@
 #include <dibs/detail/owner.hpp>
 #include <dibs/detail/posix.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
+#include <dibs/detail/timed_lockable.hpp>
 #include <dibs/error.hpp>
 
 namespace dibs {
@@ -147,7 +148,9 @@ inline std::optional<owner_id> parse_dot_lock(std::string_view text) {
 /// process that locks the same path with dot_lock, dotlockfile(1),
 /// lockfile(1), O_EXCL or a noclobber shell; not recursive. One object is
 /// one would-be holder: share the path, not the object, between threads.
-class dot_lock {
+class dot_lock : public detail::timed_lockable<dot_lock> {
+  friend class detail::timed_lockable<dot_lock>;
+
 public:
   /// Throws: std::system_error naming the path if its directory is missing
   /// or not a directory; errc::invalid_argument for a path without a file
@@ -174,29 +177,15 @@ public:
     }
   }
 
-  /// Effects: blocks until this object holds the lock.
-  /// Throws: std::system_error naming the path for a symbolic link, a
-  /// directory or another non-file at the path, an unwritable directory.
-  void lock() { (void)acquire(clock::time_point::max(), {}); }
-  /// Effects: as lock(), or throws errc::cancelled once a stop is requested.
-  void lock(std::stop_token st) { (void)acquire(clock::time_point::max(), st); }
+  // lock(), lock(stop_token), try_lock_for(d[, stop_token]), try_lock_until(t):
+  // from detail::timed_lockable, through acquire(). Each throws
+  // std::system_error naming the path for a symbolic link, a directory or
+  // another non-file at the path, an unwritable directory.
   /// Returns: true if this object now holds the lock (one try; a stale lock
   /// is broken first).
   bool try_lock() {
     std::lock_guard g{m_};
     return try_once();
-  }
-  template <class Rep, class Period>
-  bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
-    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(d), {});
-  }
-  template <class Rep, class Period>
-  bool try_lock_for(const std::chrono::duration<Rep, Period>& d, std::stop_token st) {
-    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(d), st);
-  }
-  template <class Clock, class Duration>
-  bool try_lock_until(const std::chrono::time_point<Clock, Duration>& t) {
-    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(t - Clock::now()), {});
   }
 
   /// Effects: removes the lock file if the path still names the file this

@@ -56,6 +56,7 @@
 #include <dibs/detail/cancel.hpp>
 #include <dibs/detail/owner.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
+#include <dibs/detail/timed_lockable.hpp>
 #include <dibs/error.hpp>
 #include <dibs/file_store.hpp>
 #include <dibs/store.hpp>
@@ -92,7 +93,9 @@ inline constexpr std::string_view lease_magic = "dibs-lease 1\n";
 /// Meets Lockable and TimedLockable. One holder at a time across every
 /// process (and machine) that uses the same store and key; not recursive.
 template <shared_store Store>
-class lease_mutex {
+class lease_mutex : public detail::timed_lockable<lease_mutex<Store>> {
+  friend class detail::timed_lockable<lease_mutex<Store>>;
+
 public:
   /// Requires: `store` outlives this object. Throws: errc::invalid_argument
   /// for a bad key or a lease shorter than 3 ms.
@@ -115,33 +118,14 @@ public:
     }
   }
 
-  /// Effects: blocks until this object holds the lock.
-  void lock() { (void)acquire(dibs::time_limit::max(), {}); }
-  /// Effects: blocks until this object holds the lock, or a stop is
-  /// requested through `st` (noticed within about 10 ms).
-  /// Throws: std::system_error(errc::cancelled) if stopped; nothing is held then.
-  void lock(std::stop_token st) { (void)acquire(dibs::time_limit::max(), st); }
+  // lock(), lock(stop_token), try_lock_for(d[, stop_token]), try_lock_until(t):
+  // from detail::timed_lockable, through acquire(). try_lock_for waits in
+  // the store until its deadline at most, so a stopped process holding the
+  // record makes it return in time too.
   /// Returns: true if this object now holds the lock. Waits for nothing but
   /// a record another process is changing at that moment (detail::try_wait):
   /// a record held by a stopped process reads as "busy", i.e. false.
   bool try_lock() { return try_once(true, clock::now() + detail::try_wait); }
-  /// Returns: true if this object holds the lock within `d` (also when a
-  /// stopped process holds the record: the store's wait ends at the deadline).
-  template <class Rep, class Period>
-  bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
-    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(d), {});
-  }
-  /// Returns: as try_lock_for(d). Throws: errc::cancelled if a stop is
-  /// requested through `st` first.
-  template <class Rep, class Period>
-  bool try_lock_for(const std::chrono::duration<Rep, Period>& d, std::stop_token st) {
-    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(d), st);
-  }
-  template <class Clock, class Duration>
-  bool try_lock_until(const std::chrono::time_point<Clock, Duration>& t) {
-    return acquire(clock::now() + std::chrono::duration_cast<clock::duration>(t - Clock::now()), {});
-  }
-
   /// Effects: stops renewing and removes the record if it is still ours (a
   /// compare-and-set: a lock taken over is left to its new holder, and
   /// on_lost is called). If the record stays locked by another process (a
