@@ -283,13 +283,9 @@ dibs::detail::log_shared_state* map_lock(const fs::path& lock) {
   ::close(fd);
   return p == MAP_FAILED ? nullptr : static_cast<dibs::detail::log_shared_state*>(p);
 }
-}  // namespace
 
-TEST_CASE("a lock that cannot be had in time is a timed_out error, and the record is not written") {
-  temp_dir dir;
-  const auto path = dir.path / "t.log";
-  dibs::shared_log log{path, {.lock_timeout = 100ms}};
-  log.append("before");
+// Returns: a child process that holds the log's lock until it is killed.
+pid_t hold_lock_in_child(const dibs::shared_log& log) {
   int ready[2];
   REQUIRE(::pipe(ready) == 0);
   const pid_t holder = dibs_test::spawn([&] {
@@ -300,6 +296,18 @@ TEST_CASE("a lock that cannot be had in time is a timed_out error, and the recor
   });
   char c;
   REQUIRE(::read(ready[0], &c, 1) == 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  return holder;
+}
+}  // namespace
+
+TEST_CASE("a lock that cannot be had in time is a timed_out error, and the record is not written") {
+  temp_dir dir;
+  const auto path = dir.path / "t.log";
+  dibs::shared_log log{path, {.lock_timeout = 100ms}};
+  log.append("before");
+  const pid_t holder = hold_lock_in_child(log);
   try {
     log.append("during");
     FAIL("appended while the lock was held");
@@ -323,16 +331,7 @@ TEST_CASE("a wait for the lock ends promptly with errc::cancelled on a stop requ
   const auto path = dir.path / "c.log";
   dibs::shared_log log{path, {.lock_timeout = 10s}};
   log.append("before");
-  int ready[2];
-  REQUIRE(::pipe(ready) == 0);
-  const pid_t holder = dibs_test::spawn([&] {
-    auto* st = map_lock(log.lock_path());
-    if (!st || ::pthread_mutex_lock(&st->mutex.m) != 0) return 2;
-    if (::write(ready[1], "r", 1) != 1) return 3;
-    for (;;) ::pause();
-  });
-  char c;
-  REQUIRE(::read(ready[0], &c, 1) == 1);
+  const pid_t holder = hold_lock_in_child(log);
   // A record that fits a slot (queued) and one larger than a slot (its own writer waits for the lock).
   for (const std::string& record : {std::string("queued"), std::string(dibs::shared_log::slot_capacity + 10, 'x')}) {
     std::string message;
