@@ -313,7 +313,7 @@ private:
     holder_pid_ = pid;
     if (opts_.touch) {
       touch_id_ = detail::renewal_keeper::instance().add(
-          opts_.stale_after / 3, {[this] { return touch(); }, [] { return false; }, &never_});
+          opts_.stale_after / 3, {[this] { return touch(); }, {}, nullptr});
     }
     return true;
   }
@@ -417,8 +417,6 @@ private:
   dev_t dev_ = 0;
   ino_t ino_ = 0;
   std::uint64_t touch_id_ = 0;
-  // The renewal keeper ends a hold when this passes; a dot_lock's never does.
-  std::atomic<clock::rep> never_{clock::time_point::max().time_since_epoch().count()};
 };
 
 }  // namespace dibs

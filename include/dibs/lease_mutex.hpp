@@ -56,6 +56,7 @@
 #include <dibs/detail/cancel.hpp>
 #include <dibs/detail/owner.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
+#include <dibs/detail/validity.hpp>
 #include <dibs/detail/timed_lockable.hpp>
 #include <dibs/error.hpp>
 #include <dibs/file_store.hpp>
@@ -144,9 +145,9 @@ public:
       std::lock_guard g{m_};
       if (!held_) return;
       held_ = false;
-      valid_until_.store(clock::time_point::max().time_since_epoch().count());
+      hold_.finish();
       try {
-        if (!detail::store_erase(store_, key_, version_, clock::now() + opts_.lease)) newly_lost = mark_lost();
+        if (!detail::store_erase(store_, key_, version_, clock::now() + opts_.lease)) newly_lost = hold_.mark_lost();
       } catch (const std::system_error& e) {
         if (!detail::timed_out(e)) throw;
       }
@@ -159,9 +160,7 @@ public:
   /// Returns: true if the current (or last) hold was lost: taken over, or
   /// its lease ran out before a renewal was confirmed (the validity rule).
   /// Lock-free: cheap enough to check before every write the lock guards.
-  bool lost() const noexcept {
-    return lost_.load() || clock::now().time_since_epoch().count() >= valid_until_.load(std::memory_order_acquire);
-  }
+  bool lost() const noexcept { return hold_.lost(); }
   const std::string& key() const noexcept { return key_; }
 
   /// Effects: renews the lease now. Returns: false if it was lost (then
@@ -170,22 +169,14 @@ public:
     bool newly_lost = false;
     {
       std::lock_guard g{m_};
-      if (!held_ || lost_ || holder_pid_.load() != detail::current_pid()) return false;
-      const auto start = clock::now();
-      const auto end = clock::time_point{clock::duration{valid_until_.load()}};
-      if (start < end) {
-        try {
-          // Waiting past the lease's end is pointless: the hold is over then.
-          if (auto v = detail::store_replace(store_, key_, version_, value(), end)) {
-            version_ = *v;
-            valid_until_.store((start + opts_.lease).time_since_epoch().count(), std::memory_order_release);
-            return true;
-          }
-        } catch (const std::system_error& e) {
-          if (!detail::timed_out(e)) throw;
-        }
-      }
-      newly_lost = mark_lost();
+      if (!held_ || hold_.marked_lost() || holder_pid_.load() != detail::current_pid()) return false;
+      if (hold_.renew(opts_.lease, [&](dibs::time_limit end) {
+            const auto v = detail::store_replace(store_, key_, version_, value(), end);
+            if (v) version_ = *v;
+            return v.has_value();
+          }))
+        return true;
+      newly_lost = hold_.mark_lost();
     }
     notify_lost(newly_lost);
     return false;
@@ -289,24 +280,15 @@ private:
   // Requires: m_ held. `start`: when the call that made the hold began.
   bool became_holder(dibs::version v, clock::time_point start) {
     held_ = true;
-    lost_ = false;
     version_ = v;
     token_ = v;
     holder_pid_ = detail::current_pid();
-    valid_until_.store((start + opts_.lease).time_since_epoch().count(), std::memory_order_release);
+    hold_.begin(start, opts_.lease);
     seen_version_.reset();
     if (opts_.renew) {
       renewal_id_ = detail::renewal_keeper::instance().add(
-          opts_.lease / 3, {[this] { return renew(); }, [this] { return expire(); }, &valid_until_});
+          opts_.lease / 3, {[this] { return renew(); }, [this] { notify_lost(true); }, &hold_});
     }
-    return true;
-  }
-
-  // Called by a renewal thread when valid_until_ has passed.
-  // Returns: true if the hold is over (false: it was renewed meanwhile).
-  bool expire() {
-    if (clock::now().time_since_epoch().count() < valid_until_.load(std::memory_order_acquire)) return false;
-    notify_lost(mark_lost());
     return true;
   }
 
@@ -314,8 +296,6 @@ private:
     if (renewal_id_) detail::renewal_keeper::instance().remove(std::exchange(renewal_id_, 0));
   }
 
-  // Returns: true the first time.
-  bool mark_lost() { return !lost_.exchange(true); }
   // Called without m_, so on_lost may call unlock().
   void notify_lost(bool newly_lost) {
     if (newly_lost && opts_.on_lost) opts_.on_lost();
@@ -326,10 +306,8 @@ private:
   lease_options opts_;
   mutable std::mutex m_;
   std::atomic<bool> held_{false};
-  std::atomic<bool> lost_{false};
   std::atomic<pid_t> holder_pid_{0};   // the process that holds it (a forked child's copy is not it)
-  // The end of the hold's validity, as clock::rep (max: none running out).
-  std::atomic<clock::rep> valid_until_{clock::time_point::max().time_since_epoch().count()};
+  detail::validity hold_;              // the validity rule of the current (or last) hold
   dibs::version version_ = 0;          // the record's current version (renewals move it)
   std::atomic<dibs::version> token_{0};  // the version at acquisition
   std::optional<dibs::version> seen_version_;

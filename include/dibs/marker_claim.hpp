@@ -50,6 +50,7 @@
 #include <dibs/detail/owner.hpp>
 #include <dibs/detail/posix.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
+#include <dibs/detail/validity.hpp>
 #include <dibs/detail/units.hpp>
 #include <dibs/error.hpp>
 #include <dibs/store.hpp>
@@ -205,10 +206,7 @@ public:
     }
     /// Returns: true if the claim was taken over, or its lease ran out
     /// before a renewal was confirmed: stop working on the item. Lock-free.
-    bool lost() const noexcept {
-      return !hold_ || hold_->lost.load() ||
-             clock::now().time_since_epoch().count() >= hold_->valid_until.load(std::memory_order_acquire);
-    }
+    bool lost() const noexcept { return !hold_ || hold_->validity.lost(); }
 
     /// The fencing token of this claim: larger than that of every earlier claim of the item.
     dibs::version token() const noexcept { return token_; }
@@ -224,8 +222,7 @@ public:
     struct hold {
       std::mutex m;
       dibs::version version = 0;  // the record's current version (renewals move it)
-      std::atomic<bool> lost{false};
-      std::atomic<clock::rep> valid_until{0};
+      detail::validity validity;  // the validity rule
       std::uint64_t renewal_id = 0;
     };
 
@@ -233,7 +230,7 @@ public:
         : owner_(owner), key_(std::move(key)), token_(v), attempts_(attempts), pid_(detail::current_pid()),
           hold_(std::make_unique<hold>()) {
       hold_->version = v;
-      hold_->valid_until.store((start + owner->opts_.lease).time_since_epoch().count());
+      hold_->validity.begin(start, owner->opts_.lease);
       if (!owner->opts_.renew) return;
       hold* h = hold_.get();
       const std::string k = key_;
@@ -241,7 +238,7 @@ public:
       const dibs::version t = token_;
       h->renewal_id = detail::renewal_keeper::instance().add(
           owner->opts_.lease / 3, {[owner, h, k, a, t] { return renew_hold(*owner, *h, k, a, t); },
-                                   [owner, h, k] { return expire_hold(*owner, *h, k); }, &h->valid_until});
+                                   [owner, k] { owner->notify_lost(k); }, &h->validity});
     }
 
     bool in_owner_process() const noexcept { return pid_ == detail::current_pid(); }
@@ -257,32 +254,20 @@ public:
     static bool renew_hold(marker_claim& o, hold& h, const std::string& key, std::uint32_t attempts, dibs::version token) {
       {
         std::lock_guard g{h.m};
-        if (h.lost) return false;
-        const auto start = clock::now();
-        const auto end = clock::time_point{clock::duration{h.valid_until.load()}};
-        if (start < end) {
-          try {
-            // Waiting past the lease's end is pointless: the claim is over then.
-            if (auto v = detail::store_replace(o.store_, key, h.version,
-                                               o.encode(claim_state::processing, attempts, "", "", token), end)) {
-              h.version = *v;
-              h.valid_until.store((start + o.opts_.lease).time_since_epoch().count(), std::memory_order_release);
-              return true;
-            }
-          } catch (const std::system_error& e) {
-            if (!detail::timed_out(e)) throw;  // a passing failure: the renewal thread tries again, the lease's end decides
-          }
-        }
-        if (h.lost.exchange(true)) return false;
+        if (h.validity.marked_lost()) return false;
+        // Another failure of the store propagates: the renewal thread tries
+        // again, and the lease's end decides.
+        if (h.validity.renew(o.opts_.lease, [&](dibs::time_limit end) {
+              const auto v = detail::store_replace(o.store_, key, h.version,
+                                                   o.encode(claim_state::processing, attempts, "", "", token), end);
+              if (v) h.version = *v;
+              return v.has_value();
+            }))
+          return true;
+        if (!h.validity.mark_lost()) return false;
       }
-      if (o.opts_.on_lost) o.opts_.on_lost(key);
+      o.notify_lost(key);
       return false;
-    }
-    // Called by a renewal thread at the lease's end. Returns: true if the claim is over.
-    static bool expire_hold(marker_claim& o, hold& h, const std::string& key) {
-      if (clock::now().time_since_epoch().count() < h.valid_until.load(std::memory_order_acquire)) return false;
-      if (!h.lost.exchange(true) && o.opts_.on_lost) o.opts_.on_lost(key);
-      return true;
     }
 
     void stop_renewal() {
@@ -298,9 +283,8 @@ public:
       auto* o = std::exchange(owner_, nullptr);
       stop_renewal();
       std::lock_guard g{hold_->m};
-      const auto end = clock::time_point{clock::duration{hold_->valid_until.load()}};
-      return detail::store_replace(o->store_, key_, hold_->version, value, std::max(end, clock::now() + detail::try_wait))
-          .has_value();
+      const auto end = std::max(hold_->validity.end(), clock::now() + detail::try_wait);
+      return detail::store_replace(o->store_, key_, hold_->version, value, end).has_value();
     }
 
     bool give_back(std::string_view error) {
@@ -402,6 +386,10 @@ public:
   }
 
 private:
+  void notify_lost(std::string_view key) const {
+    if (opts_.on_lost) opts_.on_lost(key);
+  }
+
   void report_damaged(std::string_view key, std::string_view what) {
     if (opts_.on_damaged) return opts_.on_damaged(key, what);
     {

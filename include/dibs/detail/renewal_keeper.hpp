@@ -25,6 +25,7 @@
 #include <thread>
 
 #include <dibs/detail/posix.hpp>
+#include <dibs/detail/validity.hpp>
 
 namespace dibs::detail {
 
@@ -35,11 +36,12 @@ public:
   struct hooks {
     /// Renews the lease; returns false to stop renewing (lost, or released).
     std::function<bool()> renew;
-    /// Called when `valid_until` has passed; returns true if the lease is
-    /// over (then no more renewals), false if it was renewed meanwhile.
-    std::function<bool()> expire;
-    /// The end of the lease, as clock::rep of clock::time_point, kept by the holder.
-    const std::atomic<clock::rep>* valid_until = nullptr;
+    /// Tells the holder, once, that its lease ran out unrenewed (called
+    /// after the keeper has marked `hold` lost).
+    std::function<void()> lost;
+    /// The holder's validity: when it runs out, and whether it is lost
+    /// (nullptr: a periodic task with no end to watch).
+    validity* hold = nullptr;
   };
 
   /// Returns: this process's keeper (a forked child gets a new one: the
@@ -64,7 +66,7 @@ public:
   }
 
   /// Effects: calls h.renew every `every` (on a worker) until it returns false
-  /// or remove(id), and h.expire when *h.valid_until passes.
+  /// or remove(id); when h.hold runs out, marks it lost and calls h.lost.
   /// Returns: the id for remove().
   std::uint64_t add(clock::duration every, hooks h) {
     std::lock_guard g{m_};
@@ -121,8 +123,14 @@ private:
     return id;
   }
 
-  static clock::time_point until(const entry& e) {
-    return clock::time_point{clock::duration{e.h.valid_until->load(std::memory_order_acquire)}};
+  static clock::time_point until(const entry& e) { return e.h.hold ? e.h.hold->end() : clock::time_point::max(); }
+
+  // The expiry task: the hold is over if its end has passed (it may have
+  // been renewed since the scheduler looked). Returns: true if over.
+  static bool expire(const hooks& h) {
+    if (!h.hold->expired()) return false;
+    if (h.hold->mark_lost() && h.lost) h.lost();
+    return true;
   }
 
   void schedule() {
@@ -132,11 +140,11 @@ private:
       auto wake = clock::time_point::max();
       for (auto& [id, e] : entries_) {
         if (e.removed || e.over) continue;
-        if (!e.expiring) {
+        if (!e.expiring && e.h.hold) {
           if (const auto end = until(e); end <= now) dispatch(id, e, true);
           else wake = std::min(wake, end);
         }
-        if (!e.renewing && !e.over) {
+        if (!e.renewing) {
           if (e.due <= now) {
             e.due = now + e.every;
             dispatch(id, e, false);
@@ -172,14 +180,14 @@ private:
       tasks_.pop_front();
       --idle_;
       const entry& e = entries_.at(t.id);  // not erased while a task of it is queued, only once it runs
-      const auto fn = t.expire ? std::function<bool()>{e.h.expire} : e.h.renew;  // a copy: run unlocked
+      const hooks h = e.h;  // a copy: run unlocked
       const bool skip = e.removed || e.over;
       g.unlock();
       bool result = false;
       if (!skip) {
         current_task() = t.id;
         try {
-          result = fn();
+          result = t.expire ? expire(h) : h.renew();
         } catch (...) {
           // A renewal that failed for a moment is tried again next time; the
           // lease's end, watched here too, says when it is over.
