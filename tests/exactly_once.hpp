@@ -27,7 +27,8 @@ void check_exactly_once_under_crashes(OpenItems open_items, OpenJournal open_jou
                                       int kills = 20) {
   using Store = std::remove_cvref_t<decltype(open_items())>;
   using namespace std::chrono_literals;
-  auto key = [](int i) { return fmt::format("item-{:04}", i); };
+  // Keys as a mailbox has them: Message-IDs, with '/', '%' and '+'.
+  auto key = [](int i) { return fmt::format("<item/{:04}+%{}@mail.example.com>", i, i % 7); };
   auto write_effect = [&](auto& journal, const std::string& k, dibs::version token) {
     for (;;) {
       auto r = journal.read(k);

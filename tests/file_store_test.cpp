@@ -32,6 +32,7 @@ TEST_CASE("file_store passes the conformance suite, in one process and across 8"
   dibs::file_store s{dir.path, opts};
   REQUIRE_NOTHROW(dibs::testing::check_semantics(s, "sem-"));
   REQUIRE_NOTHROW(dibs::testing::check_bad_input(s, "bad-"));
+  REQUIRE_NOTHROW(dibs::testing::check_any_keys(s, "any-"));
   REQUIRE_NOTHROW(dibs::testing::check_races_threads(s, 4, 200, "threads-"));
   auto open = [&] { return dibs::file_store{dir.path, opts}; };
   REQUIRE_NOTHROW(dibs::testing::check_create_race_processes(open, 8, "raced"));
@@ -363,4 +364,82 @@ TEST_CASE("wait_for_change wakes on a write to the key's file, in place or not, 
   REQUIRE(s.replace("k", *v, "three"));
   CHECK(waiter.get());
   CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+}
+
+TEST_CASE("any key has a file a person can find: the key itself, with '/', '%' and control bytes written %XX") {
+  temp_dir dir;
+  dibs::file_store s{dir.path};
+  const std::string id = "<abc/def+123@mail.example.com>";
+  REQUIRE(s.create(id, "processing"));
+  CHECK(s.path_of(id) == dir.path / "<abc%2Fdef+123@mail.example.com>.rec");
+  CHECK(fs::exists(dir.path / "<abc%2Fdef+123@mail.example.com>.rec"));
+  CHECK_THAT(slurp(s.path_of(id)), Contains("key <abc%2Fdef+123@mail.example.com>\n"));
+  // A key without such bytes is its own name, and its record has no key line,
+  // as with dibs 0.1.
+  REQUIRE(s.create("msg 1", "v"));
+  CHECK(fs::exists(dir.path / "msg 1.rec"));
+  CHECK_THAT(slurp(dir.path / "msg 1.rec"), !Contains("\nkey "));
+  CHECK(s.path_of(".") == dir.path / "%2E.rec");
+  CHECK(s.path_of(".dibs-tmp.x") == dir.path / "%2Edibs-tmp.x.rec");
+  CHECK(s.path_of(std::string("a\0b\n", 4)) == dir.path / "a%00b%0A.rec");
+  // Too long for a file name: cut, marked, hashed; the record holds the key.
+  const std::string long_key = std::string(300, 'x') + "/1", other = std::string(300, 'x') + "/2";
+  REQUIRE(s.create(long_key, "one"));
+  REQUIRE(s.create(other, "two"));
+  const auto name = s.path_of(long_key).filename().string();
+  CHECK(name.size() <= 255);
+  CHECK_THAT(name, Contains("%~"));
+  CHECK(s.path_of(long_key) != s.path_of(other));
+  CHECK(s.read(long_key)->value == "one");
+  CHECK(s.read(other)->value == "two");
+  auto keys = s.keys();
+  std::sort(keys.begin(), keys.end());
+  CHECK(keys == std::vector<std::string>{"<abc/def+123@mail.example.com>", "msg 1", long_key, other});
+}
+
+TEST_CASE("a record at a cut name that holds another key is reported, never read as this key's") {
+  temp_dir dir;
+  dibs::file_store s{dir.path};
+  const std::string a = std::string(300, 'y') + "a", b = std::string(300, 'y') + "b";
+  REQUIRE(s.create(a, "a's"));
+  // Make b's name hold a's record, as a hash collision would.
+  fs::copy_file(s.path_of(a), s.path_of(b));
+  CHECK_THROWS_WITH(s.read(b), Contains("holds the record of key 'yyy") && Contains("not of 'yyy"));
+  CHECK_THROWS_WITH(s.create(b, "b's"), Contains("holds the record of key"));
+  CHECK(s.read(a)->value == "a's");
+}
+
+TEST_CASE("a record of dibs 0.1 under a key with '%' is reported by both keys it could be, never taken for absent") {
+  temp_dir dir;
+  // dibs 0.1 kept key "a%2Fb" (a URL-encoded name: '/' was not allowed) in
+  // "a%2Fb.rec", which is now the name of key "a/b". Written here as 0.1 did.
+  {
+    dibs::file_store writer{dir.path};
+    REQUIRE(writer.create("plain", "dibs-claim 1\nstate completed\nattempts 1\n"));
+  }
+  fs::rename(dir.path / "plain.rec", dir.path / "a%2Fb.rec");
+  dibs::file_store s{dir.path};
+  // The old key: its record is at its old name; using it must not make a new one.
+  CHECK_THROWS_WITH(s.read("a%2Fb"), Contains("the record of key 'a%2Fb' is in") && Contains("dibs 0.1") &&
+                                         Contains("keeps it in '" + (dir.path / "a%252Fb.rec").string() + "'"));
+  CHECK_THROWS(s.create("a%2Fb", "again"));
+  CHECK(!fs::exists(dir.path / "a%252Fb.rec"));
+  // The new key spelled alike: the file is not its record.
+  CHECK_THROWS_WITH(s.read("a/b"), Contains("a record of dibs 0.1 for the key 'a%2Fb'"));
+  CHECK_THROWS(s.create("a/b", "mine"));
+  CHECK_THROWS_WITH(s.read("a%2Fb"), Contains("adopt_old_record"));
+  // A renamed record does not know its key: still reported, not misread.
+  fs::rename(dir.path / "a%2Fb.rec", dir.path / "a%252Fb.rec");
+  CHECK_THROWS_WITH(s.read("a%2Fb"), Contains("holds a record of dibs 0.1"));
+  fs::rename(dir.path / "a%252Fb.rec", dir.path / "a%2Fb.rec");
+  // What the message advises: the record moves, with its version and value.
+  CHECK(s.adopt_old_record("a%2Fb"));
+  CHECK(!s.adopt_old_record("a%2Fb"));
+  const auto r = s.read("a%2Fb");
+  REQUIRE(r);
+  CHECK(r->value == "dibs-claim 1\nstate completed\nattempts 1\n");
+  CHECK(r->version == 1);
+  CHECK(!fs::exists(dir.path / "a%2Fb.rec"));
+  CHECK(!s.read("a/b"));
+  CHECK(s.create("a/b", "mine") == dibs::version{1});
 }

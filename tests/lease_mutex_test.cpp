@@ -244,7 +244,20 @@ TEST_CASE("a holder that stops renewing loses the lock after its lease, and is t
 
 TEST_CASE("bad input: a bad name, a missing or unwritable directory, a foreign or older lock file") {
   temp_dir dir;
-  CHECK_THROWS_WITH(dibs::lock_file{dir.path / "bad\x01name"}, Contains("invalid key") && Contains("control"));
+  // A path that names no file is refused speaking of the path, not of a key.
+  const std::string slash = (dir.path / "sub").string() + "/";
+  CHECK_THROWS_WITH(dibs::lock_file{slash}, Contains("dibs::lock_file: cannot lock '" + slash + "'") &&
+                                                Contains("names a directory") && !Contains("key"));
+  CHECK_THROWS_WITH(dibs::lock_file{dir.path / ".."}, Contains("names a directory"));
+  CHECK_THROWS_WITH(dibs::lock_file{""}, Contains("the path is empty"));
+  // Any file name is a lock file name, also one with control bytes, '%' or
+  // '<': the lock file is exactly the path given.
+  {
+    dibs::lock_file odd{dir.path / "odd\x01%2F<name>"};
+    odd.lock();
+    CHECK(fs::exists(dir.path / "odd\x01%2F<name>"));
+    odd.unlock();
+  }
   const auto missing = dir.path / "nope" / "x.lock";
   CHECK_THROWS_WITH(dibs::lock_file{missing}, Contains((dir.path / "nope").string()) && Contains("does the directory exist"));
   // liblockfile and many scripts write a bare pid into the lock file.

@@ -141,7 +141,7 @@ TEST_CASE("a record that is not a claim is reported by key") {
   CHECK_FALSE(claims.try_claim("x"));  // skipped, not a reason for the worker to die
   CHECK_THAT(what, Contains("'x'") && Contains("not a dibs claim"));
   CHECK_THAT(claims.status("x").error, Contains("not a dibs claim"));
-  CHECK_THROWS_WITH(claims.try_claim("bad/key"), Contains("invalid key"));
+  CHECK_THROWS_WITH(claims.try_claim(""), Contains("dibs::marker_claim::try_claim: invalid key ''"));
 }
 
 TEST_CASE("exactly once under crashes: 8 workers, 5,000 items, 20 SIGKILLs") {
@@ -537,4 +537,69 @@ TEST_CASE("claim states and statuses print as a person reads them, through fmt a
   done << claims.status("job-7");
   CHECK(done.str() == "completed, attempt 1: order 17");
   CHECK(fmt::format("{}", claims.status("never")) == "absent");
+}
+
+TEST_CASE("list shows every item by state, with its owner, attempts and when it changed") {
+  temp_dir dir;
+  dibs::file_store store{dir.path};
+  dibs::marker_claim<dibs::file_store> claims{store, {.max_attempts = 1, .renew = false, .on_damaged = [](auto, auto) {}}};
+  const auto t0 = std::chrono::system_clock::now() - 1s;
+  auto held = claims.try_claim("<held/1@x>");
+  REQUIRE(held);
+  claims.try_claim("<done/2@x>")->complete("order 17");
+  claims.try_claim("<failed/3@x>")->release("no such mailbox");  // its last attempt
+  dibs_test::spit(store.path_of("<damaged/4@x>"), "not a record\n");
+  REQUIRE(store.create("other-prefix", "dibs-claim 1\nstate completed\nattempts 1\n"));
+  const auto items = claims.list("<");
+  REQUIRE(items.size() == 4);
+  CHECK(items[0].key == "<damaged/4@x>");
+  CHECK(items[0].status.state == dibs::claim_state::damaged);
+  CHECK(items[1].key == "<done/2@x>");
+  CHECK(items[1].status.state == dibs::claim_state::completed);
+  CHECK(items[1].status.result == "order 17");
+  CHECK(items[2].key == "<failed/3@x>");
+  CHECK(items[2].status.state == dibs::claim_state::failed);
+  CHECK(items[2].status.error == "no such mailbox");
+  CHECK(items[3].key == "<held/1@x>");
+  CHECK(items[3].status.state == dibs::claim_state::processing);
+  REQUIRE(items[3].status.owner);
+  CHECK(items[3].status.owner->pid == ::getpid());
+  CHECK(items[3].status.attempts == 1);
+  for (std::size_t i = 1; i < items.size(); ++i) CHECK(items[i].status.changed >= t0);
+  CHECK(claims.list().size() == 5);
+  CHECK(fmt::format("{}", items[1].status) == "completed, attempt 1: order 17");
+}
+
+TEST_CASE("purge forgets only done items older than the age whose source the caller says is gone") {
+  temp_dir dir;
+  dibs::file_store store{dir.path};
+  dibs::marker_claim<dibs::file_store> claims{store, {.max_attempts = 1, .renew = false}};
+  for (int i = 0; i < 10; ++i) claims.try_claim(fmt::format("done-{}", i))->complete();
+  claims.try_claim("failed")->release("gave up");
+  auto held = claims.try_claim("held");
+  REQUIRE(held);
+  const auto done_version = claims.status("done-0").version;
+  // Too young: nothing goes, whatever the caller says.
+  CHECK(claims.purge(1h, [](std::string_view) { return true; }) == 0);
+  // The caller vouches for the sources of even items and "failed" only.
+  std::vector<std::string> asked;
+  const auto gone = [&](std::string_view k) {
+    asked.emplace_back(k);
+    return k == "failed" || (k.starts_with("done-") && (k.back() - '0') % 2 == 0);
+  };
+  std::this_thread::sleep_for(5ms);
+  CHECK(claims.purge(1ms, gone) == 6);
+  CHECK(std::find(asked.begin(), asked.end(), "held") == asked.end());  // a processing item is never offered
+  for (int i = 0; i < 10; ++i)
+    CHECK(claims.status(fmt::format("done-{}", i)).state ==
+          (i % 2 == 0 ? dibs::claim_state::absent : dibs::claim_state::completed));
+  CHECK(claims.status("failed").state == dibs::claim_state::absent);
+  CHECK(claims.status("held").state == dibs::claim_state::processing);
+  CHECK(claims.list().size() == 6);
+  // A purged key is claimable again, and its tokens keep growing.
+  auto again = claims.try_claim("done-0");
+  REQUIRE(again);
+  CHECK(again->token() > done_version);
+  again->complete();
+  held->complete();
 }

@@ -28,6 +28,7 @@ TEST_CASE("shm_store passes the conformance suite, in one process and across 8")
   dibs::shm_store s{seg.name};
   REQUIRE_NOTHROW(dibs::testing::check_semantics(s, "sem-"));
   REQUIRE_NOTHROW(dibs::testing::check_bad_input(s, "bad-"));
+  REQUIRE_NOTHROW(dibs::testing::check_any_keys(s, "any-"));
   REQUIRE_NOTHROW(dibs::testing::check_races_threads(s, 4, 1000, "threads-"));
   auto open = [&] { return dibs::shm_store{seg.name}; };
   REQUIRE_NOTHROW(dibs::testing::check_create_race_processes(open, 8, "raced"));

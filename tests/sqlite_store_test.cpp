@@ -31,6 +31,7 @@ TEST_CASE("sqlite_store passes the conformance suite, in one process and across 
     dibs::sqlite_store s{db};
     REQUIRE_NOTHROW(dibs::testing::check_semantics(s, "sem-"));
     REQUIRE_NOTHROW(dibs::testing::check_bad_input(s, "bad-"));
+    REQUIRE_NOTHROW(dibs::testing::check_any_keys(s, "any-"));
     REQUIRE_NOTHROW(dibs::testing::check_races_threads(s, 4, 500, "threads-"));
   }  // closed before forking: SQLite forbids a connection open across fork() to the same file
   auto open = [&] { return dibs::sqlite_store{db}; };

@@ -70,6 +70,7 @@ TEST_CASE("memory_store passes the conformance suite") {
   dibs::memory_store s;
   REQUIRE_NOTHROW(dibs::testing::check_semantics(s, "sem-"));
   REQUIRE_NOTHROW(dibs::testing::check_bad_input(s, "bad-"));
+  REQUIRE_NOTHROW(dibs::testing::check_any_keys(s, "any-"));
   REQUIRE_NOTHROW(dibs::testing::check_races_threads(s, 8, 1000, "race-"));
 }
 
@@ -78,13 +79,23 @@ TEST_CASE("the conformance suite catches a store whose versions restart after er
   CHECK_THROWS_AS(dibs::testing::check_semantics(s, "f-"), dibs::testing::conformance_failure);
 }
 
-TEST_CASE("bad keys are named in the message, control characters shown escaped") {
+TEST_CASE("a refused key is named in the message with the call, the rule and what to do, control bytes escaped") {
   dibs::memory_store s;
   try {
-    (void)s.read(std::string("a\x01z"));
+    (void)s.read(std::string("a\x01z") + std::string(2000, 'k'));
     FAIL("accepted");
   } catch (const std::system_error& e) {
     CHECK(e.code() == dibs::errc::invalid_argument);
-    CHECK_THAT(e.what(), Catch::Contains("'a\\x01z'") && Catch::Contains("control"));
+    CHECK_THAT(e.what(), Catch::StartsWith("dibs::memory_store::read: invalid key 'a\\x01zkkk") &&
+                             Catch::Contains("at most 1024 bytes (it has 2003)") && Catch::Contains("digest"));
   }
+  CHECK_THROWS_WITH(s.create("", "v"), Catch::StartsWith("dibs::memory_store::create: invalid key ''") &&
+                                           Catch::Contains("must not be empty"));
+}
+
+TEST_CASE("a Message-ID, a URL and bytes that are not text are keys like any other") {
+  dibs::memory_store s;
+  const std::string keys[] = {"<abc/def+123@mail.example.com>", "https://example.com/a?b=%20", std::string("\0\xff", 2)};
+  for (const auto& k : keys) REQUIRE(s.create(k, k));
+  for (const auto& k : keys) CHECK(s.read(k)->value == k);
 }

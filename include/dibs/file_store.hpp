@@ -14,6 +14,20 @@
 //
 //   processing
 //
+// A key is any bytes (store.hpp). Its file is named by the key itself where
+// a file name can be the key; the bytes it cannot hold or that would make
+// names ambiguous are written %XX: '/', '%', control bytes, and the first '.'
+// of ".", ".." and of keys starting ".dibs-" (dibs's own files). So the key
+// `<abc/def+1@mail.example.com>` is in `<abc%2Fdef+1@mail.example.com>.rec`.
+// A name longer than a file name may be (255 bytes) is cut, and ends in "%~"
+// and a hash of the key (the escaping never writes "%~"). The record of an
+// escaped or cut name holds its key too, on a line `key <escaped key>` after
+// `size`, and is read only as the record of that key; a record without that
+// line at such a name was written by dibs 0.1 (whose keys could not be
+// escaped), for the key spelled like the name, and is reported, never
+// misread; so is a record of dibs 0.1 for a key with '%' (its old name), so
+// that an item done before an upgrade is never taken for absent.
+//
 // The crc32 covers the header lines above it and the value, so a torn or
 // damaged file is reported (errc::corrupt_record, naming the file), never
 // misread.
@@ -69,12 +83,14 @@
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include <boost/crc.hpp>
 #include <fmt/format.h>
@@ -98,9 +114,13 @@ struct file_store_options {
   /// such as /tmp another user can only write a record in place, never
   /// replace it).
   mode_t mode = 0644;
-  /// Appended to the key to name its file (dibs::lock_file uses "", so the
-  /// lock file is exactly the path it was given).
+  /// Appended to the key's name to name its file.
   std::string suffix = ".rec";
+  /// The key is the file's name itself, which must then be one: no '/' or
+  /// NUL, not "." or "..", at most 255 bytes with the suffix (dibs::lock_file
+  /// does this, with an empty suffix, so the lock file is exactly the path it
+  /// was given). Otherwise any key is encoded into a file name (see path_of).
+  bool key_is_file_name = false;
   /// Rewrite a record of up to 2 KiB inside its own file, under its flock,
   /// instead of writing a new file and exchanging it in (dibs::lock_file
   /// does: one pwrite instead of a temporary file, an exchange and an
@@ -144,8 +164,10 @@ public:
   /// Effects, Returns, Throws: as read(key); errc::timed_out if the record
   /// is caught mid-write and its writer has not finished by `t`.
   std::optional<record> read(std::string_view key, dibs::time_limit t) const {
-    validate_key(key);
-    auto r = load(path_of(key), t);
+    const auto name = resolve(key, "dibs::file_store::read");
+    const auto path = dir_ / name.name;
+    auto r = load(path, t);
+    if (r) check_key(*r, key, name, path);
     if (!r || !r->live) return std::nullopt;
     return record{std::move(r->value), r->version};
   }
@@ -156,16 +178,16 @@ public:
   /// Effects, Returns, Throws: as create(key, value); errc::timed_out if the
   /// record's flock is held by another process until `t`.
   std::optional<dibs::version> create(std::string_view key, std::string_view value, dibs::time_limit t) {
-    validate_key(key);
+    const auto name = resolve(key, "dibs::file_store::create");
     validate_value(key, value);
-    const auto path = path_of(key);
+    const auto path = dir_ / name.name;
     for (;;) {
       // An erased record keeps the key's version: continue from it, under the
       // record's lock, without first writing a file that link() would refuse.
-      const auto swapped = swap_if(key, [](const stored& c) { return !c.live; }, true, value, t);
+      const auto swapped = swap_if(key, name, [](const stored& c) { return !c.live; }, true, value, t);
       if (swapped.outcome == swap_outcome::done) return swapped.version;
       if (swapped.outcome == swap_outcome::refused) return std::nullopt;  // live: we lost
-      const auto tmp = write_temporary(1, true, value);  // no file: make the first one
+      const auto tmp = write_temporary(1, true, value, name.key_line);  // no file: make the first one
       if (::link(tmp.c_str(), path.c_str()) == 0) {
         ::unlink(tmp.c_str());
         sync_dir();
@@ -185,20 +207,52 @@ public:
   }
   std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value,
                                        dibs::time_limit t) {
-    validate_key(key);
+    const auto name = resolve(key, "dibs::file_store::replace");
     validate_value(key, value);
-    return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, true, value, t).version;
+    return swap_if(key, name, [&](const stored& cur) { return cur.live && cur.version == expected; }, true, value, t)
+        .version;
   }
 
   bool erase(std::string_view key, dibs::version expected) { return erase(key, expected, dibs::time_limit::max()); }
   bool erase(std::string_view key, dibs::version expected, dibs::time_limit t) {
-    validate_key(key);
-    return swap_if(key, [&](const stored& cur) { return cur.live && cur.version == expected; }, false, {}, t)
+    const auto name = resolve(key, "dibs::file_store::erase");
+    return swap_if(key, name, [&](const stored& cur) { return cur.live && cur.version == expected; }, false, {}, t)
                .outcome == swap_outcome::done;
   }
 
+  /// Returns: the keys of the live records that start with `prefix`, read
+  /// back from the file names (and from the records of cut names). Files
+  /// that are no record of this store are not keys; a damaged record is
+  /// listed (reading it reports the damage), except one of a cut name, whose
+  /// key is only inside it.
+  std::vector<std::string> keys(std::string_view prefix = {}) const {
+    std::vector<std::string> out;
+    std::unique_ptr<DIR, int (*)(DIR*)> d{::opendir(dir_.c_str()), ::closedir};
+    if (!d) throw detail::path_error(errno, "dibs::file_store: cannot list directory", dir_);
+    while (const dirent* entry = ::readdir(d.get())) {
+      const std::string_view file = entry->d_name;
+      if (entry->d_type == DT_DIR || file == "." || file == ".." || file.starts_with(".dibs-") ||
+          file.size() <= opts_.suffix.size() || !file.ends_with(opts_.suffix))
+        continue;
+      const std::string_view stem = file.substr(0, file.size() - opts_.suffix.size());
+      std::optional<std::string> key = key_of(stem);
+      try {
+        auto r = load(dir_ / file, dibs::time_limit::max());
+        if (!r) continue;  // gone meanwhile
+        if (r->key) key = unescape(*r->key);
+        if (!key || !r->live) continue;
+      } catch (const std::system_error& e) {
+        if (e.code() != errc::corrupt_record || !key) continue;  // listed: reading it says what is wrong
+      }
+      if (key->starts_with(prefix)) out.push_back(std::move(*key));
+    }
+    return out;
+  }
+
   const std::filesystem::path& directory() const noexcept { return dir_; }
-  std::filesystem::path path_of(std::string_view key) const { return dir_ / (std::string(key) + opts_.suffix); }
+  /// Returns: the path of the file that holds `key`'s record (see the top
+  /// of this file for how a key becomes a file name).
+  std::filesystem::path path_of(std::string_view key) const { return dir_ / name_of(key, "dibs::file_store::path_of").name; }
 
   /// Effects: blocks until the file of `key` may have changed (inotify: a
   /// record put in place, or one rewritten in place), or `timeout` passes.
@@ -220,7 +274,7 @@ public:
     // directory would also report every write to every other file there
     // (a lock file usually sits beside the log it guards).
     const int file_watch = ::inotify_add_watch(fd.get(), path_of(key).c_str(), IN_MODIFY);  // -1: no file yet
-    const std::string name = std::string(key) + opts_.suffix;
+    const std::string name = name_of(key, "dibs::file_store::wait_for_change").name;
     const auto end = std::chrono::steady_clock::now() + timeout;
     for (;;) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
@@ -246,6 +300,7 @@ private:
     std::size_t offset = 0;  // where the record starts in its file: 0, or slot_size
     std::size_t end = 0;     // where it ends
     std::size_t file_size = 0;
+    std::optional<std::string> key;  // its `key` line (escaped), if it has one
     // The other slot is not whole (a write cut short): the least version
     // the next write may use so that none seen before is reused.
     dibs::version next_after_torn = 0;
@@ -262,9 +317,11 @@ private:
     return c.checksum();
   }
 
-  static std::string encode(dibs::version v, bool live, std::string_view value) {
+  // `key_line`: the escaped key, for a record whose name does not spell it.
+  static std::string encode(dibs::version v, bool live, std::string_view value, std::string_view key_line) {
     std::string header = fmt::format("dibs-record 1\nversion {}\nstate {}\nsize {}\n", v, live ? "live" : "erased",
                                      value.size());
+    if (!key_line.empty()) header += fmt::format("key {}\n", key_line);
     std::string out = header + fmt::format("crc32 {:08x}\n\n", crc(header, value));
     out.append(value);
     return out;
@@ -318,6 +375,10 @@ private:
     }
     s.live = field == "live";
     if (!line("size ") || !number(10, size)) return std::nullopt;
+    if (text.starts_with("key ")) {
+      if (!line("key ")) return std::nullopt;
+      s.key = std::string(field);
+    }
     const std::string_view header = all.substr(0, all.size() - text.size());
     if (!line("crc32 ") || !number(16, sum) || !line("")) return std::nullopt;
     if (!field.empty()) {
@@ -521,7 +582,8 @@ private:
   static constexpr std::string_view temporary_prefix = ".dibs-tmp.";
 
   // Writes a whole record to a fresh temporary file; returns its path.
-  std::filesystem::path write_temporary(dibs::version v, bool live, std::string_view value) const {
+  std::filesystem::path write_temporary(dibs::version v, bool live, std::string_view value,
+                                        std::string_view key_line) const {
     const auto tmp = dir_ / temporary_name();
     detail::unique_fd fd{detail::open_retry(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, opts_.mode)};
     if (!fd) throw detail::path_error(errno, "dibs::file_store: cannot create a temporary file in", dir_);
@@ -532,7 +594,7 @@ private:
       ::unlink(tmp.c_str());
       throw detail::path_error(e, "dibs::file_store: cannot set the permissions of a temporary file in", dir_);
     }
-    const std::string data = encode(v, live, value);
+    const std::string data = encode(v, live, value, key_line);
     std::size_t done = 0;
     while (done < data.size()) {
       const ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
@@ -558,6 +620,176 @@ private:
     if (!d || ::fsync(d.get()) != 0) throw detail::path_error(errno, "dibs::file_store: cannot fsync directory", dir_);
   }
 
+  // The file of a key: its name, and the `key` line its record carries when
+  // the name does not spell the key (empty when it does).
+  struct file_name {
+    std::string name;
+    std::string key_line;
+  };
+  static constexpr std::size_t name_max = 255;  // NAME_MAX of Linux's filesystems
+  static constexpr std::string_view cut_mark = "%~";
+
+  // Returns: `key` with the bytes a file name cannot hold, or that would make
+  // names ambiguous, written %XX (see the top of this file).
+  static std::string escape(std::string_view key) {
+    const bool hide_dot = key == "." || key == ".." || key.starts_with(".dibs-");
+    std::string out;
+    out.reserve(key.size());
+    for (std::size_t i = 0; i < key.size(); ++i) {
+      const auto c = static_cast<unsigned char>(key[i]);
+      if (c == '/' || c == '%' || c < 0x20 || c == 0x7f || (i == 0 && hide_dot)) out += fmt::format("%{:02X}", c);
+      else out += key[i];
+    }
+    return out;
+  }
+
+  // Returns: the key `escaped` spells, if escape() makes exactly it.
+  static std::optional<std::string> unescape(std::string_view escaped) {
+    std::string out;
+    for (std::size_t i = 0; i < escaped.size(); ++i) {
+      if (escaped[i] != '%') {
+        out += escaped[i];
+        continue;
+      }
+      unsigned v = 0;
+      const auto* first = escaped.data() + i + 1;
+      if (i + 3 > escaped.size() || std::from_chars(first, first + 2, v, 16).ptr != first + 2) return std::nullopt;
+      out += static_cast<char>(v);
+      i += 2;
+    }
+    if (out.empty() || escape(out) != escaped) return std::nullopt;
+    return out;
+  }
+
+  // Returns: the key a file name's stem spells, if it spells one (a cut name
+  // does not: its key is in its record). A name with '%' that escape() does
+  // not make is a key of dibs 0.1, spelled as it is.
+  static std::optional<std::string> key_of(std::string_view stem) {
+    if (stem.find(cut_mark) != std::string_view::npos) return std::nullopt;
+    if (stem.find('%') == std::string_view::npos) return std::string(stem);
+    if (auto k = unescape(stem)) return k;
+    return std::string(stem);
+  }
+
+  // Returns: the file of `key`. Throws: errc::invalid_argument naming `call`
+  // for a key no store takes, or, with key_is_file_name, one that is no file name.
+  file_name name_of(std::string_view key, std::string_view call) const {
+    validate_key(key, call);
+    if (opts_.key_is_file_name) {
+      const char* rule = key.find('/') != std::string_view::npos    ? "it holds '/'"
+                         : key.find('\0') != std::string_view::npos ? "it holds a NUL byte"
+                         : key == "." || key == ".."                 ? "'.' and '..' name directories"
+                         : key.size() + opts_.suffix.size() > name_max ? "a file name has at most 255 bytes"
+                                                                       : nullptr;
+      if (rule)
+        throw std::system_error(make_error_code(errc::invalid_argument),
+                                fmt::format("{}: '{}' in '{}' cannot be a file name: {}", call, detail::show_key(key),
+                                            dir_.string(), rule));
+      return {std::string(key) + opts_.suffix, {}};
+    }
+    std::string stem = escape(key);
+    bool spelled = stem == key;
+    if (stem.size() + opts_.suffix.size() > name_max) {
+      spelled = false;
+      // Cut where no %XX or UTF-8 character is split, then the mark and a
+      // 64-bit FNV-1a hash of the key; the record keeps the whole key.
+      std::size_t n = name_max - opts_.suffix.size() - cut_mark.size() - 16;
+      while (n > 0 && (stem[n - 1] == '%' || (n > 1 && stem[n - 2] == '%') ||
+                       (static_cast<unsigned char>(stem[n]) & 0xc0) == 0x80))
+        --n;
+      std::uint64_t h = 1469598103934665603ull;
+      for (const char c : key) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+      stem = fmt::format("{}{}{:016x}", stem.substr(0, n), cut_mark, h);
+    }
+    return {stem + opts_.suffix, spelled ? std::string{} : escape(key)};
+  }
+
+  // name_of, and the check that no record of dibs 0.1 holds the key under
+  // the name it had then (the key itself: dibs 0.1 took keys without '/'
+  // and control bytes, of at most 200 bytes), which would make an item done
+  // before the upgrade look absent.
+  file_name resolve(std::string_view key, std::string_view call) const {
+    file_name name = name_of(key, call);
+    const bool old_key = key.size() <= 200 && key != "." && key != ".." &&
+                         std::none_of(key.begin(), key.end(), [](char ch) {
+                           const auto c = static_cast<unsigned char>(ch);
+                           return c == '/' || c < 0x20 || c == 0x7f;
+                         });
+    if (name.key_line.empty() || !old_key) return name;
+    const auto old_path = dir_ / (std::string(key) + opts_.suffix);
+    std::optional<stored> old;
+    try {
+      old = load(old_path, dibs::time_limit::max());
+    } catch (const std::system_error&) {
+      return name;  // no record of ours there: not the key's
+    }
+    if (old && !old->key)
+      throw std::system_error(
+          make_error_code(errc::corrupt_record),
+          fmt::format("{}: the record of key '{}' is in '{}', the name dibs 0.1 gave it; this version keeps it in "
+                      "'{}'. Once no process of dibs 0.1 uses the directory, move it there with "
+                      "file_store::adopt_old_record(key) (not with mv: the record must learn its key)",
+                      call, detail::show_key(key), old_path.string(), (dir_ / name.name).string()));
+    return name;
+  }
+
+public:
+  /// Effects: moves the record dibs 0.1 kept for `key` under the key itself
+  /// (a key with '%', or starting ".dibs-", is now escaped) to the file this
+  /// version keeps it in, with its version, state and value. Until then the
+  /// key cannot be used (every operation on it reports where its record is),
+  /// so an item done before the upgrade is never taken for absent. Call it
+  /// when no process of dibs 0.1 uses the directory.
+  /// Returns: true if a record was moved.
+  /// Throws: errc::corrupt_record if the key has a record at both names.
+  bool adopt_old_record(std::string_view key) {
+    const auto name = name_of(key, "dibs::file_store::adopt_old_record");
+    if (name.key_line.empty() || key.size() > 200) return false;  // its name is what it was
+    const auto old_path = dir_ / (std::string(key) + opts_.suffix), new_path = dir_ / name.name;
+    detail::fork_closed_fd fd{old_path.c_str(), O_RDONLY | record_open_flags};
+    if (!fd) {
+      if (errno == ENOENT) return false;
+      throw open_error(errno, old_path);
+    }
+    lock_record(fd.get(), LOCK_EX, old_path, dibs::time_limit::max());
+    const auto old = load(fd.get(), old_path);
+    if (!old || old->key) return false;  // a record of this version: another key's
+    const auto tmp = write_temporary(old->version, old->live, old->value, name.key_line);
+    if (::link(tmp.c_str(), new_path.c_str()) != 0) {
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      if (e == EEXIST)
+        throw std::system_error(make_error_code(errc::corrupt_record),
+                                fmt::format("dibs::file_store::adopt_old_record: key '{}' has a record at its old name "
+                                            "'{}' and at its new one '{}': keep both, and find out which is right",
+                                            detail::show_key(key), old_path.string(), new_path.string()));
+      throw detail::path_error(e, "dibs::file_store: cannot create record", new_path);
+    }
+    ::unlink(tmp.c_str());
+    if (::unlink(old_path.c_str()) != 0) throw detail::path_error(errno, "dibs::file_store: cannot remove", old_path);
+    sync_dir();
+    return true;
+  }
+
+private:
+
+  // Throws: errc::corrupt_record naming the file unless `s` is the record of
+  // `key` (a record of another key, or of dibs 0.1 at an escaped name).
+  void check_key(const stored& s, std::string_view key, const file_name& name, const std::filesystem::path& path) const {
+    const std::string_view want = name.key_line.empty() ? key : std::string_view(name.key_line);
+    if (s.key ? *s.key == want : name.key_line.empty()) return;
+    throw std::system_error(
+        make_error_code(errc::corrupt_record),
+        s.key ? fmt::format("dibs::file_store: '{}' holds the record of key '{}', not of '{}' (two keys whose names "
+                            "were cut alike); keep the file, and key one of them otherwise",
+                            path.string(), detail::show_key(unescape(*s.key).value_or(*s.key)), detail::show_key(key))
+              : fmt::format("dibs::file_store: '{}' holds a record of dibs 0.1 for the key '{}', not one for '{}': "
+                            "keep the file (the key it belongs to may be done); the key '{}' cannot be used in this "
+                            "directory while it is there",
+                            path.string(), detail::show_key(name.name.substr(0, name.name.size() - opts_.suffix.size())),
+                            detail::show_key(key), detail::show_key(key)));
+  }
+
   enum class swap_outcome { no_file, refused, done };
   struct swap_result {
     swap_outcome outcome = swap_outcome::no_file;
@@ -567,8 +799,9 @@ private:
   // Compare-and-set: under the record file's flock, if ok(current) holds,
   // puts a new record (current version + 1) in its place.
   template <class Pred>
-  swap_result swap_if(std::string_view key, Pred ok, bool live, std::string_view value, dibs::time_limit t) {
-    const auto path = path_of(key);
+  swap_result swap_if(std::string_view key, const file_name& name, Pred ok, bool live, std::string_view value,
+                      dibs::time_limit t) {
+    const auto path = dir_ / name.name;
     for (;;) {
       bool in_place = (opts_.in_place || sticky_) && !opts_.sync;
       std::optional<detail::fork_closed_fd> fd;
@@ -593,10 +826,11 @@ private:
       }
       if (held.st_ino != now.st_ino || held.st_dev != now.st_dev) continue;
       const auto cur = load(fd->get(), path);
+      if (cur) check_key(*cur, key, name, path);
       if (!cur || !ok(*cur)) return {swap_outcome::refused, std::nullopt};
       const dibs::version next = std::max(cur->version + 1, cur->next_after_torn);
       if (in_place) {
-        const std::string rec = encode(next, live, value);
+        const std::string rec = encode(next, live, value, name.key_line);
         // Only where the current record and the file stay within the two
         // slots (a record larger than a slot was written whole, to a new file).
         if (rec.size() <= slot_size && cur->end - cur->offset <= slot_size && cur->file_size <= 2 * slot_size) {
@@ -604,7 +838,7 @@ private:
           return {swap_outcome::done, next};
         }
       }
-      const auto tmp = write_temporary(next, live, value);
+      const auto tmp = write_temporary(next, live, value, name.key_line);
       put_in_place(tmp, path, held);
       sync_dir();
       return {swap_outcome::done, next};  // the flock goes with the old inode when fd closes
@@ -717,7 +951,7 @@ private:
   bool sticky_ = false;
 };
 
-static_assert(shared_store<file_store>);
+static_assert(listable_store<file_store>);
 static_assert(timed_shared_store<file_store>);
 
 }  // namespace dibs

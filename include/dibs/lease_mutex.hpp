@@ -102,7 +102,7 @@ public:
   /// for a bad key or a lease shorter than 3 ms.
   lease_mutex(Store& store, std::string key, lease_options opts = {})
       : store_(store), key_(std::move(key)), opts_(std::move(opts)) {
-    validate_key(key_);
+    validate_key(key_, "dibs::lease_mutex");
     if (opts_.lease < std::chrono::milliseconds{3})
       throw std::system_error(make_error_code(errc::invalid_argument),
                               fmt::format("dibs::lease_mutex '{}': lease must be at least 3 ms", key_));
@@ -319,7 +319,21 @@ namespace detail {
 struct lock_file_store {
   file_store store;
 };
+// Returns: the directory of the lock file `p`. Throws: errc::invalid_argument,
+// speaking of the path, if `p` cannot name a lock file.
 inline std::filesystem::path lock_dir(const std::filesystem::path& p) {
+  const std::string name = p.filename().string();
+  const char* rule = p.empty()                                    ? "the path is empty"
+                     : name.empty()                               ? "it ends in '/', so it names a directory"
+                     : name == "." || name == ".."                ? "it names a directory"
+                     : name.find('\0') != std::string::npos      ? "it holds a NUL byte"
+                     : name.size() > 255                          ? "a file name has at most 255 bytes"
+                                                                  : nullptr;
+  if (rule)
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            fmt::format("dibs::lock_file: cannot lock '{}': {}; give the path of the lock file "
+                                        "itself, e.g. '/run/lock/app.lock'",
+                                        detail::show_key(p.string()), rule));
   return p.has_parent_path() ? p.parent_path() : std::filesystem::path{"."};
 }
 }  // namespace detail
@@ -333,7 +347,8 @@ inline std::filesystem::path lock_dir(const std::filesystem::path& p) {
 class lock_file : private detail::lock_file_store, public lease_mutex<file_store> {
 public:
   explicit lock_file(const std::filesystem::path& path, lease_options opts = {}, mode_t mode = 0644)
-      : detail::lock_file_store{file_store{detail::lock_dir(path), {.mode = mode, .suffix = "", .in_place = true}}},
+      : detail::lock_file_store{file_store{detail::lock_dir(path),
+                                           {.mode = mode, .suffix = "", .key_is_file_name = true, .in_place = true}}},
         lease_mutex<file_store>(store, path.filename().string(), std::move(opts)),
         path_(path) {}
   const std::filesystem::path& path() const noexcept { return path_; }

@@ -29,6 +29,7 @@
 // the parent's: the child's copy never completes, gives back or renews it.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -42,7 +43,9 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -111,6 +114,16 @@ struct claim_status {
   std::string result;             ///< what complete() recorded
   dibs::version version = 0;      ///< the record's version (0 if absent)
   std::optional<owner_info> owner;  ///< the worker, while processing
+  /// When the record last changed (claimed, renewed, given back, completed),
+  /// by the clock of the machine that changed it; the epoch for a record
+  /// written by dibs 0.1, which did not keep it.
+  std::chrono::system_clock::time_point changed{};
+};
+
+/// One item of marker_claim::list().
+struct claim_item {
+  std::string key;
+  claim_status status;
 };
 
 /// Returns: one line a person reads: "processing, attempt 2, by pid 4711 on
@@ -333,6 +346,7 @@ public:
   /// A damaged record costs its item only: try_claim returns nothing for it
   /// and reports it through claim_options::on_damaged.
   std::optional<claim> try_claim(std::string_view key) {
+    validate_key(key, "dibs::marker_claim::try_claim");
     try {
       return try_claim_until(key, std::chrono::steady_clock::now() + detail::try_wait);
     } catch (const std::system_error& e) {
@@ -346,6 +360,7 @@ public:
   /// Returns: the state of `key`; claim_state::damaged, with `error` saying
   /// what is wrong, if its record cannot be read as a claim.
   claim_status status(std::string_view key) {
+    validate_key(key, "dibs::marker_claim::status");
     try {
       const auto r = store_.read(key);
       if (!r) return {};
@@ -383,6 +398,62 @@ public:
       }
     }
     return recovered;
+  }
+
+  /// Returns: every item whose key starts with `prefix` and that has a
+  /// record, with its status (owner, attempts, when it last changed; a
+  /// damaged one as claim_state::damaged), in key order. It reads each
+  /// record once, without locking anything: a snapshot item by item.
+  std::vector<claim_item> list(std::string_view prefix = {})
+    requires listable_store<Store>
+  {
+    auto keys = store_.keys(prefix);
+    std::sort(keys.begin(), keys.end());
+    std::vector<claim_item> out;
+    out.reserve(keys.size());
+    for (auto& k : keys) {
+      claim_status st = status(k);
+      if (st.state != claim_state::absent) out.push_back({std::move(k), std::move(st)});
+    }
+    return out;
+  }
+
+  /// Effects: forgets every completed or failed item whose key starts with
+  /// `prefix`, that last changed more than `age` ago, and for which
+  /// `source_gone(key)` returns true, by erasing its record (a compare-and-set:
+  /// an item that changed meanwhile is kept).
+  /// A purged key reads as absent, so it is claimable again: the store keeps
+  /// no proof that it was done. `source_gone` is where the caller vouches that
+  /// the item can never come again (its message expunged from the mailbox,
+  /// its job row deleted); return false to keep the record. The store keeps
+  /// the key's version, so the fencing tokens of a later claim of the same
+  /// key still grow. What a purge frees depends on the store: the record's
+  /// value everywhere, its slot in shm_store and memory_store; file_store
+  /// keeps a small erased file per key, sqlite_store a row with value NULL.
+  /// A record written by dibs 0.1 says not when it changed: never purged.
+  /// Returns: how many items were forgotten.
+  template <class SourceGone>
+  std::size_t purge(std::chrono::milliseconds age, SourceGone source_gone, std::string_view prefix = {})
+    requires listable_store<Store> && std::is_invocable_r_v<bool, SourceGone&, std::string_view>
+  {
+    const auto cutoff = std::chrono::system_clock::now() - age;
+    std::size_t purged = 0;
+    for (const auto& k : store_.keys(prefix)) {
+      try {
+        const auto until = std::chrono::steady_clock::now() + detail::try_wait;
+        const auto r = detail::store_read(store_, k, until);
+        if (!r) continue;
+        const claim_status st = parse(k, *r);
+        if (st.state != claim_state::completed && st.state != claim_state::failed) continue;
+        if (st.changed == std::chrono::system_clock::time_point{} || st.changed > cutoff) continue;
+        if (!source_gone(std::string_view(k))) continue;
+        if (detail::store_erase(store_, k, st.version, until)) ++purged;
+      } catch (const std::system_error& e) {
+        if (e.code() == make_error_code(errc::corrupt_record)) report_damaged(k, e.what());
+        else if (!detail::timed_out(e)) throw;  // busy: kept, for the next purge
+      }
+    }
+    return purged;
   }
 
 private:
@@ -462,7 +533,9 @@ private:
 
   std::string encode(claim_state s, std::uint32_t attempts, std::string_view error, std::string_view result,
                      dibs::version token) const {
-    std::string v = fmt::format("dibs-claim 1\nstate {}\nattempts {}\n", to_string(s), attempts);
+    const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::system_clock::now().time_since_epoch());
+    std::string v = fmt::format("dibs-claim 1\nstate {}\nattempts {}\nchanged {}\n", to_string(s), attempts, now.count());
     if (token) v += fmt::format("token {}\n", token);
     if (!error.empty()) v += fmt::format("error {}\n", one_line(error));
     if (!result.empty()) v += fmt::format("result {}\n", one_line(result));
@@ -488,6 +561,8 @@ private:
     const auto attempts = detail::number_field<std::uint32_t>(r.value, "attempts");
     if (!attempts) throw bad("no attempt count");
     s.attempts = *attempts;
+    if (auto ms = detail::number_field<std::int64_t>(r.value, "changed"))
+      s.changed = std::chrono::system_clock::time_point{std::chrono::milliseconds{*ms}};
     if (auto e = detail::field(r.value, "error")) s.error = std::string(*e);
     if (auto res = detail::field(r.value, "result")) s.result = std::string(*res);
     if (s.state == claim_state::processing) s.owner = detail::parse_owner(r.value);

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <dibs/store.hpp>
 
@@ -17,14 +18,14 @@ namespace dibs {
 class memory_store {
 public:
   std::optional<record> read(std::string_view key) const {
-    validate_key(key);
+    validate_key(key, "dibs::memory_store::read");
     std::lock_guard lock{m_};
     if (auto it = records_.find(key); it != records_.end()) return it->second;
     return std::nullopt;
   }
 
   std::optional<dibs::version> create(std::string_view key, std::string_view value) {
-    validate_key(key);
+    validate_key(key, "dibs::memory_store::create");
     validate_value(key, value);
     std::lock_guard lock{m_};
     if (records_.find(key) != records_.end()) return std::nullopt;
@@ -34,7 +35,7 @@ public:
   }
 
   std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
-    validate_key(key);
+    validate_key(key, "dibs::memory_store::replace");
     validate_value(key, value);
     std::lock_guard lock{m_};
     auto it = records_.find(key);
@@ -44,12 +45,21 @@ public:
   }
 
   bool erase(std::string_view key, dibs::version expected) {
-    validate_key(key);
+    validate_key(key, "dibs::memory_store::erase");
     std::lock_guard lock{m_};
     auto it = records_.find(key);
     if (it == records_.end() || it->second.version != expected) return false;
     records_.erase(it);
     return true;
+  }
+
+  /// Returns: the keys of the live records that start with `prefix`.
+  std::vector<std::string> keys(std::string_view prefix = {}) const {
+    std::lock_guard lock{m_};
+    std::vector<std::string> out;
+    for (auto it = records_.lower_bound(prefix); it != records_.end() && it->first.starts_with(prefix); ++it)
+      out.push_back(it->first);
+    return out;
   }
 
 private:
@@ -58,6 +68,6 @@ private:
   dibs::version last_ = 0;
 };
 
-static_assert(shared_store<memory_store>);
+static_assert(listable_store<memory_store>);
 
 }  // namespace dibs

@@ -30,6 +30,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
@@ -52,7 +53,8 @@ struct shm_store_options {
 namespace detail {
 
 struct shm_header {
-  static constexpr char magic_value[8] = {'d', 'i', 'b', 's', 's', 'h', 'm', '1'};
+  // '2': keys of up to 1024 bytes (a segment of '1' held keys of up to 200).
+  static constexpr char magic_value[8] = {'d', 'i', 'b', 's', 's', 'h', 'm', '2'};
   char magic[8];
   char boot_id[40];
   std::uint32_t capacity;
@@ -113,6 +115,13 @@ public:
                                           name_, head_->capacity, head_->max_value, opts_.capacity, opts_.max_value));
     // Not ours and of our size: new, or a setup that died half-way (it holds
     // nothing yet, since the magic is written last). Of another size: foreign.
+    if (!ours && size >= static_cast<bip::offset_t>(sizeof head_->magic) && std::memcmp(head_->magic, "dibsshm", 7) == 0)
+      throw std::system_error(make_error_code(errc::corrupt_record),
+                              fmt::format("dibs::shm_store: shared memory '{}' was made by another version of dibs "
+                                          "(layout '{}', this one reads '{}'); stop the processes that use it, then "
+                                          "remove it (dibs::shm_store::remove, or rm /dev/shm/{})",
+                                          name_, std::string_view(head_->magic, 8),
+                                          std::string_view(detail::shm_header::magic_value, 8), name_));
     if (!ours && size != 0 && size != want)
       throw std::system_error(make_error_code(errc::corrupt_record),
                               fmt::format("dibs::shm_store: shared memory '{}' is not a dibs store", name_));
@@ -138,7 +147,7 @@ public:
   static bool remove(const std::string& name) { return boost::interprocess::shared_memory_object::remove(name.c_str()); }
 
   std::optional<record> read(std::string_view key) const {
-    validate_key(key);
+    validate_key(key, "dibs::shm_store::read");
     locked l{*this};
     const auto i = find(key);
     if (i < 0) return std::nullopt;
@@ -147,7 +156,7 @@ public:
   }
 
   std::optional<dibs::version> create(std::string_view key, std::string_view value) {
-    check(key, value);
+    check(key, value, "dibs::shm_store::create");
     locked l{*this};
     if (find(key) >= 0) return std::nullopt;
     const auto i = free_slot(key);
@@ -155,7 +164,7 @@ public:
   }
 
   std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
-    check(key, value);
+    check(key, value, "dibs::shm_store::replace");
     locked l{*this};
     const auto i = find(key);
     if (i < 0 || slot(i)->version != expected) return std::nullopt;
@@ -163,7 +172,7 @@ public:
   }
 
   bool erase(std::string_view key, dibs::version expected) {
-    validate_key(key);
+    validate_key(key, "dibs::shm_store::erase");
     locked l{*this};
     const auto i = find(key);
     if (i < 0 || slot(i)->version != expected) return false;
@@ -171,6 +180,18 @@ public:
     slot(i)->state = 2;
     end_change();
     return true;
+  }
+
+  /// Returns: the keys of the live records that start with `prefix`.
+  std::vector<std::string> keys(std::string_view prefix = {}) const {
+    locked l{*this};
+    std::vector<std::string> out;
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(opts_.capacity); ++i) {
+      const auto* h = slot(i);
+      const std::string_view k(h->key, h->key_size);
+      if (h->state == 1 && k.starts_with(prefix)) out.emplace_back(k);
+    }
+    return out;
   }
 
   /// The largest value this store holds (see shm_store_options::max_value).
@@ -195,11 +216,12 @@ private:
     return reinterpret_cast<const char*>(slot(i)) + sizeof(detail::shm_slot_head);
   }
 
-  void check(std::string_view key, std::string_view value) const {
-    validate_key(key);
+  void check(std::string_view key, std::string_view value, std::string_view call) const {
+    validate_key(key, call);
     if (value.size() > opts_.max_value)
       throw std::system_error(make_error_code(errc::invalid_argument),
-                              fmt::format("dibs: value for key '{}' is {} bytes; shm_store '{}' holds at most {}", key,
+                              fmt::format("{}: value for key '{}' is {} bytes; shm_store '{}' holds at most {}", call,
+                                          detail::show_key(key),
                                           value.size(), name_, opts_.max_value));
   }
 
@@ -258,7 +280,7 @@ private:
       if (slot(static_cast<std::int64_t>(i))->state != 1) return static_cast<std::int64_t>(i);
     throw std::system_error(std::error_code{ENOSPC, std::system_category()},
                             fmt::format("dibs::shm_store '{}' is full ({} slots): cannot create '{}'", name_,
-                                        opts_.capacity, key));
+                                        opts_.capacity, detail::show_key(key)));
   }
 
   dibs::version write(std::int64_t i, std::string_view key, std::string_view value) {
@@ -281,6 +303,6 @@ private:
   detail::shm_header* head_ = nullptr;
 };
 
-static_assert(shared_store<shm_store>);
+static_assert(listable_store<shm_store>);
 
 }  // namespace dibs

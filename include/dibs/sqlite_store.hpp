@@ -7,7 +7,7 @@
 // CMake target dibs::sqlite. The table has (at least) these columns; dibs
 // creates it if it is missing:
 //
-//   key     TEXT PRIMARY KEY   the record's key (validated like every store's)
+//   key     TEXT PRIMARY KEY   the record's key: any bytes (a BLOB if they hold a NUL)
 //   value   BLOB               the record's bytes; NULL means "no record"
 //                              (stored as TEXT when they are UTF-8 text without
 //                              NUL, so that LIKE and the sqlite3 shell see them)
@@ -45,6 +45,7 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -97,11 +98,11 @@ public:
   sqlite_store& operator=(sqlite_store&&) = delete;
 
   std::optional<record> read(std::string_view key) {
-    validate_key(key);
+    validate_key(key, "dibs::sqlite_store::read");
     std::lock_guard g{m_};
     return dibs::retry(opts_.busy, [&]() -> std::optional<record> {
       auto& s = *read_;
-      s.bind(1, key);
+      bind_key(s, 1, key);
       if (!s.step() || s.column_is_null(0)) {
         s.reset();
         return std::nullopt;
@@ -113,12 +114,12 @@ public:
   }
 
   std::optional<dibs::version> create(std::string_view key, std::string_view value) {
-    validate_key(key);
+    validate_key(key, "dibs::sqlite_store::create");
     validate_value(key, value);
     std::lock_guard g{m_};
     return dibs::retry(opts_.busy, [&]() -> std::optional<dibs::version> {
       auto& s = *create_;
-      s.bind(1, key);
+      bind_key(s, 1, key);
       bind_value(s, 2, value);
       if (!s.step()) return std::nullopt;  // the key holds a record
       const auto v = static_cast<dibs::version>(s.column_int64(0));
@@ -129,12 +130,13 @@ public:
   }
 
   std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
-    validate_key(key);
+    validate_key(key, "dibs::sqlite_store::replace");
     validate_value(key, value);
     std::lock_guard g{m_};
     return dibs::retry(opts_.busy, [&]() -> std::optional<dibs::version> {
       auto& s = *replace_;
-      s.bind(1, key).bind(2, to_column(expected));
+      bind_key(s, 1, key);
+      s.bind(2, to_column(expected));
       bind_value(s, 3, value);
       (void)s.step();
       if (db_.changes() != 1) return std::nullopt;
@@ -143,13 +145,28 @@ public:
   }
 
   bool erase(std::string_view key, dibs::version expected) {
-    validate_key(key);
+    validate_key(key, "dibs::sqlite_store::erase");
     std::lock_guard g{m_};
     return dibs::retry(opts_.busy, [&] {
       auto& s = *erase_;
-      s.bind(1, key).bind(2, to_column(expected));
+      bind_key(s, 1, key);
+      s.bind(2, to_column(expected));
       (void)s.step();
       return db_.changes() == 1;
+    });
+  }
+
+  /// Returns: the keys of the live records that start with `prefix` (the
+  /// prefix is matched here, byte for byte, as SQLite compares TEXT by
+  /// characters).
+  std::vector<std::string> keys(std::string_view prefix = {}) {
+    std::lock_guard g{m_};
+    return dibs::retry(opts_.busy, [&] {
+      std::vector<std::string> out;
+      auto s = db_.prepare(fmt::format("SELECT key FROM \"{}\" WHERE value IS NOT NULL", opts_.table));
+      while (s.step())
+        if (auto k = s.column_blob(0); std::string_view(k).starts_with(prefix)) out.push_back(std::move(k));
+      return out;
     });
   }
 
@@ -197,6 +214,15 @@ public:
   }
 
 private:
+  // A key goes in as TEXT, as every key did before keys could hold any
+  // bytes, unless it holds a NUL, which SQLite's TEXT does not keep apart
+  // reliably: then as a BLOB, which never equals a TEXT. So each key has one
+  // row, and a person finds the usual ones with WHERE key = '...'.
+  static void bind_key(sqlite::statement& s, int index, std::string_view key) {
+    if (key.find('\0') == std::string_view::npos) s.bind(index, key);
+    else s.bind_blob(index, key);
+  }
+
   // Text that SQLite can show and LIKE can match goes in as TEXT, anything
   // else as a BLOB; column_blob() reads both back byte for byte.
   static void bind_value(sqlite::statement& s, int index, std::string_view value) {
@@ -322,6 +348,6 @@ private:
   std::optional<sqlite::statement> read_, create_, replace_, erase_;
 };
 
-static_assert(shared_store<sqlite_store>);
+static_assert(listable_store<sqlite_store>);
 
 }  // namespace dibs

@@ -35,6 +35,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -111,34 +112,58 @@ inline bool timed_out(const std::system_error& e) noexcept { return e.code() == 
 }  // namespace detail
 
 /// The rules every store applies to keys and values before writing anything.
+/// A key is any non-empty string of bytes up to max_key_size: a Message-ID
+/// with '/', '+' and '@', a URL, a file name, also bytes that are not text
+/// (NUL and other control bytes). Each store keeps every such key apart from
+/// every other (file_store encodes keys into file names reversibly).
 struct key_rules {
-  static constexpr std::size_t max_key_size = 200;
+  static constexpr std::size_t max_key_size = 1024;
   static constexpr std::size_t max_value_size = 1 << 20;
 };
 
-/// Throws: std::system_error(errc::invalid_argument) naming the key and the
-/// rule it breaks: empty, longer than 200 bytes, ".", "..", containing '/',
-/// a NUL or another control character.
-inline void validate_key(std::string_view key) {
-  auto fail = [&](std::string_view rule) {
-    std::string shown;
-    for (const char ch : key.substr(0, 80)) {
-      const auto c = static_cast<unsigned char>(ch);
-      shown += c < 0x20 || c == 0x7f ? fmt::format("\\x{:02x}", c) : std::string(1, ch);
-    }
-    if (key.size() > 80) shown += "...";
-    throw std::system_error(make_error_code(errc::invalid_argument),
-                            fmt::format("dibs: invalid key '{}': {}", shown, rule));
-  };
-  if (key.empty()) fail("a key must not be empty");
-  if (key.size() > key_rules::max_key_size)
-    fail(fmt::format("a key must be at most {} bytes (it has {})", key_rules::max_key_size, key.size()));
-  if (key == "." || key == "..") fail("'.' and '..' are not keys");
-  for (const char ch : key) {
+/// A listable_store can also say which keys hold a live record: `keys(prefix)`
+/// returns them (those starting with `prefix`), in no particular order, as
+/// they were at some moment during the call. marker_claim's list() and
+/// purge() need it; every store of dibs has it.
+template <class S>
+concept listable_store = shared_store<S> && requires(S& s, std::string_view prefix) {
+  { s.keys(prefix) } -> std::same_as<std::vector<std::string>>;
+};
+
+namespace detail {
+
+/// Returns: `key` as a person can read it in a message: printable ASCII and
+/// other bytes of UTF-8 text as they are, control bytes as \xNN, cut after
+/// 80 bytes.
+inline std::string show_key(std::string_view key) {
+  std::string shown;
+  for (const char ch : key.substr(0, 80)) {
     const auto c = static_cast<unsigned char>(ch);
-    if (c == '/') fail("a key must not contain '/'");
-    if (c < 0x20 || c == 0x7f) fail("a key must not contain NUL or other control characters");
+    if (c < 0x20 || c == 0x7f || c == '\\') shown += fmt::format("\\x{:02x}", c);
+    else shown += ch;
   }
+  if (key.size() > 80) shown += fmt::format("... ({} bytes)", key.size());
+  return shown;
+}
+
+}  // namespace detail
+
+/// Throws: std::system_error(errc::invalid_argument) naming the call, the key
+/// and the rule it breaks (empty, or longer than key_rules::max_key_size
+/// bytes), with what to do instead. `call` is what the user called, e.g.
+/// "dibs::marker_claim::try_claim".
+inline void validate_key(std::string_view key, std::string_view call = "dibs") {
+  if (key.empty())
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            fmt::format("{}: invalid key '': a key must not be empty; name the item (any bytes, "
+                                        "at most {})",
+                                        call, key_rules::max_key_size));
+  if (key.size() > key_rules::max_key_size)
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            fmt::format("{}: invalid key '{}': a key must be at most {} bytes (it has {}); key the "
+                                        "item by a digest of its name instead (e.g. its SHA-256 in hex), and keep "
+                                        "the name in the value",
+                                        call, detail::show_key(key), key_rules::max_key_size, key.size()));
 }
 
 /// Throws: std::system_error(errc::invalid_argument) naming the key if the
@@ -146,7 +171,8 @@ inline void validate_key(std::string_view key) {
 inline void validate_value(std::string_view key, std::string_view value) {
   if (value.size() > key_rules::max_value_size)
     throw std::system_error(make_error_code(errc::invalid_argument),
-                            fmt::format("dibs: value for key '{}' is {} bytes; at most {} are allowed", key,
+                            fmt::format("dibs: value for key '{}' is {} bytes; at most {} are allowed",
+                                        detail::show_key(key),
                                         value.size(), key_rules::max_value_size));
 }
 
