@@ -51,7 +51,7 @@
 // with the higher version. A writer killed mid-write can only damage the slot
 // that was not current, so the file always holds one whole, current record.
 // Once the new record is whole (its pwrite has returned), the old slot is
-// overwritten with one line that says it is an old copy and where the current
+// overwritten with a line that says it is an old copy and where the current
 // record is, so that `cat` shows only the current record (a free lock as
 // `state erased`); readers skip such a slot. A writer killed while it marks
 // leaves the new record whole and the old slot torn, which is a slot that
@@ -263,19 +263,23 @@ private:
   // [slot_size, 2 * slot_size), so that one write of a slot (with the padding
   // before it) stays within the file's first page.
   static constexpr std::size_t slot_size = 2048;
-  // in_place: the line that replaces a record once a newer one is whole in
-  // the other slot. Readers skip a slot that holds one of these and padding.
-  static constexpr std::string_view stale_prefix = "dibs-stale-slot 1: ";
+  // in_place: what replaces a record once a newer one is whole in the other
+  // slot; readers skip a slot that holds it and padding. It starts as a
+  // record does, so that a dibs before issue 12, which does not know it,
+  // takes it for a torn slot: it then reads again under the flock and finds
+  // the current record (where it would report a file that starts otherwise
+  // as not a record).
+  static constexpr std::string_view stale_prefix = "dibs-record 1\nstale copy, not the record: ";
   static constexpr std::string_view stale_first =
-      "dibs-stale-slot 1: an old copy, not the record; the current record is further down, at byte 2048\n";
+      "dibs-record 1\nstale copy, not the record: the current record is further down, at byte 2048\n";
   static constexpr std::string_view stale_second =
-      "dibs-stale-slot 1: an old copy, not the record; the current record is the one above\n";
+      "dibs-record 1\nstale copy, not the record: the current record is the one above\n";
 
   // Returns: true if `slot` (a slot's bytes, to its end) is a stale mark and
   // padding.
   static bool marked_stale(std::string_view slot) noexcept {
     if (slot.substr(0, stale_prefix.size()) != stale_prefix) return false;
-    const auto nl = slot.find('\n');
+    const auto nl = slot.find('\n', stale_prefix.size());
     return nl != std::string_view::npos && slot.find_first_not_of('\n', nl) == std::string_view::npos;
   }
 
@@ -444,6 +448,22 @@ private:
     return end + 2 + static_cast<std::size_t>(size);
   }
 
+  // Returns: true if `text` ends where its record(s) say the file ends. A
+  // stale mark is looked for first: it is followed by padding, in which
+  // declared_length's search would stop at every newline.
+  // The second slot's record may be followed by padding up to the size the
+  // file had (a shorter record in place of a longer one).
+  static bool read_whole(std::string_view text) noexcept {
+    if (text.size() > slot_size) {
+      const auto second = text.substr(slot_size);
+      if (marked_stale(second)) return true;
+      const auto d = declared_length(second);
+      if (d != 0 && d <= second.size() && second.find_first_not_of('\n', d) == std::string_view::npos) return true;
+      if (marked_stale(text.substr(0, slot_size))) return false;
+    }
+    return declared_length(text) == text.size();
+  }
+
   // Reads the whole file. A read shorter than asked that brings the text to
   // exactly the length its header declares (of the second slot's record, in
   // a file with two) is the end of the file: no second read() just to see it
@@ -457,11 +477,7 @@ private:
       if (n < 0) throw detail::path_error(errno, "dibs::file_store: cannot read record", path);
       if (n == 0) return out;
       out.append(buf, static_cast<std::size_t>(n));
-      if (static_cast<std::size_t>(n) < sizeof buf &&
-          (declared_length(out) == out.size() ||
-           (out.size() > slot_size && (slot_size + declared_length(std::string_view(out).substr(slot_size)) == out.size() ||
-                                       marked_stale(std::string_view(out).substr(slot_size))))))
-        return out;
+      if (static_cast<std::size_t>(n) < sizeof buf && read_whole(out)) return out;
     }
   }
 
@@ -481,9 +497,7 @@ private:
       } catch (const std::system_error& e) {
         // Only a record of ours can be mid-write; a foreign file is reported
         // at once, not after waiting for whoever may hold a flock on it.
-        if (e.code() != errc::corrupt_record ||
-            (text->substr(0, 14) != "dibs-record 1\n" && text->substr(0, stale_prefix.size()) != stale_prefix))
-          throw;
+        if (e.code() != errc::corrupt_record || text->substr(0, 14) != "dibs-record 1\n") throw;
       }
     }
     lock_record(fd.get(), LOCK_SH, path, t);
