@@ -223,8 +223,16 @@ public:
     map_state();
   }
 
+  // Not movable: one object is meant to be shared by the threads of a
+  // process (appends are serialised on its own mutex, which cannot move
+  // while a thread waits on it), and a moved-from log would have to check
+  // on every append that it still maps a lock file. Where a log must
+  // change hands, hold it by std::unique_ptr (or std::shared_ptr for many
+  // owners).
   shared_log(const shared_log&) = delete;
   shared_log& operator=(const shared_log&) = delete;
+  shared_log(shared_log&&) = delete;
+  shared_log& operator=(shared_log&&) = delete;
 
   /// Effects: flushes per durability::per_batch; a failure is reported on
   /// stderr, since a destructor must not throw.
