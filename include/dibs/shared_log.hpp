@@ -261,7 +261,11 @@ public:
   void append(std::string_view record, std::stop_token st) {
     const char* what = "cannot append to log";
     if (auto ec = append_record(record, what, st)) {
-      const char* hint = ec.category() != std::system_category() ? ""
+      // The lock is a robust mutex in the lock file, which records no holder:
+      // say so rather than leave the reader to look for one.
+      const char* hint = ec == make_error_code(errc::timed_out)
+                             ? " (another writer held the lock for all of lock_timeout; who it was is not recorded)"
+                         : ec.category() != std::system_category() ? ""
                          : ec.value() == EMLINK ? " (the log file was given a second name, a hard link: remove it)"
                                                 : detail::errno_hint(ec.value());
       throw std::system_error(ec, fmt::format("dibs::shared_log: {} '{}'{}", what, path_.string(), hint));
