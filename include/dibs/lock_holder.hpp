@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <optional>
 #include <ostream>
 #include <string>
