@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -351,4 +352,55 @@ TEST_CASE("dot_lock: bad paths are errors that name the path") {
   SECTION("a path without a file name") {
     CHECK_THROWS_WITH(dibs::dot_lock{d.path / ""}, Contains("names no file"));
   }
+}
+
+TEST_CASE("a held dot_lock moved into a vector and an optional and out stays held and touched, and the new owner's unlock removes it") {
+  temp_dir dir;
+  const auto path = dir.path / "moved.lock";
+  // Another process's view: can it take the lock now?
+  const auto another_can_take = [&](const fs::path& p) {
+    const int code = dibs_test::wait_exit(dibs_test::spawn([&]() -> int {
+      dibs::dot_lock probe{p, {.stale_after = 600ms, .touch = false}};
+      if (!probe.try_lock()) return 10;
+      probe.unlock();
+      return 0;
+    }));
+    REQUIRE((code == 0 || code == 10));
+    return code == 0;
+  };
+  std::vector<dibs::dot_lock> locks;
+  {
+    dibs::dot_lock a{path, {.stale_after = 600ms}};
+    REQUIRE(a.try_lock());
+    locks.push_back(std::move(a));
+    CHECK_FALSE(a.still_held());
+    CHECK_THROWS_AS(a.try_lock(), std::system_error);
+  }  // a's destructor must not remove the file
+  for (int i = 0; i < 8; ++i) locks.emplace_back(dir.path / ("other-" + std::to_string(i) + ".lock"));
+  std::optional<dibs::dot_lock> opt{std::move(locks.front())};
+  locks.clear();
+  CHECK(fs::exists(path));
+  // Longer than stale_after: only the touches of the object it now lives in keep it fresh.
+  std::this_thread::sleep_for(1s);
+  CHECK(opt->still_held());
+  CHECK_FALSE(another_can_take(path));
+  dibs::dot_lock back = std::move(*opt);
+  opt.reset();
+  CHECK(fs::exists(path));
+  back.unlock();
+  CHECK_FALSE(fs::exists(path));
+  CHECK(another_can_take(path));
+
+  // Move assignment over a held lock releases it first.
+  const auto other = dir.path / "assigned.lock";
+  dibs::dot_lock x{other};
+  REQUIRE(x.try_lock());
+  dibs::dot_lock y{path};
+  REQUIRE(y.try_lock());
+  x = std::move(y);
+  CHECK_FALSE(fs::exists(other));
+  CHECK(x.path() == path);
+  CHECK(x.still_held());
+  x.unlock();
+  CHECK_FALSE(fs::exists(path));
 }

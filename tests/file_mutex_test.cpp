@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <stop_token>
 #include <string>
@@ -389,4 +390,44 @@ TEST_CASE("a file_mutex wait ends promptly with errc::cancelled when a stop is r
     CHECK(b.try_lock());
     b.unlock();
   }
+}
+
+TEST_CASE("a held file_mutex moved into a vector and an optional and out stays held, and the new owner's unlock frees it") {
+  temp_dir dir;
+  const auto path = dir.path / "moved.lock";
+  const auto another_can_take = [&] {
+    const int code = dibs_test::wait_exit(dibs_test::spawn([&]() -> int {
+      dibs::file_mutex probe{path};
+      if (!probe.try_lock()) return 10;
+      probe.unlock();
+      return 0;
+    }));
+    REQUIRE((code == 0 || code == 10));
+    return code == 0;
+  };
+  std::vector<dibs::file_mutex> locks;
+  {
+    dibs::file_mutex a{path};
+    a.lock();
+    locks.push_back(std::move(a));
+    CHECK(a.native_handle() == -1);
+    a.unlock();  // a moved-from object's unlock does nothing: the lock stays held
+    CHECK_THROWS_AS(a.try_lock(), std::system_error);
+  }
+  for (int i = 0; i < 8; ++i) locks.emplace_back(dir.path / ("other-" + std::to_string(i) + ".lock"));
+  std::optional<dibs::file_mutex> opt{std::move(locks.front())};
+  locks.clear();
+  CHECK_FALSE(another_can_take());
+  dibs::file_mutex back = std::move(*opt);
+  opt.reset();
+  CHECK_FALSE(another_can_take());
+  back.unlock();
+  CHECK(another_can_take());
+  // Move assignment over the process's only file_mutex on a held file releases it.
+  dibs::file_mutex x{dir.path / "assigned.lock"};
+  x.lock();
+  x = dibs::file_mutex{path};
+  dibs::file_mutex probe{dir.path / "assigned.lock"};
+  CHECK(probe.try_lock());
+  probe.unlock();
 }

@@ -249,7 +249,7 @@ TEST_CASE("SIGKILLs during compare-and-set increments: no wedged key, no garbage
   CHECK(s.replace("n", r->version, "done"));
 }
 
-TEST_CASE("in place: records alternate between two slots of one file, and a write cut short leaves the current record") {
+TEST_CASE("in place: records alternate between two slots of one file, the old one marked stale, and a write cut short leaves the current record") {
   temp_dir dir;
   dibs::file_store s{dir.path, {.in_place = true}};
   const auto path = s.path_of("k");
@@ -263,13 +263,35 @@ TEST_CASE("in place: records alternate between two slots of one file, and a writ
   CHECK(after.st_ino == before.st_ino);  // the same file: no new inode, no rename
   std::string text = slurp(path);
   REQUIRE(text.size() > 2048);
-  CHECK(text.substr(0, 2048).find(std::string(300, 'a')) != std::string::npos);  // the old record stays
+  // The old record is gone from the file once the new one is whole: its
+  // slot says so, and where to look, and is otherwise padding.
+  CHECK(text.find(std::string(300, 'a')) == std::string::npos);
+  const std::string mark = text.substr(0, text.find('\n', 14) + 1);
+  CHECK_THAT(mark, Contains("stale copy, not the record") && Contains("further down, at byte 2048"));
+  CHECK(text.substr(0, 2048).find_first_not_of('\n', mark.size()) == std::string::npos);
   CHECK(text.substr(2048, 14) == "dibs-record 1\n");
+  CHECK(text.find("version ") == 2048 + 14);  // one record in the file
   CHECK(s.read("k") == dibs::record{"second", *v2});
   const auto v3 = s.replace("k", *v2, "third");  // back into the first slot
   REQUIRE(v3);
+  CHECK(*v3 == *v2 + 1);  // a marked slot is no tear: no version skipped
   CHECK(s.read("k") == dibs::record{"third", *v3});
-  CHECK(slurp(path).substr(0, 2048).find("third") != std::string::npos);
+  text = slurp(path);
+  CHECK(text.substr(0, 2048).find("third") != std::string::npos);
+  CHECK(text.find("second") == std::string::npos);
+  CHECK_THAT(text.substr(2048), Contains("stale copy, not the record") && Contains("the one above"));
+  // Erased, the file reads as erased, with no live record left in it.
+  {
+    const auto v = s.create("e", "held");
+    REQUIRE(v);
+    REQUIRE(s.replace("e", *v, "held again"));
+    REQUIRE(s.erase("e", *v + 1));
+    const std::string erased = slurp(s.path_of("e"));
+    CHECK(erased.find("state live") == std::string::npos);
+    CHECK(erased.find("state erased") != std::string::npos);
+    CHECK_FALSE(s.read("e"));
+    CHECK(s.create("e", "again") == *v + 3);  // versions go on from the erased record
+  }
 
   // Writers killed in the middle of writing into the slot that is not
   // current: the slot holds the first part of their record and the rest of
@@ -286,16 +308,18 @@ TEST_CASE("in place: records alternate between two slots of one file, and a writ
     std::string torn = slurp(path);
     const std::size_t other = other_slot(last);
     torn.replace(other, cut, next_rec.substr(0, cut));
-    // A cut within the bytes the old record shares with the new one leaves
-    // the old record whole: that is no tear at all.
+    // A cut within the bytes the stale mark shares with the new record
+    // leaves the mark whole: that is no tear at all. A torn header that
+    // names a version (cut after 30 bytes or more) is skipped past.
     const bool changed = torn != slurp(path);
+    const bool names_version = cut >= 30;
     spit(path, torn);
     const auto cur = s.read("k");  // lock-free: the torn slot sends it to the shared flock, then the whole one
     REQUIRE(cur);
     CHECK(cur->version == last);
     const auto v = s.replace("k", last, "third");  // into the torn slot; a version past any it names
     REQUIRE(v);
-    CHECK(*v == (changed ? last + 3 : last + 1));
+    CHECK(*v == (!changed ? last + 1 : names_version ? last + 3 : last + 2));
     last = *v;
     CHECK(s.read("k") == dibs::record{"third", last});
   }

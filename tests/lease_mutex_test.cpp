@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -832,4 +833,211 @@ TEST_CASE("a lock_file wait ends promptly with errc::cancelled when a stop is re
   holder.kill();
   CHECK(lock.try_lock_for(2s, std::stop_source{}.get_token()));  // no stop: acquires once the holder is gone
   lock.unlock();
+}
+
+// ---- Issue 12: who holds a lock; movable locks -----------------------------
+
+namespace {
+
+// A child that takes the lock file at `path` (no renewal thread: see the
+// fork test), says "held <token>" and waits to be killed.
+dibs_test::child hold_in_child(const fs::path& path, channel& held) {
+  return dibs_test::child{dibs_test::spawn([&]() -> int {
+    dibs::lock_file lock{path, {.lease = 30s, .renew = false}};
+    lock.lock();
+    held.send("held " + std::to_string(lock.token()));
+    for (;;) ::pause();
+  })};
+}
+
+// Returns: true if another process can take the lock file at `path` within `wait`.
+bool another_process_can_take(const fs::path& path, std::chrono::milliseconds wait) {
+  const int code = dibs_test::wait_exit(dibs_test::spawn([&]() -> int {
+    dibs::lock_file probe{path, {.lease = 30s, .renew = false}};
+    if (!probe.try_lock_for(wait)) return 10;
+    probe.unlock();
+    return 0;
+  }));
+  REQUIRE((code == 0 || code == 10));
+  return code == 0;
+}
+
+std::string host_name() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
+}  // namespace
+
+TEST_CASE("holder() names another process's hold (host, pid, since, lease, token), this object's own as mine, a free lock as none") {
+  temp_dir dir;
+  const auto path = dir.path / "who.lock";
+  dibs::lock_file mine{path, {.lease = 30s}};
+  CHECK_FALSE(mine.holder());  // no file yet
+
+  const auto before = std::chrono::system_clock::now() - 1s;  // the record keeps milliseconds
+  channel held;
+  auto holder = hold_in_child(path, held);
+  const auto msg = held.receive();
+  REQUIRE(msg);
+  const dibs::version theirs = std::stoull(words(*msg).at(1));
+  const auto h = mine.holder();
+  REQUIRE(h);
+  CHECK(h->pid == holder.pid());
+  CHECK(h->host == host_name());
+  REQUIRE(h->since);
+  CHECK(*h->since >= before);
+  CHECK(*h->since <= std::chrono::system_clock::now());
+  CHECK(h->lease == 30s);
+  REQUIRE(h->lease_left);
+  CHECK(*h->lease_left > 25s);
+  CHECK(*h->lease_left <= 30s);
+  CHECK(h->token == theirs);
+  CHECK_FALSE(h->mine);
+  const std::string text = fmt::format("{}", *h);
+  CHECK_THAT(text, Contains(fmt::format("pid {} on {} since ", holder.pid(), host_name())) && Contains(", lease 30 s, ") &&
+                       Contains(" s left, token " + std::to_string(theirs)));
+  std::ostringstream streamed;
+  streamed << *h;
+  CHECK(streamed.str() == text);
+  CHECK_FALSE(mine.holder()->mine);
+  CHECK(mine.token() == 0);  // holder() took nothing
+
+  // A cancelled wait says whom it waited on.
+  std::string what;
+  try {
+    std::stop_source stop;
+    std::thread t([&] {
+      std::this_thread::sleep_for(100ms);
+      stop.request_stop();
+    });
+    try {
+      mine.lock(stop.get_token());
+    } catch (const std::system_error& e) {
+      what = e.what();
+    }
+    t.join();
+  } catch (...) {
+  }
+  CHECK_THAT(what, Contains("cancelled") && Contains(fmt::format("held by pid {} on {}", holder.pid(), host_name())));
+
+  holder.kill();
+  REQUIRE(mine.try_lock_for(2s));  // the dead holder's lock is broken
+  auto own = mine.holder();
+  REQUIRE(own);
+  CHECK(own->mine);
+  CHECK(own->pid == ::getpid());
+  CHECK(own->token == mine.token());
+  CHECK(fmt::format("{}", *own).ends_with("(this object)"));
+  // After a renewal the record's version has moved on; the token it shows is still the hold's.
+  REQUIRE(mine.renew());
+  const auto rec = lock_record(path);
+  REQUIRE(rec);
+  CHECK(rec->version > mine.token());
+  own = mine.holder();
+  REQUIRE(own);
+  CHECK(own->token == mine.token());
+  CHECK(own->mine);
+  mine.unlock();
+  CHECK_FALSE(mine.holder());
+}
+
+TEST_CASE("cat of a lock file shows the current holder only: a free lock reads as erased, no stale holder in the other slot") {
+  temp_dir dir;
+  const auto path = dir.path / "cat.lock";
+  channel held;
+  {
+    auto first = hold_in_child(path, held);
+    REQUIRE(held.receive());
+    first.kill();
+  }
+  dibs::lock_file mine{path, {.lease = 30s}};
+  REQUIRE(mine.try_lock_for(2s));  // breaks the dead child's lock
+  std::string text = slurp(path);
+  CHECK(text.find(fmt::format("\npid {}\n", ::getpid())) != std::string::npos);
+  const auto count = [](const std::string& t, const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = t.find(what); at != std::string::npos; at = t.find(what, at + 1)) ++n;
+    return n;
+  };
+  CHECK(count(text, "\nversion ") == 1);  // one record; the other slot is marked stale
+  CHECK(count(text, "\npid ") == 1);
+  CHECK(count(text, "state live") == 1);
+  CHECK(count(text, "stale copy, not the record") == 1);
+  mine.unlock();
+  text = slurp(path);
+  CHECK(count(text, "\nversion ") == 1);
+  CHECK(count(text, "state live") == 0);
+  CHECK(count(text, "\npid ") == 0);
+  CHECK(count(text, "state erased") == 1);
+}
+
+TEST_CASE("a held lock_file moved into a vector and an optional and out stays held and renewed, and the new owner's unlock frees it") {
+  temp_dir dir;
+  const auto path = dir.path / "moved.lock";
+  std::atomic<int> lost_calls{0};
+  std::vector<dibs::lock_file> locks;
+  dibs::version token = 0;
+  {
+    dibs::lock_file a{path, {.lease = 300ms, .on_lost = [&] { ++lost_calls; }}};
+    REQUIRE(a.try_lock());
+    token = a.token();
+    locks.push_back(std::move(a));
+    CHECK(a.token() == 0);  // the moved-from object holds nothing
+    CHECK_THROWS_AS(a.try_lock(), std::system_error);
+  }  // a's destructor: nothing to release
+  for (int i = 0; i < 8; ++i) locks.emplace_back(dir.path / fmt::format("other-{}.lock", i));  // the vector grows: moved again
+  REQUIRE(locks.front().path() == path);
+  CHECK(locks.front().token() == token);
+  std::optional<dibs::lock_file> opt{std::move(locks.front())};
+  locks.clear();
+  // Several leases pass: only renewals by the object it now lives in keep it.
+  std::this_thread::sleep_for(1200ms);
+  CHECK_FALSE(opt->lost());
+  CHECK(opt->token() == token);
+  CHECK(lost_calls == 0);
+  CHECK_FALSE(another_process_can_take(path, 400ms));
+  const auto h = opt->holder();
+  REQUIRE(h);
+  CHECK(h->mine);
+
+  dibs::lock_file back = std::move(*opt);
+  opt.reset();
+  CHECK_FALSE(another_process_can_take(path, 100ms));
+  back.unlock();
+  CHECK(another_process_can_take(path, 1s));
+  CHECK(lost_calls == 0);
+
+  // Move assignment over a held lock releases that one first.
+  const auto other = dir.path / "assigned.lock";
+  dibs::lock_file x{other, {.lease = 30s}};
+  REQUIRE(x.try_lock());
+  dibs::lock_file y{path, {.lease = 30s}};
+  REQUIRE(y.try_lock());
+  const dibs::version y_token = y.token();
+  x = std::move(y);
+  CHECK(another_process_can_take(other, 1s));  // x's old lock was released
+  CHECK_FALSE(another_process_can_take(path, 100ms));
+  CHECK(x.token() == y_token);
+  CHECK(x.path() == path);
+  x.unlock();
+  CHECK(another_process_can_take(path, 1s));
+}
+
+TEST_CASE("a lease_mutex over a memory_store moves with its hold, and a moved-from one's destructor releases nothing") {
+  dibs::memory_store store;
+  std::optional<dibs::lease_mutex<dibs::memory_store>> a{std::in_place, store, "k", dibs::lease_options{.lease = 30s}};
+  REQUIRE(a->try_lock());
+  const auto token = a->token();
+  dibs::lease_mutex<dibs::memory_store> b{std::move(*a)};
+  a.reset();  // must not erase the record b now holds
+  const auto r = store.read("k");
+  REQUIRE(r);
+  CHECK(r->version == token);
+  dibs::lease_mutex<dibs::memory_store> c{store, "k", {.lease = 30s}};
+  CHECK_FALSE(c.try_lock());
+  b.unlock();
+  CHECK(c.try_lock());
+  c.unlock();
 }

@@ -316,7 +316,7 @@ TEST_CASE("a lock that cannot be had in time is a timed_out error, and the recor
   } catch (const std::system_error& e) {
     CHECK(e.code() == dibs::errc::timed_out);
     CHECK(dibs::is_transient(e.code()));
-    CHECK_THAT(e.what(), Contains(path.string()) && Contains("timed out"));
+    CHECK_THAT(e.what(), Contains(path.string()) && Contains("timed out") && Contains("who it was is not recorded"));
   }
   std::error_code ec;
   CHECK_FALSE(log.append("during", ec));

@@ -169,6 +169,22 @@ public:
   }
   dot_lock(const dot_lock&) = delete;
   dot_lock& operator=(const dot_lock&) = delete;
+  /// Requires: no other thread uses `o` meanwhile.
+  /// Effects: takes over `o`'s path, options and hold: a lock `o` held stays
+  /// held (its file, and its mtime touched from now on by this object). `o`
+  /// is left empty: it holds nothing, its destructor does nothing, and it may
+  /// only be destroyed or assigned to (a lock call on it throws
+  /// std::errc::operation_not_permitted). Throws: std::bad_alloc.
+  dot_lock(dot_lock&& o) { take(o); }
+  /// Effects: unlock() if this object holds the lock, then as the move
+  /// constructor. Throws: as unlock() (then `o` is untouched).
+  dot_lock& operator=(dot_lock&& o) {
+    if (this != &o) {
+      unlock();
+      take(o);
+    }
+    return *this;
+  }
   /// Effects: unlock() if held; errors are swallowed (a destructor must not throw).
   ~dot_lock() {
     try {
@@ -251,8 +267,32 @@ private:
     }
   }
 
+  // Requires: no other thread uses `o`; this object holds nothing.
+  void take(dot_lock& o) {
+    if (o.touch_id_) detail::renewal_keeper::instance().remove(std::exchange(o.touch_id_, 0));  // its hooks name `o`
+    std::lock_guard g{o.m_};
+    path_ = std::move(o.path_);
+    o.path_.clear();
+    dir_ = std::move(o.dir_);
+    opts_ = o.opts_;
+    held_ = o.held_.exchange(false);
+    holder_pid_ = std::exchange(o.holder_pid_, 0);
+    fd_ = std::move(o.fd_);
+    dev_ = o.dev_;
+    ino_ = o.ino_;
+    if (held_ && holder_pid_ == detail::current_pid()) start_touching();
+  }
+
+  void start_touching() {
+    if (opts_.touch)
+      touch_id_ = detail::renewal_keeper::instance().add(opts_.stale_after / 3, {[this] { return touch(); }, {}, nullptr});
+  }
+
   // Requires: m_ held. Returns: true if this object now holds the lock.
   bool try_once() {
+    if (path_.empty())
+      throw std::system_error(std::make_error_code(std::errc::operation_not_permitted),
+                              "dibs::dot_lock: this object was moved from; assign a lock to it first");
     if (held_ && holder_pid_ == detail::current_pid())
       throw std::system_error(make_error_code(std::errc::resource_deadlock_would_occur),
                               fmt::format("dibs::dot_lock '{}': already held by this object", path_.string()));
@@ -311,10 +351,7 @@ private:
     ino_ = st.st_ino;
     held_ = true;
     holder_pid_ = pid;
-    if (opts_.touch) {
-      touch_id_ = detail::renewal_keeper::instance().add(
-          opts_.stale_after / 3, {[this] { return touch(); }, {}, nullptr});
-    }
+    start_touching();
     return true;
   }
 

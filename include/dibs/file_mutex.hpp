@@ -162,6 +162,22 @@ public:
 
   file_mutex(const file_mutex&) = delete;
   file_mutex& operator=(const file_mutex&) = delete;
+  /// Requires: no other thread uses `o` meanwhile.
+  /// Effects: this object takes `o`'s file and its share of the process's
+  /// lock on it: a lock held stays held (it belongs to the process's entry
+  /// for the file, which moves, not to an address). `o` is left empty: its
+  /// destructor does nothing, its unlock() does nothing, and it may only be
+  /// destroyed or assigned to (a lock call on it throws
+  /// std::errc::operation_not_permitted).
+  file_mutex(file_mutex&& o) noexcept = default;
+  /// Effects: as destroying this object, then as the move constructor. As
+  /// with the destructor, a lock this object's file holds is released when
+  /// this was the process's last file_mutex on that file (its descriptor is
+  /// closed); while another one of the process is open on the file, the
+  /// lock stays with the process (any of them may unlock it: the lock is the
+  /// process's, not one object's, so one object cannot tell that it is
+  /// "its" lock to release).
+  file_mutex& operator=(file_mutex&& o) noexcept = default;
   ~file_mutex() = default;
 
   /// Effects: blocks (in the kernel, once no other thread of this process is
@@ -212,7 +228,7 @@ public:
   const std::filesystem::path& path() const noexcept { return path_; }
   /// Returns: the descriptor that holds the kernel lock (shared by every
   /// file_mutex of this process on the same file).
-  int native_handle() const noexcept { return entry_->fd.get(); }
+  int native_handle() const noexcept { return entry_ ? entry_->fd.get() : -1; }
 
 private:
   using steady = std::chrono::steady_clock;
@@ -283,6 +299,9 @@ private:
   // Returns: true if acquired. deadline == nullptr: block; *deadline == now_deadline: one try.
   // Throws: errc::cancelled if a stop is requested through *stop (nothing held then).
   bool acquire(bool exclusive, const steady::time_point* deadline, const std::stop_token* stop = nullptr) {
+    if (!entry_)
+      throw std::system_error(std::make_error_code(std::errc::operation_not_permitted),
+                              "dibs::file_mutex: this object was moved from; assign a lock to it first");
     if (stop && !stop->stop_possible()) stop = nullptr;
     if (forked()) reattach();
     auto& e = *entry_;
@@ -378,6 +397,7 @@ private:
   static constexpr std::chrono::milliseconds stop_check{2};
 
   void release(bool exclusive) {
+    if (!entry_) return;   // moved from
     if (forked()) return;  // the parent's lock: not ours to release
     auto& e = *entry_;
     std::lock_guard lock{e.m};

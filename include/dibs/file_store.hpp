@@ -64,6 +64,12 @@
 // that does not hold the current one, and a reader takes the whole record
 // with the higher version. A writer killed mid-write can only damage the slot
 // that was not current, so the file always holds one whole, current record.
+// Once the new record is whole (its pwrite has returned), the old slot is
+// overwritten with a line that says it is an old copy and where the current
+// record is, so that `cat` shows only the current record (a free lock as
+// `state erased`); readers skip such a slot. A writer killed while it marks
+// leaves the new record whole and the old slot torn, which is a slot that
+// was not current either.
 // One host or many: flock, link and rename are atomic on local filesystems;
 // over NFS only link is (use a server-backed store there).
 #pragma once
@@ -82,6 +88,7 @@
 #include <chrono>
 #include <charconv>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -128,7 +135,9 @@ struct file_store_options {
   /// slots, at offsets 0 and 2048, each a record padded with newlines; the
   /// new record goes into the slot that is not current, so a writer killed
   /// mid-write leaves the current record whole, and readers take the valid
-  /// record with the higher version (`cat` shows both). A reader that catches
+  /// record with the higher version. Then the old slot is overwritten with a
+  /// line saying it is stale and where the current record is, so `cat`
+  /// shows one record. A reader that catches
   /// a slot half-copied reads again under a shared flock. Not used with
   /// `sync`, for a larger record, or where this user may not write the file
   /// itself: those go by a new file as without this option. In a sticky
@@ -309,6 +318,25 @@ private:
   // [slot_size, 2 * slot_size), so that one write of a slot (with the padding
   // before it) stays within the file's first page.
   static constexpr std::size_t slot_size = 2048;
+  // in_place: what replaces a record once a newer one is whole in the other
+  // slot; readers skip a slot that holds it and padding. It starts as a
+  // record does, so that a dibs before issue 12, which does not know it,
+  // takes it for a torn slot: it then reads again under the flock and finds
+  // the current record (where it would report a file that starts otherwise
+  // as not a record).
+  static constexpr std::string_view stale_prefix = "dibs-record 1\nstale copy, not the record: ";
+  static constexpr std::string_view stale_first =
+      "dibs-record 1\nstale copy, not the record: the current record is further down, at byte 2048\n";
+  static constexpr std::string_view stale_second =
+      "dibs-record 1\nstale copy, not the record: the current record is the one above\n";
+
+  // Returns: true if `slot` (a slot's bytes, to its end) is a stale mark and
+  // padding.
+  static bool marked_stale(std::string_view slot) noexcept {
+    if (slot.substr(0, stale_prefix.size()) != stale_prefix) return false;
+    const auto nl = slot.find('\n', stale_prefix.size());
+    return nl != std::string_view::npos && slot.find_first_not_of('\n', nl) == std::string_view::npos;
+  }
 
   static std::uint32_t crc(std::string_view header, std::string_view value) noexcept {
     boost::crc_32_type c;
@@ -423,6 +451,7 @@ private:
       if (!r0) corrupt(path, why0);
       return *r0;
     }
+    const bool stale0 = !r0 && marked_stale(all.substr(0, slot_size));
     auto r1 = parse_one(all.substr(slot_size), why1);
     if (r1) {
       r1->offset = slot_size;
@@ -434,6 +463,10 @@ private:
       }
     }
     if (r0 && r1) return r0->version > r1->version ? *r0 : *r1;
+    // One whole record and the old slot marked stale after it was written:
+    // the usual state, for a reader with the lock or without.
+    if (r0 && marked_stale(all.substr(slot_size))) return *r0;
+    if (r1 && stale0) return *r1;
     // Under the lock, one slot whole and the other not: the other holds a
     // write cut short (its writer died; a write of ours touches only the slot
     // that is not current), however far it got, also after several such
@@ -476,6 +509,22 @@ private:
     return end + 2 + static_cast<std::size_t>(size);
   }
 
+  // Returns: true if `text` ends where its record(s) say the file ends. A
+  // stale mark is looked for first: it is followed by padding, in which
+  // declared_length's search would stop at every newline.
+  // The second slot's record may be followed by padding up to the size the
+  // file had (a shorter record in place of a longer one).
+  static bool read_whole(std::string_view text) noexcept {
+    if (text.size() > slot_size) {
+      const auto second = text.substr(slot_size);
+      if (marked_stale(second)) return true;
+      const auto d = declared_length(second);
+      if (d != 0 && d <= second.size() && second.find_first_not_of('\n', d) == std::string_view::npos) return true;
+      if (marked_stale(text.substr(0, slot_size))) return false;
+    }
+    return declared_length(text) == text.size();
+  }
+
   // Reads the whole file. A read shorter than asked that brings the text to
   // exactly the length its header declares (of the second slot's record, in
   // a file with two) is the end of the file: no second read() just to see it
@@ -489,10 +538,7 @@ private:
       if (n < 0) throw detail::path_error(errno, "dibs::file_store: cannot read record", path);
       if (n == 0) return out;
       out.append(buf, static_cast<std::size_t>(n));
-      if (static_cast<std::size_t>(n) < sizeof buf &&
-          (declared_length(out) == out.size() ||
-           (out.size() > slot_size && slot_size + declared_length(std::string_view(out).substr(slot_size)) == out.size())))
-        return out;
+      if (static_cast<std::size_t>(n) < sizeof buf && read_whole(out)) return out;
     }
   }
 
@@ -835,6 +881,7 @@ private:
         // slots (a record larger than a slot was written whole, to a new file).
         if (rec.size() <= slot_size && cur->end - cur->offset <= slot_size && cur->file_size <= 2 * slot_size) {
           write_other_slot(fd->get(), *cur, rec, path);
+          mark_stale(fd->get(), *cur);
           return {swap_outcome::done, next};
         }
       }
@@ -868,6 +915,23 @@ private:
     while (n < 0 && errno == EINTR);
     if (n == static_cast<ssize_t>(data.size())) return;
     throw detail::path_error(n < 0 ? errno : ENOSPC, "dibs::file_store: cannot rewrite record", path);
+  }
+
+  // Overwrites the record `old` (no longer current: a newer one is whole in
+  // the other slot, its pwrite returned) with a stale mark and padding, so
+  // that a person reading the file sees only the current record. Best effort:
+  // a mark that fails leaves an older, whole record, which readers pass over
+  // for its lower version; one cut short is a torn slot that was not
+  // current. Both slots are in the file's first page, written back together.
+  static void mark_stale(int fd, const stored& old) noexcept {
+    const std::string_view mark = old.offset == 0 ? stale_first : stale_second;
+    char data[slot_size];  // no allocation: nothing here may fail after the new record is in
+    const std::size_t size = std::max(mark.size(), std::min(old.end - old.offset, slot_size));
+    std::memset(data, '\n', size);
+    std::memcpy(data, mark.data(), mark.size());
+    ssize_t n;
+    do n = ::pwrite(fd, data, size, static_cast<off_t>(old.offset));
+    while (n < 0 && errno == EINTR);
   }
 
   // Atomically makes `path` name the record in `tmp`. An exchange, then an

@@ -33,6 +33,18 @@
 // than every token handed out before for the key, because store versions only
 // grow. Pass it along to whatever the lock protects, so a holder that was
 // paused past its lease is refused there too.
+//
+// Who holds it: holder() reads the record (it takes nothing) and says host,
+// pid, since when (the holder's wall clock, `since_ms`), the lease and what
+// is left of it, and the token (written into the record from the first
+// renewal on as `token`; before that it is the record's version). A wait
+// cancelled through a stop token names the holder it waited on.
+//
+// Moving: a lease_mutex (and a lock_file) is a movable handle. A held lock
+// moved to another object stays held and is renewed by that object; the
+// moved-from one holds nothing and may only be destroyed or assigned to.
+// Moving, like every use of one object, must not race with another thread's
+// use of it.
 #pragma once
 
 #include <atomic>
@@ -40,6 +52,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -60,6 +73,7 @@
 #include <dibs/detail/timed_lockable.hpp>
 #include <dibs/error.hpp>
 #include <dibs/file_store.hpp>
+#include <dibs/lock_holder.hpp>
 #include <dibs/store.hpp>
 
 namespace dibs {
@@ -101,7 +115,7 @@ public:
   /// Requires: `store` outlives this object. Throws: errc::invalid_argument
   /// for a bad key or a lease shorter than 3 ms.
   lease_mutex(Store& store, std::string key, lease_options opts = {})
-      : store_(store), key_(std::move(key)), opts_(std::move(opts)) {
+      : store_(&store), key_(std::move(key)), opts_(std::move(opts)) {
     validate_key(key_, "dibs::lease_mutex");
     if (opts_.lease < std::chrono::milliseconds{3})
       throw std::system_error(make_error_code(errc::invalid_argument),
@@ -109,6 +123,24 @@ public:
   }
   lease_mutex(const lease_mutex&) = delete;
   lease_mutex& operator=(const lease_mutex&) = delete;
+  /// Requires: no other thread uses `o` meanwhile.
+  /// Effects: takes over `o`'s store, key, options and hold: a lock `o` held
+  /// stays held, renewed from now on by this object (`o`'s renewal is
+  /// stopped first, then this object's started). `o` is left empty: it
+  /// holds nothing, its destructor does nothing, and it may only be
+  /// destroyed or assigned to (a lock call on it throws
+  /// std::errc::operation_not_permitted). Throws: std::bad_alloc.
+  lease_mutex(lease_mutex&& o) { take(o); }
+  /// Requires: as the move constructor. Effects: unlock() if this object
+  /// holds the lock, then as the move constructor. Throws: as unlock() (then
+  /// `o` is untouched and this object holds nothing).
+  lease_mutex& operator=(lease_mutex&& o) {
+    if (this != &o) {
+      unlock();
+      take(o);
+    }
+    return *this;
+  }
   /// Effects: releases the lock if held (errors are swallowed: a destructor must not throw).
   ~lease_mutex() {
     if (held_.load()) {
@@ -147,7 +179,7 @@ public:
       held_ = false;
       hold_.finish();
       try {
-        if (!detail::store_erase(store_, key_, version_, clock::now() + opts_.lease)) newly_lost = hold_.mark_lost();
+        if (!detail::store_erase(*store_, key_, version_, clock::now() + opts_.lease)) newly_lost = hold_.mark_lost();
       } catch (const std::system_error& e) {
         if (!detail::timed_out(e)) throw;
       }
@@ -163,6 +195,24 @@ public:
   bool lost() const noexcept { return hold_.lost(); }
   const std::string& key() const noexcept { return key_; }
 
+  /// Effects: reads the lock's record; takes nothing, changes nothing.
+  /// Returns: who holds the lock now (see lock_holder), or nothing if it is
+  /// free. Throws: as the store's read (errc::timed_out if the record stays
+  /// mid-write by another process for a second: it is stopped);
+  /// errc::corrupt_record for a record that is not a dibs lease.
+  std::optional<lock_holder> holder() const {
+    check_not_moved_from();
+    const auto r = detail::store_read(*store_, key_, clock::now() + std::chrono::seconds{1});
+    if (!r) return std::nullopt;
+    const auto owner = parse_lease(*r);
+    lock_holder h = describe(*r, owner);
+    std::lock_guard g{m_};
+    if (held_ && holder_pid_.load() == detail::current_pid() && version_ == r->version) {
+      h.mine = true;
+      h.lease_left = std::chrono::duration_cast<std::chrono::milliseconds>(hold_.end() - clock::now());
+    }
+    return h;
+  }
   /// Effects: renews the lease now. Returns: false if it was lost (then
   /// on_lost has been called). In a forked child: false, touching nothing.
   bool renew() {
@@ -171,7 +221,7 @@ public:
       std::lock_guard g{m_};
       if (!held_ || hold_.marked_lost() || holder_pid_.load() != detail::current_pid()) return false;
       if (hold_.renew(opts_.lease, [&](dibs::time_limit end) {
-            const auto v = detail::store_replace(store_, key_, version_, value(), end);
+            const auto v = detail::store_replace(*store_, key_, version_, value(since_ms_, token_.load()), end);
             if (v) version_ = *v;
             return v.has_value();
           }))
@@ -183,8 +233,70 @@ public:
   }
 
 private:
-  std::string value() const {
-    return std::string(detail::lease_magic) + detail::format_owner(detail::this_process(opts_.lease));
+  // The record: the owner, since when it holds (unix ms), and, once the
+  // record's version no longer is the token (from the first renewal on),
+  // the token.
+  std::string value(std::int64_t since_ms, dibs::version token) const {
+    detail::owner_id me = detail::this_process(opts_.lease);
+    me.since_ms = since_ms;
+    me.written_ms = detail::wall_ms();
+    std::string v(detail::lease_magic);
+    if (token != 0) v += fmt::format("token {}\n", token);
+    return v + detail::format_owner(me);
+  }
+
+  // Throws: errc::corrupt_record if `r` is not a lease with an owner.
+  detail::owner_id parse_lease(const record& r) const {
+    if (std::string_view(r.value).substr(0, detail::lease_magic.size()) != detail::lease_magic)
+      throw std::system_error(make_error_code(errc::corrupt_record),
+                              fmt::format("dibs::lease_mutex '{}': the record is not a dibs lease (it starts '{}'); "
+                                          "was it left by another tool or an older format?",
+                                          key_, r.value.substr(0, r.value.find('\n'))));
+    auto owner = detail::parse_owner(r.value);
+    if (!owner)
+      throw std::system_error(make_error_code(errc::corrupt_record),
+                              fmt::format("dibs::lease_mutex '{}': the lease record lacks an owner field", key_));
+    return *owner;
+  }
+
+  // What a record says of its holder (`mine` and an exact lease_left are
+  // for holder() to add).
+  static lock_holder describe(const record& r, const detail::owner_id& o) {
+    lock_holder h;
+    h.host = o.host;
+    h.pid = o.pid;
+    if (o.since_ms != 0) h.since = detail::from_wall_ms(o.since_ms);
+    h.lease = o.lease;
+    if (o.written_ms != 0) h.lease_left = std::chrono::milliseconds{o.written_ms + o.lease.count() - detail::wall_ms()};
+    h.token = detail::number_field<dibs::version>(r.value, "token").value_or(r.version);
+    return h;
+  }
+
+  void check_not_moved_from() const {
+    if (!store_)
+      throw std::system_error(std::make_error_code(std::errc::operation_not_permitted),
+                              "dibs::lease_mutex: this object was moved from; assign a lock to it first");
+  }
+
+  // Requires: no other thread uses `o`; this object holds nothing.
+  void take(lease_mutex& o) {
+    o.stop_renewal();  // from here on no task of the keeper touches `o`
+    std::lock_guard g{o.m_};
+    store_ = std::exchange(o.store_, nullptr);
+    key_ = std::move(o.key_);
+    o.key_.clear();
+    opts_ = std::move(o.opts_);
+    held_ = o.held_.exchange(false);
+    holder_pid_ = o.holder_pid_.exchange(0);
+    hold_.assign(o.hold_);
+    o.hold_.finish();
+    version_ = std::exchange(o.version_, 0);
+    token_ = o.token_.exchange(0);
+    since_ms_ = std::exchange(o.since_ms_, 0);
+    seen_version_ = std::exchange(o.seen_version_, std::nullopt);
+    seen_since_ = o.seen_since_;
+    last_seen_ = std::exchange(o.last_seen_, std::nullopt);
+    if (held_ && holder_pid_.load() == detail::current_pid() && !hold_.marked_lost()) start_renewal();
   }
 
   using clock = std::chrono::steady_clock;
@@ -196,6 +308,7 @@ private:
   // Returns: true if this object now holds the lock; false if not, also
   // when the store could not be had by `until` (the record is busy).
   bool try_once(bool free_first, dibs::time_limit until) {
+    check_not_moved_from();
     std::lock_guard g{m_};
     if (held_ && holder_pid_.load() == detail::current_pid())
       throw std::system_error(make_error_code(std::errc::resource_deadlock_would_occur),
@@ -211,36 +324,41 @@ private:
   // Requires: m_ held.
   bool try_once_locked(bool free_first, dibs::time_limit until) {
     const auto start = clock::now();  // a hold is valid from before the call that makes it
+    const auto since = detail::wall_ms();
     if (free_first) {
-      if (auto v = detail::store_create(store_, key_, value(), until)) return became_holder(*v, start);
+      if (auto v = detail::store_create(*store_, key_, value(since, 0), until)) return became_holder(*v, start, since);
     }
-    const auto r = detail::store_read(store_, key_, until);
+    const auto r = detail::store_read(*store_, key_, until);
     if (!r) {
-      if (auto v = detail::store_create(store_, key_, value(), until)) return became_holder(*v, start);
+      if (auto v = detail::store_create(*store_, key_, value(since, 0), until)) return became_holder(*v, start, since);
       return false;
     }
-    if (std::string_view(r->value).substr(0, detail::lease_magic.size()) != detail::lease_magic)
-      throw std::system_error(make_error_code(errc::corrupt_record),
-                              fmt::format("dibs::lease_mutex '{}': the record is not a dibs lease (it starts '{}'); "
-                                          "was it left by another tool or an older format?",
-                                          key_, r->value.substr(0, r->value.find('\n'))));
-    const auto owner = detail::parse_owner(r->value);
-    if (!owner)
-      throw std::system_error(make_error_code(errc::corrupt_record),
-                              fmt::format("dibs::lease_mutex '{}': the lease record lacks an owner field", key_));
-    bool stale = detail::provably_dead(*owner);
+    const auto owner = parse_lease(*r);
+    last_seen_ = describe(*r, owner);
+    bool stale = detail::provably_dead(owner);
     const auto now = clock::now();
     if (!stale) {
       if (!seen_version_ || *seen_version_ != r->version) {
         seen_version_ = r->version;  // start watching this version on our own clock
         seen_since_ = now;
-      } else if (now - seen_since_ >= owner->lease) {
+      } else if (now - seen_since_ >= owner.lease) {
         stale = true;  // unchanged for a whole lease: its holder stopped renewing
       }
     }
     if (!stale) return false;
-    if (auto v = detail::store_replace(store_, key_, r->version, value(), until)) return became_holder(*v, start);
+    if (auto v = detail::store_replace(*store_, key_, r->version, value(since, 0), until))
+      return became_holder(*v, start, since);
     return false;
+  }
+
+  // Throws: errc::cancelled, naming the holder last seen.
+  [[noreturn]] void throw_cancelled() const {
+    if (last_seen_)
+      throw std::system_error(make_error_code(errc::cancelled),
+                              fmt::format("dibs::lease_mutex '{}': wait for the lock cancelled (a stop was requested); "
+                                          "it was held by {}",
+                                          key_, *last_seen_));
+    detail::throw_cancelled("dibs::lease_mutex", key_);
   }
 
   // A cancellable wait looks at its stop token at least this often: a
@@ -251,8 +369,15 @@ private:
   bool acquire(dibs::time_limit until, const std::stop_token& st) {
     thread_local std::mt19937_64 rng{std::random_device{}()};
     const bool stoppable = st.stop_possible();
+    {
+      std::lock_guard g{m_};
+      last_seen_.reset();
+    }
     for (std::uint64_t n = 0;; ++n) {
-      if (st.stop_requested()) detail::throw_cancelled("dibs::lease_mutex", key_);
+      if (st.stop_requested()) {
+        std::lock_guard g{m_};
+        throw_cancelled();
+      }
       if (try_once(n == 0, stoppable ? std::min(until, clock::now() + stop_check) : until)) return true;
       auto delay = opts_.wait.delay(n, {}, std::uniform_real_distribution<double>{0.0, 1.0}(rng));
       if (until != dibs::time_limit::max()) {
@@ -262,12 +387,12 @@ private:
       }
       if constexpr (detail::store_with_change_wait<Store>) {
         if (!stoppable) {
-          (void)store_.wait_for_change(key_, delay);
+          (void)store_->wait_for_change(key_, delay);
         } else {
           for (const auto end = clock::now() + delay; !st.stop_requested();) {
             const auto left = end - clock::now();
             if (left <= clock::duration::zero() ||
-                store_.wait_for_change(key_, std::min<std::chrono::nanoseconds>(left, stop_check)))
+                store_->wait_for_change(key_, std::min<std::chrono::nanoseconds>(left, stop_check)))
               break;
           }
         }
@@ -277,19 +402,28 @@ private:
     }
   }
 
-  // Requires: m_ held. `start`: when the call that made the hold began.
-  bool became_holder(dibs::version v, clock::time_point start) {
+  // Requires: m_ held. `start`: when the call that made the hold began;
+  // `since_ms`: the wall clock written into the record as its since_ms.
+  bool became_holder(dibs::version v, clock::time_point start, std::int64_t since_ms) {
     held_ = true;
     version_ = v;
     token_ = v;
+    since_ms_ = since_ms;
     holder_pid_ = detail::current_pid();
     hold_.begin(start, opts_.lease);
     seen_version_.reset();
+    last_seen_.reset();
+    start_renewal();
+    return true;
+  }
+
+  // The keeper's hooks name this object: a move stops them first and
+  // starts new ones for the object moved to.
+  void start_renewal() {
     if (opts_.renew) {
       renewal_id_ = detail::renewal_keeper::instance().add(
           opts_.lease / 3, {[this] { return renew(); }, [this] { notify_lost(true); }, &hold_});
     }
-    return true;
   }
 
   void stop_renewal() {
@@ -301,7 +435,7 @@ private:
     if (newly_lost && opts_.on_lost) opts_.on_lost();
   }
 
-  Store& store_;
+  Store* store_ = nullptr;  // nullptr: moved from
   std::string key_;
   lease_options opts_;
   mutable std::mutex m_;
@@ -310,14 +444,19 @@ private:
   detail::validity hold_;              // the validity rule of the current (or last) hold
   dibs::version version_ = 0;          // the record's current version (renewals move it)
   std::atomic<dibs::version> token_{0};  // the version at acquisition
+  std::int64_t since_ms_ = 0;            // the hold's start on the wall clock (unix ms), as its record says
   std::optional<dibs::version> seen_version_;
   clock::time_point seen_since_{};
+  std::optional<lock_holder> last_seen_;  // the holder a waiter last found (for its error messages)
   std::uint64_t renewal_id_ = 0;
 };
 
 namespace detail {
+// The store of a lock_file lives on the heap, so that it stays where its
+// lease_mutex (and a renewal running on another thread) points when the
+// lock_file moves.
 struct lock_file_store {
-  file_store store;
+  std::unique_ptr<file_store> store;
 };
 // Returns: the directory of the lock file `p`. Throws: errc::invalid_argument,
 // speaking of the path, if `p` cannot name a lock file.
@@ -347,10 +486,26 @@ inline std::filesystem::path lock_dir(const std::filesystem::path& p) {
 class lock_file : private detail::lock_file_store, public lease_mutex<file_store> {
 public:
   explicit lock_file(const std::filesystem::path& path, lease_options opts = {}, mode_t mode = 0644)
-      : detail::lock_file_store{file_store{detail::lock_dir(path),
-                                           {.mode = mode, .suffix = "", .key_is_file_name = true, .in_place = true}}},
-        lease_mutex<file_store>(store, path.filename().string(), std::move(opts)),
+      : detail::lock_file_store{std::make_unique<file_store>(
+            detail::lock_dir(path),
+            file_store_options{.mode = mode, .suffix = "", .key_is_file_name = true, .in_place = true})},
+        lease_mutex<file_store>(*store, path.filename().string(), std::move(opts)),
         path_(path) {}
+  /// Effects, Requires: as lease_mutex's move constructor; path() moves too.
+  lock_file(lock_file&& o)
+      : detail::lock_file_store{std::move(o.store)},
+        lease_mutex<file_store>(static_cast<lease_mutex<file_store>&&>(o)),
+        path_(std::move(o.path_)) {}
+  /// Effects, Requires, Throws: as lease_mutex's move assignment (this
+  /// object's lock is released first, through its own store).
+  lock_file& operator=(lock_file&& o) {
+    if (this != &o) {
+      lease_mutex<file_store>::operator=(static_cast<lease_mutex<file_store>&&>(o));
+      store = std::move(o.store);  // only now: our old store served the unlock above
+      path_ = std::move(o.path_);
+    }
+    return *this;
+  }
   const std::filesystem::path& path() const noexcept { return path_; }
 
 private:

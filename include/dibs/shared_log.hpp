@@ -223,8 +223,16 @@ public:
     map_state();
   }
 
+  // Not movable: one object is meant to be shared by the threads of a
+  // process (appends are serialised on its own mutex, which cannot move
+  // while a thread waits on it), and a moved-from log would have to check
+  // on every append that it still maps a lock file. Where a log must
+  // change hands, hold it by std::unique_ptr (or std::shared_ptr for many
+  // owners).
   shared_log(const shared_log&) = delete;
   shared_log& operator=(const shared_log&) = delete;
+  shared_log(shared_log&&) = delete;
+  shared_log& operator=(shared_log&&) = delete;
 
   /// Effects: flushes per durability::per_batch; a failure is reported on
   /// stderr, since a destructor must not throw.
@@ -253,7 +261,11 @@ public:
   void append(std::string_view record, std::stop_token st) {
     const char* what = "cannot append to log";
     if (auto ec = append_record(record, what, st)) {
-      const char* hint = ec.category() != std::system_category() ? ""
+      // The lock is a robust mutex in the lock file, which records no holder:
+      // say so rather than leave the reader to look for one.
+      const char* hint = ec == make_error_code(errc::timed_out)
+                             ? " (another writer held the lock for all of lock_timeout; who it was is not recorded)"
+                         : ec.category() != std::system_category() ? ""
                          : ec.value() == EMLINK ? " (the log file was given a second name, a hard link: remove it)"
                                                 : detail::errno_hint(ec.value());
       throw std::system_error(ec, fmt::format("dibs::shared_log: {} '{}'{}", what, path_.string(), hint));

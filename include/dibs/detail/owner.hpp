@@ -57,6 +57,11 @@ struct owner_id {
   std::uint32_t pid_ns = 0;
   std::uint32_t time_ns = 0;
   std::chrono::milliseconds lease{0};
+  // Wall clock (unix ms) of the holder, for people and diagnostics only:
+  // never compared across machines, never used to judge a holder. 0: not
+  // recorded (a record of an older dibs, or a claim).
+  std::int64_t since_ms = 0;    // when the hold began
+  std::int64_t written_ms = 0;  // when this record was written (its last renewal)
 
   process_identity process() const noexcept { return {pid, start, pid_ns, time_ns}; }
   friend bool operator==(const owner_id&, const owner_id&) = default;
@@ -176,10 +181,20 @@ inline bool provably_dead(const owner_id& o) {
   return provably_gone(o.process());
 }
 
-/// Returns: the owner lines of a record ("host ...\nboot ...\n...").
+/// Returns: now on the wall clock, in unix milliseconds.
+inline std::int64_t wall_ms() noexcept {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// Returns: the owner lines of a record ("host ...\nboot ...\n..."); since_ms
+/// and written_ms only when recorded (nonzero).
 inline std::string format_owner(const owner_id& o) {
-  return fmt::format("host {}\nboot {}\npid {}\nstart {}\npid_ns {}\ntime_ns {}\nlease_ms {}\n", o.host, o.boot, o.pid,
-                     o.start, o.pid_ns, o.time_ns, o.lease.count());
+  std::string out = fmt::format("host {}\nboot {}\npid {}\nstart {}\npid_ns {}\ntime_ns {}\nlease_ms {}\n", o.host,
+                                o.boot, o.pid, o.start, o.pid_ns, o.time_ns, o.lease.count());
+  if (o.since_ms != 0) out += fmt::format("since_ms {}\n", o.since_ms);
+  if (o.written_ms != 0) out += fmt::format("written_ms {}\n", o.written_ms);
+  return out;
 }
 
 /// Returns: the value of field `name` in "name value\n" lines, or nullopt.
@@ -208,7 +223,8 @@ std::optional<Int> number_field(std::string_view text, std::string_view name) {
 
 /// Returns: the owner described by `text`, or nullopt if a field is missing.
 /// A record without pid_ns and time_ns (an older dibs) parses with both 0:
-/// its holder is then never judged by pid.
+/// its holder is then never judged by pid. One without since_ms and
+/// written_ms (before issue 12) parses with both 0: not recorded.
 inline std::optional<owner_id> parse_owner(std::string_view text) {
   owner_id o;
   const auto host = field(text, "host");
@@ -224,6 +240,8 @@ inline std::optional<owner_id> parse_owner(std::string_view text) {
   o.pid_ns = number_field<std::uint32_t>(text, "pid_ns").value_or(0);
   o.time_ns = number_field<std::uint32_t>(text, "time_ns").value_or(0);
   o.lease = std::chrono::milliseconds{*lease};
+  o.since_ms = number_field<std::int64_t>(text, "since_ms").value_or(0);
+  o.written_ms = number_field<std::int64_t>(text, "written_ms").value_or(0);
   return o;
 }
 

@@ -22,6 +22,12 @@ public:
     lost_.store(false);
     set_end(start + lease);
   }
+  /// Effects: takes the state of `o` (a hold moved to another object).
+  /// Requires: nothing changes `o` meanwhile (no renewal of it is running).
+  void assign(const validity& o) noexcept {
+    lost_.store(o.lost_.load());
+    end_.store(o.end_.load(std::memory_order_acquire), std::memory_order_release);
+  }
   /// Effects: no hold any more: it runs out never (a lost() already seen stays).
   void finish() noexcept { set_end(clock::time_point::max()); }
 
