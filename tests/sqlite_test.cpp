@@ -235,7 +235,7 @@ TEST_CASE("open errors say what about the path is wrong, and never name a statem
   temp_dir dir;
   SECTION("a directory") {
     CHECK_THROWS_WITH(dibs::sqlite::connection{dir.path},
-                      Contains(dir.path.string()) && Contains("names a directory") &&
+                      Contains(dir.path.string()) && Contains("is a directory") &&
                           !Contains("does the directory exist") && !Contains("SELECT"));
   }
   SECTION("a missing directory") {
