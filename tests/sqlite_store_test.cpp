@@ -222,3 +222,382 @@ TEST_CASE("exactly once under crashes on sqlite_store: 8 workers, 5,000 items, 2
   dibs_test::check_exactly_once_under_crashes([&] { return dibs::sqlite_store{dir.path / "items.db"}; },
                                               [&] { return dibs::sqlite_store{dir.path / "journal.db"}; });
 }
+
+namespace {
+
+using claims_t = dibs::marker_claim<dibs::sqlite_store>;
+
+std::int64_t count(dibs::sqlite::connection& db, const std::string& sql) { return db.query_int64(sql).value_or(-1); }
+
+// What a worker's transaction writes: one row per effect, so a doubled
+// effect shows as a count of 2.
+void create_effects(dibs::sqlite::connection& db) {
+  db.exec("CREATE TABLE IF NOT EXISTS effects (item TEXT NOT NULL, token INTEGER NOT NULL, pid INTEGER NOT NULL)");
+}
+void write_effect(dibs::sqlite::connection& db, const std::string& item, dibs::version token) {
+  auto s = db.prepare("INSERT INTO effects (item, token, pid) VALUES (?1, ?2, ?3)");
+  s.bind(1, item).bind(2, token).bind(3, static_cast<std::int64_t>(::getpid())).step();
+}
+
+const auto tx_policy = dibs::retry_policy{}
+                           .backoff({std::chrono::microseconds{200}, 2.0, std::chrono::milliseconds{20}})
+                           .deadline(60s)
+                           .unlimited_attempts();
+
+struct forced_rollback : std::runtime_error {
+  forced_rollback() : std::runtime_error("forced rollback") {}
+};
+
+}  // namespace
+
+TEST_CASE("complete() inside a transaction on the store's connection commits with the work's effects") {
+  temp_dir dir;
+  dibs::sqlite_store store{dir.path / "q.db"};
+  auto& db = store.connection();
+  create_effects(db);
+  claims_t claims{store};
+  auto c = claims.try_claim("item-1");
+  REQUIRE(c);
+  const auto token = c->token();
+  REQUIRE(store.read("item-1")->version == token);
+  int runs = 0;
+  dibs::transact(tx_policy, db, [&] {
+    ++runs;
+    CHECK(store.in_transaction());
+    write_effect(db, "item-1", c->token());
+    c->complete("effect written");
+  });
+  CHECK(runs == 1);
+  CHECK_FALSE(store.in_transaction());
+  CHECK(count(db, "SELECT count(*) FROM effects WHERE item = 'item-1'") == 1);
+  const auto st = claims.status("item-1");
+  CHECK(st.state == dibs::claim_state::completed);
+  CHECK(st.result == "effect written");
+  CHECK(st.version == token + 1);
+  CHECK_THROWS_AS(c->complete(), std::logic_error);  // finished: the commit was taken in
+  CHECK_FALSE(c->renew());
+  c.reset();  // a finished claim gives nothing back
+  CHECK(claims.status("item-1").state == dibs::claim_state::completed);
+  CHECK(claims.status("item-1").version == token + 1);
+}
+
+TEST_CASE("a rolled-back transaction undoes the effects and the completion, and the claim is still held") {
+  temp_dir dir;
+  const auto path = dir.path / "q.db";
+  dibs::sqlite_store store{path};
+  auto& db = store.connection();
+  create_effects(db);
+  claims_t claims{store, {.lease = 600ms}};
+  auto c = claims.try_claim("item-1");
+  REQUIRE(c);
+  const auto token = c->token();
+
+  // The body throws after complete(): transact rolls back and lets the
+  // (permanent) error through.
+  CHECK_THROWS_AS(dibs::transact(tx_policy, db,
+                                 [&] {
+                                   write_effect(db, "item-1", c->token());
+                                   c->complete();
+                                   throw forced_rollback{};
+                                 }),
+                  forced_rollback);
+  CHECK(count(db, "SELECT count(*) FROM effects") == 0);
+  auto st = claims.status("item-1");
+  CHECK(st.state == dibs::claim_state::processing);
+  CHECK(st.owner->pid == ::getpid());
+  CHECK(st.version >= token);  // renewals may have moved it since; never a completion
+
+  // Still this worker's: no one else may claim it, and its renewals go on
+  // past several leases, so the claim is not lost.
+  {
+    dibs::sqlite_store other_store{path};
+    claims_t others{other_store};
+    CHECK_FALSE(others.try_claim("item-1"));
+  }
+  std::this_thread::sleep_for(1500ms);
+  CHECK_FALSE(c->lost());
+  st = claims.status("item-1");
+  CHECK(st.state == dibs::claim_state::processing);
+  CHECK(st.version > token + 1);  // renewed after the rollback (each renewal is one version)
+
+  // A transient failure after complete(): transact rolls back and runs the
+  // body again, and the second complete() is the one that commits.
+  int runs = 0;
+  dibs::transact(tx_policy, db, [&] {
+    write_effect(db, "item-1", c->token());
+    c->complete("done");
+    if (++runs == 1) throw std::system_error(dibs::sqlite::make_error_code(SQLITE_BUSY), "forced transient failure");
+  });
+  CHECK(runs == 2);
+  CHECK(count(db, "SELECT count(*) FROM effects WHERE item = 'item-1'") == 1);
+  st = claims.status("item-1");
+  CHECK(st.state == dibs::claim_state::completed);
+  CHECK(st.attempts == 1);
+  CHECK(st.result == "done");
+  const auto done_version = st.version;
+  std::this_thread::sleep_for(700ms);  // no renewal of a completed claim, no lost claim
+  CHECK(claims.status("item-1").version == done_version);
+  CHECK_THROWS_AS(c->complete(), std::logic_error);
+}
+
+TEST_CASE("release() inside a transaction is part of it too, and complete() twice in one transaction is refused") {
+  temp_dir dir;
+  dibs::sqlite_store store{dir.path / "q.db"};
+  auto& db = store.connection();
+  claims_t claims{store};
+  auto c = claims.try_claim("item-1");
+  REQUIRE(c);
+  CHECK_THROWS_AS(dibs::transact(tx_policy, db,
+                                 [&] {
+                                   CHECK(c->release("cannot do it now"));
+                                   CHECK_THROWS_AS(c->complete(), std::logic_error);
+                                   throw forced_rollback{};
+                                 }),
+                  forced_rollback);
+  CHECK(claims.status("item-1").state == dibs::claim_state::processing);
+  dibs::transact(tx_policy, db, [&] { CHECK(c->release("cannot do it now")); });
+  const auto st = claims.status("item-1");
+  CHECK(st.state == dibs::claim_state::released);
+  CHECK(st.error == "cannot do it now");
+  CHECK_FALSE(c->release());  // finished
+  auto again = claims.try_claim("item-1");
+  REQUIRE(again);
+  CHECK(again->attempts() == 2);
+}
+
+TEST_CASE("renewals from other threads never slip into a transaction open on the store's connection") {
+  temp_dir dir;
+  const auto path = dir.path / "q.db";
+  dibs::sqlite_store store{path};
+  auto& db = store.connection();
+  create_effects(db);
+  // Renewed every 300 ms; a transaction of 350 ms spans a renewal, which is
+  // refused (tried again at the next one), and ends well within the lease.
+  claims_t claims{store, {.lease = 900ms}};
+  std::vector<claims_t::claim> held;
+  for (int i = 0; i < 3; ++i) {
+    auto c = claims.try_claim("item-" + std::to_string(i));
+    REQUIRE(c);
+    held.push_back(std::move(*c));
+  }
+  dibs::sqlite::connection observer{path};
+  for (int round = 0; round < 3; ++round) {
+    db.begin();
+    const auto before = count(db, "SELECT sum(version) FROM dibs_records");  // no one else writes until it ends
+    write_effect(db, "x", 0);
+    std::this_thread::sleep_for(350ms);
+    // A renewal that slipped in would be a write of this transaction, and
+    // rolled back with it (the old bug: its claim then found its version
+    // gone and was lost).
+    CHECK(count(db, "SELECT sum(version) FROM dibs_records") == before);
+    db.rollback();
+    CHECK(count(observer, "SELECT sum(version) FROM dibs_records") == before);
+    std::this_thread::sleep_for(1000ms);  // more than a lease: lost, unless the renewals went on after the rollback
+    for (auto& c : held) CHECK_FALSE(c.lost());
+    CHECK(count(observer, "SELECT sum(version) FROM dibs_records") > before);
+  }
+  CHECK(count(db, "SELECT count(*) FROM effects") == 0);
+  for (auto& c : held) REQUIRE_NOTHROW(c.complete());
+  CHECK(count(observer, "SELECT count(*) FROM dibs_records_claims WHERE state = 'completed'") == 3);
+}
+
+TEST_CASE("another thread's store operation waits for a transaction open on the store's connection") {
+  temp_dir dir;
+  dibs::sqlite_store store{dir.path / "q.db"};
+  REQUIRE(store.create("k", "0"));
+  auto& db = store.connection();
+  db.begin();
+  REQUIRE(store.replace("k", 1, "in the transaction"));  // this thread's: part of it
+  std::atomic<bool> done{false};
+  std::optional<dibs::record> seen;
+  std::jthread reader([&] {
+    seen = store.read("k");
+    done = true;
+  });
+  std::this_thread::sleep_for(200ms);
+  CHECK_FALSE(done.load());  // it did not read inside the transaction
+  db.rollback();
+  reader.join();
+  REQUIRE(seen);
+  CHECK(seen->value == "0");
+  CHECK(seen->version == 1);
+}
+
+TEST_CASE("N processes complete M items in the transaction of their effects, some rolled back: each effect exactly once") {
+  temp_dir dir;
+  const auto path = dir.path / "work.db";
+  constexpr int workers = 4, items = 240;
+  {
+    dibs::sqlite_store s{path};
+    create_effects(s.connection());
+  }  // closed before forking
+  std::vector<dibs_test::child> kids;
+  for (int w = 0; w < workers; ++w)
+    kids.emplace_back(dibs_test::spawn([&, w]() -> int {
+      dibs::sqlite_store store{path};
+      auto& db = store.connection();
+      claims_t claims{store, {.lease = 5s}};
+      for (;;) {
+        int claimed = 0;
+        for (int i = 0; i < items; ++i) {
+          // Each worker starts at another place, so they meet on the way.
+          const int n = (i + w * items / workers) % items;
+          const std::string key = "item-" + std::to_string(n);
+          auto c = claims.try_claim(key);
+          if (!c) continue;
+          ++claimed;
+          int runs = 0;
+          try {
+            dibs::transact(tx_policy, db, [&] {
+              ++runs;
+              write_effect(db, key, c->token());
+              c->complete(fmt::format("by {}", ::getpid()));
+              // Every third item's first transaction fails after complete()
+              // with a transient error (transact rolls back and runs it
+              // again); every fifth item's first claim fails for good (the
+              // worker gives the item back and someone claims it again).
+              if (n % 3 == 0 && runs == 1)
+                throw std::system_error(dibs::sqlite::make_error_code(SQLITE_BUSY), "forced transient failure");
+              if (n % 5 == 0 && c->attempts() == 1) throw forced_rollback{};
+            });
+          } catch (const forced_rollback&) {
+            if (!c->release("forced rollback")) return 20;  // still held after the rollback
+          }
+          if (n % 3 == 0 && runs < 2) return 21;
+        }
+        if (claimed == 0) {
+          auto left = db.prepare("SELECT count(*) FROM dibs_records_claims WHERE state = 'completed'");
+          if (left.step() && left.column_int64(0) == items) return 0;
+          std::this_thread::sleep_for(5ms);
+        }
+      }
+    }));
+  for (auto& k : kids) CHECK(k.wait() == 0);
+  dibs::sqlite::connection db{path};
+  CHECK(count(db, "SELECT count(*) FROM effects") == items);
+  CHECK(count(db, "SELECT count(DISTINCT item) FROM effects") == items);
+  CHECK(count(db, "SELECT count(*) FROM dibs_records_claims WHERE state = 'completed'") == items);
+  CHECK(count(db, "SELECT count(*) FROM dibs_records_claims") == items);
+  // The effect kept is the completing claim's: its token is the record's
+  // version before completion.
+  CHECK(count(db, "SELECT count(*) FROM effects e JOIN dibs_records_claims c ON c.key = e.item "
+                  "WHERE c.token = e.token") == items);
+  // Items given back once were claimed twice, the others once.
+  CHECK(count(db, "SELECT count(*) FROM dibs_records_claims WHERE attempts = 2") == items / 5);
+  CHECK(count(db, "SELECT count(*) FROM dibs_records_claims WHERE attempts = 1") == items - items / 5);
+  CHECK(count(db, "SELECT count(DISTINCT pid) FROM effects") > 1);
+}
+
+TEST_CASE("the view <table>_claims shows each claim's state, attempts and owner as columns for plain SQL") {
+  temp_dir dir;
+  const auto path = dir.path / "mail.db";
+  {
+    dibs::sqlite::connection db{path};
+    db.exec("CREATE TABLE mailbox (key TEXT PRIMARY KEY NOT NULL, value BLOB, version INTEGER NOT NULL DEFAULT 0, "
+            "body TEXT)");
+    db.exec("INSERT INTO mailbox (key, body) VALUES ('m-absent', 'not claimed yet')");
+  }
+  dibs::sqlite_store store{path, "mailbox"};
+  CHECK(store.claims_view() == "mailbox_claims");
+  claims_t claims{store, {.lease = 60s, .max_attempts = 1}};
+  claims_t patient{store, {.lease = 60s, .max_attempts = 3}};
+  auto processing = claims.try_claim("m-processing");
+  REQUIRE(processing);
+  {
+    auto c = claims.try_claim("m-completed");
+    REQUIRE(c);
+    c->complete("order 17, pid 3");  // a result that looks like other fields
+  }
+  {
+    auto c = patient.try_claim("m-released");
+    REQUIRE(c);
+    REQUIRE(c->release("printer jammed"));
+  }
+  {
+    auto c = claims.try_claim("m-failed");
+    REQUIRE(c);
+    REQUIRE(c->release("bad address"));  // the last of 1 attempt: failed
+  }
+  REQUIRE(store.create("not-a-claim", "a lease or some other record"));
+
+  auto& db = store.connection();
+  auto rows = db.prepare("SELECT key, state, attempts, token, owner_host, owner_pid, lease_ms, error, result, version "
+                         "FROM mailbox_claims ORDER BY key");
+  struct row {
+    std::string key, state;
+    std::int64_t attempts;
+    bool token_null, host_null;
+    std::int64_t pid, lease_ms;
+    std::string error, result;
+    std::int64_t version;
+  };
+  std::vector<row> got;
+  while (rows.step())
+    got.push_back({rows.column_text(0), rows.column_text(1), rows.column_int64(2), rows.column_is_null(3),
+                   rows.column_is_null(4), rows.column_int64(5), rows.column_int64(6), rows.column_text(7),
+                   rows.column_text(8), rows.column_int64(9)});
+  REQUIRE(got.size() == 5);  // "not-a-claim" is no claim
+  CHECK(got[0].key == "m-absent");
+  CHECK(got[0].state == "absent");
+  CHECK(got[0].attempts == 0);
+  CHECK(got[0].host_null);
+  CHECK(got[0].version == 0);
+
+  CHECK(got[1].key == "m-completed");
+  CHECK(got[1].state == "completed");
+  CHECK(got[1].attempts == 1);
+  CHECK(got[1].result == "order 17, pid 3");
+  CHECK(got[1].host_null);  // a finished claim names no owner
+  CHECK(got[1].version == 2);
+
+  CHECK(got[2].key == "m-failed");
+  CHECK(got[2].state == "failed");
+  CHECK(got[2].error == "bad address");
+
+  CHECK(got[3].key == "m-processing");
+  CHECK(got[3].state == "processing");
+  CHECK(got[3].attempts == 1);
+  CHECK_FALSE(got[3].host_null);
+  CHECK(got[3].pid == ::getpid());
+  CHECK(got[3].lease_ms == 60000);
+  CHECK(got[3].version == static_cast<std::int64_t>(store.read("m-processing")->version));
+
+  CHECK(got[4].key == "m-released");
+  CHECK(got[4].state == "released");
+  CHECK(got[4].attempts == 1);
+  CHECK(got[4].error == "printer jammed");
+
+  // The query a person writes, and the owner's pid as a number.
+  CHECK(count(db, "SELECT count(*) FROM mailbox_claims WHERE state = 'processing' AND owner_pid = " +
+                      std::to_string(::getpid())) == 1);
+  CHECK(count(db, "SELECT count(*) FROM mailbox_claims WHERE state IN ('released', 'failed', 'absent')") == 3);
+  // The view joins the application's own rows.
+  CHECK(count(db, "SELECT count(*) FROM mailbox_claims c JOIN mailbox m USING (key) WHERE c.state = 'absent' "
+                  "AND m.body = 'not claimed yet'") == 1);
+  rows.reset();
+  // A second store on the same file finds the view there, and a read-only one leaves the file as it is.
+  dibs::sqlite_store again{path, "mailbox"};
+  CHECK(count(again.connection(), "SELECT count(*) FROM sqlite_schema WHERE name = 'mailbox_claims'") == 1);
+  CHECK(count(again.connection(), "SELECT count(*) FROM sqlite_schema WHERE sql LIKE '%dibs claims view 1%'") == 1);
+}
+
+TEST_CASE("a full filesystem at a store's open is named as such, with the path and the table") {
+  temp_dir dir;
+  const auto mnt = dir.path / "full";
+  const auto r = dibs_test::on_full_filesystem(mnt, [](const std::filesystem::path& d) -> std::string {
+    try {
+      dibs::sqlite_store s{d / "queue.db", "jobs"};
+      return "opened: no error";
+    } catch (const std::system_error& e) {
+      return e.what();
+    }
+  });
+  if (!r.ran) {
+    WARN("could not mount a small tmpfs (" << r.what << "): the full-filesystem case was not run");
+    return;
+  }
+  INFO(r.what);
+  CHECK_THAT(r.what, Contains("'" + (mnt / "queue.db").string() + "'") && Contains("'jobs'") &&
+                         Contains("the filesystem of '" + mnt.string() + "' is full") && !Contains("CREATE") &&
+                         !Contains("SELECT") && !Contains("PRAGMA"));
+}

@@ -235,7 +235,7 @@ TEST_CASE("open errors say what about the path is wrong, and never name a statem
   temp_dir dir;
   SECTION("a directory") {
     CHECK_THROWS_WITH(dibs::sqlite::connection{dir.path},
-                      Contains(dir.path.string()) && Contains("names a directory") &&
+                      Contains(dir.path.string()) && Contains("is a directory") &&
                           !Contains("does the directory exist") && !Contains("SELECT"));
   }
   SECTION("a missing directory") {
@@ -253,4 +253,27 @@ TEST_CASE("open errors say what about the path is wrong, and never name a statem
 
 TEST_CASE("the busy hint does not tell a caller inside dibs::transact to use dibs::transact") {
   CHECK_THAT(std::string(dibs::sqlite::detail::hint(SQLITE_BUSY)), !Contains("with dibs::transact") && Contains("transient"));
+}
+
+TEST_CASE("a full filesystem at open is named as such, with the path, not as a statement of dibs's own") {
+  temp_dir dir;
+  const auto mnt = dir.path / "full";
+  const auto r = dibs_test::on_full_filesystem(mnt, [](const fs::path& d) -> std::string {
+    const auto db = d / "new.db";
+    try {
+      dibs::sqlite::connection c{db};
+      c.exec("CREATE TABLE t (x)");
+      return "opened and wrote: no error";
+    } catch (const std::system_error& e) {
+      return e.what();
+    }
+  });
+  if (!r.ran) {
+    WARN("could not mount a small tmpfs (" << r.what << "): the full-filesystem case was not run");
+    return;
+  }
+  INFO(r.what);
+  CHECK_THAT(r.what, Contains("cannot open database '" + (mnt / "new.db").string() + "'") &&
+                         Contains("the filesystem of '" + mnt.string() + "' is full") && Contains("free space") &&
+                         !Contains("SELECT") && !Contains("PRAGMA"));
 }

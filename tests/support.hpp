@@ -538,4 +538,51 @@ cancelled_wait cancel_after(std::chrono::milliseconds after, Wait&& wait) {
   return out;
 }
 
+/// What on_full_filesystem() saw.
+struct full_filesystem_result {
+  bool ran = false;     ///< false: mounting was refused (not root, no namespaces); `what` says why
+  std::string what;     ///< what `body` returned, or why it did not run
+};
+
+/// Effects: in a child process with a mount namespace of its own (nothing
+/// leaks to the machine), mounts a 64 KiB tmpfs on `dir`, fills it to the
+/// last byte, and runs `body(dir)` there.
+/// Returns: what body returned (e.g. the message of the error it caught).
+inline full_filesystem_result on_full_filesystem(const fs::path& dir,
+                                                 const std::function<std::string(const fs::path&)>& body) {
+  fs::create_directories(dir);
+  int out[2];
+  REQUIRE(::pipe(out) == 0);
+  const pid_t pid = spawn([&]() -> int {
+    ::close(out[0]);
+    auto say = [&](const std::string& text) {
+      for (std::size_t done = 0; done < text.size();) {
+        const auto n = ::write(out[1], text.data() + done, text.size() - done);
+        if (n <= 0) return;
+        done += static_cast<std::size_t>(n);
+      }
+    };
+    if (::unshare(CLONE_NEWNS) != 0) return say(os_error("unshare(CLONE_NEWNS)")), 77;
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return say(os_error("mount --make-rprivate /")), 77;
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64k") != 0) return say(os_error("mount -t tmpfs")), 77;
+    {
+      std::ofstream fill(dir / "fill", std::ios::binary);
+      const std::string block(4096, 'f');
+      while (fill.write(block.data(), static_cast<std::streamsize>(block.size())) && fill.flush()) {
+      }
+    }
+    std::ofstream((dir / "fill"), std::ios::binary | std::ios::app).put('f');  // the last bytes of a partial block
+    say(body(dir));
+    return 0;
+  });
+  ::close(out[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+  ::close(out[0]);
+  const int code = wait_exit(pid);
+  REQUIRE((code == 0 || code == 77));
+  return {code == 0, text};
+}
+
 }  // namespace dibs_test

@@ -27,6 +27,15 @@
 // holds (a stopped one, say) is "busy" and skipped, so one stopped worker
 // never stalls the others. A claim object copied into a forked child stays
 // the parent's: the child's copy never completes, gives back or renews it.
+//
+// Completing in the same transaction as the work's effects: over a store
+// that models transaction_aware_store (sqlite_store), complete() or
+// release() called by a thread that has a transaction open on the store
+// (dibs::transact(policy, store.connection(), ...)) is part of that
+// transaction. The claim keeps it pending until the transaction ends: if it
+// commits, the claim is finished; if it is rolled back, the claim is held
+// again at the version it had, renewals go on, and the body may complete it
+// again (transact's retry does). Claim items before the transaction.
 #pragma once
 
 #include <algorithm>
@@ -172,7 +181,10 @@ public:
     claim& operator=(const claim&) = delete;
     ~claim() { abandon(); }
 
-    /// Effects: marks the item completed, keeping `result` as proof.
+    /// Effects: marks the item completed, keeping `result` as proof. Called by
+    /// a thread with a transaction open on the store (transaction_aware_store),
+    /// the completion is part of that transaction: the claim is finished when
+    /// it commits, and held again, as before the call, if it is rolled back.
     /// Throws: std::system_error(errc::lease_lost) if the claim was taken
     /// over (the item is then someone else's: do not report it done);
     /// errc::timed_out if another process (a stopped one) kept the item's
@@ -181,11 +193,16 @@ public:
     /// std::errc::operation_not_permitted in a forked child of the worker.
     void complete(std::string_view result = {}) {
       check_owner_process("complete");
+      settle();
       if (!owner_) throw std::logic_error(fmt::format("dibs::marker_claim '{}': complete on a finished claim", key_));
+      if (pending())
+        throw std::logic_error(fmt::format("dibs::marker_claim '{}': complete after complete() or release() in the same "
+                                           "open transaction",
+                                           key_));
       const std::string value = owner_->encode(claim_state::completed, attempts_, "", result, token_);
       bool done = false;
       try {
-        done = finish(value);
+        done = in_store_transaction() ? finish_in_transaction(value) : finish(value);
       } catch (const std::system_error& e) {
         if (!detail::timed_out(e)) throw;
         throw std::system_error(e.code(),
@@ -207,6 +224,11 @@ public:
     /// worker; errc::timed_out as complete().
     bool release(std::string_view error = "released") {
       check_owner_process("release");
+      settle();
+      if (owner_ && pending())
+        throw std::logic_error(fmt::format("dibs::marker_claim '{}': release after complete() or release() in the same "
+                                           "open transaction",
+                                           key_));
       return give_back(error);
     }
     /// Effects: renews the lease now (with claim_options::renew this also
@@ -215,6 +237,8 @@ public:
     bool renew() {
       if (!owner_) return false;
       check_owner_process("renew");
+      settle();
+      if (!owner_) return false;
       return renew_hold(*owner_, *hold_, key_, attempts_, token_);
     }
     /// Returns: true if the claim was taken over, or its lease ran out
@@ -237,6 +261,11 @@ public:
       dibs::version version = 0;  // the record's current version (renewals move it)
       detail::validity validity;  // the validity rule
       std::uint64_t renewal_id = 0;
+      // pending: completed or given back in a transaction still open (its
+      // version stays the one before: a rollback brings it back); done: that
+      // transaction committed.
+      enum class phase : unsigned char { held, pending, done } phase = phase::held;
+      std::uint64_t pending_id = 0;  // the store's after_transaction() callback while pending
     };
 
     claim(marker_claim* owner, std::string key, dibs::version v, std::uint32_t attempts, clock::time_point start)
@@ -267,7 +296,9 @@ public:
     static bool renew_hold(marker_claim& o, hold& h, const std::string& key, std::uint32_t attempts, dibs::version token) {
       {
         std::lock_guard g{h.m};
-        if (h.validity.marked_lost()) return false;
+        if (h.validity.marked_lost() || h.phase == hold::phase::done) return false;
+        // A transaction of this worker's holds the record: it decides.
+        if (h.phase == hold::phase::pending) return !h.validity.lost();
         // Another failure of the store propagates: the renewal thread tries
         // again, and the lease's end decides.
         if (h.validity.renew(o.opts_.lease, [&](dibs::time_limit end) {
@@ -287,6 +318,75 @@ public:
       if (hold_ && hold_->renewal_id) detail::renewal_keeper::instance().remove(std::exchange(hold_->renewal_id, 0));
     }
 
+    bool in_store_transaction() const {
+      if constexpr (transaction_aware_store<Store>) return owner_->store_.in_transaction();
+      else return false;
+    }
+
+    bool pending() const {
+      std::lock_guard g{hold_->m};
+      return hold_->phase == hold::phase::pending;
+    }
+
+    // Takes in what an ended transaction decided: a claim whose completion
+    // or give-back committed is finished.
+    void settle() {
+      if (!owner_) return;
+      {
+        std::lock_guard g{hold_->m};
+        if (hold_->phase != hold::phase::done) return;
+      }
+      owner_ = nullptr;
+      stop_renewal();
+    }
+
+    // Effects: the last compare-and-set of this claim as part of the
+    // caller's open transaction. Renewals go on (they leave a pending claim
+    // alone) so that a rollback finds the claim as it was.
+    // Returns: false if the claim was taken over.
+    bool finish_in_transaction(const std::string& value) {
+      if constexpr (transaction_aware_store<Store>) {
+        std::optional<dibs::version> v;
+        {
+          std::lock_guard g{hold_->m};
+          v = owner_->store_.replace(key_, hold_->version, value);
+          if (v) {
+            hold* h = hold_.get();
+            h->phase = hold::phase::pending;
+            h->pending_id = owner_->store_.after_transaction([h](bool committed) {
+              std::lock_guard hg{h->m};
+              h->pending_id = 0;
+              h->phase = committed ? hold::phase::done : hold::phase::held;
+              if (committed) h->validity.finish();
+            });
+          }
+        }
+        if (!v) {
+          owner_ = nullptr;
+          stop_renewal();
+        }
+        return v.has_value();
+      } else {
+        return finish(value);
+      }
+    }
+
+    // Effects: lets go of a claim whose completion or give-back is pending
+    // in an open transaction (it is being destroyed): that transaction
+    // decides what the record says.
+    void detach() noexcept {
+      if constexpr (transaction_aware_store<Store>) {
+        std::uint64_t id = 0;
+        {
+          std::lock_guard g{hold_->m};
+          id = std::exchange(hold_->pending_id, 0);
+        }
+        if (id) owner_->store_.forget_after_transaction(id);
+      }
+      owner_ = nullptr;
+      stop_renewal();
+    }
+
     // Effects: the last compare-and-set of this claim, after its renewals
     // have stopped. It waits for the record at most until the claim's lease
     // ends (others may take the item then anyway), so a stopped process
@@ -303,7 +403,8 @@ public:
     bool give_back(std::string_view error) {
       if (!owner_) return false;
       const auto state = attempts_ >= owner_->opts_.max_attempts ? claim_state::failed : claim_state::released;
-      return finish(owner_->encode(state, attempts_, error, "", token_));
+      const std::string value = owner_->encode(state, attempts_, error, "", token_);
+      return in_store_transaction() ? finish_in_transaction(value) : finish(value);
     }
 
     // Gives the item back, unless it is finished or this is a forked child's
@@ -316,10 +417,15 @@ public:
         (void)hold_.release();
         return;
       }
+      // Inside an open transaction the give-back is part of it; if that
+      // transaction is rolled back, the item stays claimed by this (live)
+      // process, unrenewed, until its lease runs out and another takes it.
       try {
-        (void)give_back("abandoned: the claim left scope without complete()");
+        settle();
+        if (owner_ && !pending()) (void)give_back("abandoned: the claim left scope without complete()");
       } catch (...) {
       }
+      if (owner_) detach();
     }
 
     marker_claim* owner_;

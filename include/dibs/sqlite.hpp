@@ -17,12 +17,18 @@
 
 #include <chrono>
 #include <concepts>
+#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -61,6 +67,45 @@ inline const char* hint(int rc) noexcept {
     case SQLITE_IOERR: return " (an I/O error: check the disk and the filesystem)";
     default: return "";
   }
+}
+
+// Who uses a connection now: one thread at a time for a call, and which
+// thread's transaction is open, so that a store's operation from another
+// thread never slips into it. On the heap: a connection can move.
+struct turn_state {
+  std::mutex m;
+  std::condition_variable cv;
+  std::thread::id holder;     // the thread in a call
+  int depth = 0;              // its calls in progress (a store's operation runs statements)
+  bool in_tx = false;         // a transaction is open
+  std::thread::id tx_thread;  // the thread that used it last
+  bool rolled_back = false;   // set by SQLite's rollback hook during the open transaction
+  std::uint64_t last_id = 0;
+  std::map<std::uint64_t, std::function<void(bool)>> on_end;  // by after_transaction
+  std::mutex running;        // held while callbacks run, so forget() never races one
+};
+
+/// Returns: the hint for a failed open of `path` with result code `rc`: what
+/// about the path made it fail (a directory, a missing directory, a full
+/// filesystem), else the hint for the code.
+inline std::string open_hint(const std::filesystem::path& path, int rc) {
+  std::error_code ec;
+  const int primary = rc & 0xff;
+  if (primary == SQLITE_CANTOPEN) {
+    if (std::filesystem::is_directory(path, ec)) return " (it is a directory: give the path of a database file in it)";
+    const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path{"."};
+    if (!std::filesystem::exists(dir, ec)) return fmt::format(" (its directory '{}' does not exist)", dir.string());
+  }
+  if (primary == SQLITE_IOERR || primary == SQLITE_FULL) {
+    const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path{"."};
+    const auto space = std::filesystem::space(dir, ec);
+    // SQLite says "disk is full" for ENOSPC; on a full filesystem some
+    // writes (the WAL's shared memory) come back as a plain I/O error.
+    if (primary == SQLITE_FULL || (!ec && space.available == 0))
+      return fmt::format(" (the filesystem of '{}' is full: free space on it, or give a path on another filesystem)",
+                         dir.string());
+  }
+  return detail::hint(rc);
 }
 
 }  // namespace detail
@@ -118,7 +163,7 @@ public:
   bool step();
 
   /// Effects: makes the statement ready to run again; bindings are kept.
-  void reset() noexcept { ::sqlite3_reset(stmt_); }
+  void reset() noexcept;
 
   std::int64_t column_int64(int col) const noexcept { return ::sqlite3_column_int64(stmt_, col); }
   double column_double(int col) const noexcept { return ::sqlite3_column_double(stmt_, col); }
@@ -146,17 +191,48 @@ private:
   std::string sql_;
 };
 
-/// One connection to a SQLite database file. Use it from one thread at a time,
-/// and open a new one in a child process after fork() (SQLite forbids carrying
-/// a connection across fork).
+/// What a call of one thread does about a transaction that another thread
+/// has open on the connection.
+enum class other_transaction {
+  join,   ///< the call is part of it, and the transaction is this thread's now (exec, step)
+  wait,   ///< the call waits until it has ended (a store's operation)
+  refuse  ///< the call is not made (a store's renewal: see sqlite_store)
+};
+
+/// One connection to a SQLite database file. Threads take turns: each call
+/// (exec, prepare, a statement's step) waits until no other thread is in a
+/// call. A transaction belongs to the thread that last ran a statement in
+/// it; a store's operation from another thread waits for it to end instead
+/// of slipping into it. Open a new connection in a child process after
+/// fork() (SQLite forbids carrying a connection across fork).
 class connection {
 public:
+  /// A thread's turn on the connection (see take_turn()).
+  class turn {
+  public:
+    turn() = default;
+    turn(turn&& o) noexcept : db_(std::exchange(o.db_, nullptr)) {}
+    turn& operator=(turn&&) = delete;
+    ~turn() {
+      if (db_) db_->end_turn();
+    }
+    /// Returns: false if the turn was not taken (take_turn(false) found a
+    /// transaction of another thread open).
+    explicit operator bool() const noexcept { return db_ != nullptr; }
+
+  private:
+    friend class connection;
+    explicit turn(connection* db) noexcept : db_(db) {}
+    connection* db_ = nullptr;
+  };
+
   /// Effects: opens (or creates) the database and applies `opts`. Setting the
   /// journal mode needs a moment of exclusive access, so it is retried while
   /// other processes hold the database.
   /// Throws: std::system_error naming the path, e.g. for a missing directory,
   /// a file that is not a database, or a read-only file opened for writing.
-  explicit connection(std::filesystem::path path, const options& opts = {}) : path_(std::move(path)) {
+  explicit connection(std::filesystem::path path, const options& opts = {})
+      : path_(std::move(path)), turn_(std::make_unique<detail::turn_state>()) {
     int flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE;
     flags |= opts.read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE;
     if (opts.create && !opts.read_only) flags |= SQLITE_OPEN_CREATE;
@@ -166,10 +242,14 @@ public:
       ::sqlite3_close_v2(db_);
       db_ = nullptr;
       throw std::system_error(make_error_code(rc), fmt::format("sqlite: cannot open database '{}': {}{}",
-                                                               path_.string(), msg, open_hint(rc)));
+                                                               path_.string(), msg, detail::open_hint(path_, rc)));
     }
     try {
       ::sqlite3_extended_result_codes(db_, 1);
+      // Only noted here: what a rollback means for the callbacks of
+      // after_transaction() is worked out when the statement returns.
+      ::sqlite3_rollback_hook(
+          db_, [](void* t) { static_cast<detail::turn_state*>(t)->rolled_back = true; }, turn_.get());
       ::sqlite3_busy_timeout(db_, static_cast<int>(opts.busy_timeout.count()));
       if (!opts.read_only && ::sqlite3_db_readonly(db_, "main") == 1)
         throw std::system_error(make_error_code(SQLITE_READONLY),
@@ -177,18 +257,20 @@ public:
                                             detail::hint(SQLITE_READONLY)));
       // Touch the file now, so that a file that is not a database is reported
       // here, by name, and not by the first statement of some transaction.
+      // The journal mode is the first write (a full disk shows here): every
+      // failure of these statements is reported as the open that failed, not
+      // as a statement the caller never wrote.
       const auto setup = retry_policy{}.deadline(std::chrono::seconds{30}).unlimited_attempts();
       try {
         retry(setup, [&] { exec("SELECT count(*) FROM sqlite_schema"); });
+        if (!opts.journal_mode.empty() && !opts.read_only)
+          retry(setup, [&] { exec(fmt::format("PRAGMA journal_mode={}", opts.journal_mode)); });
+        if (!opts.synchronous.empty()) exec(fmt::format("PRAGMA synchronous={}", opts.synchronous));
       } catch (const std::system_error& e) {
-        // Reported as the open that failed, not as a statement the caller never wrote.
         const int code = e.code().category() == category() ? e.code().value() : SQLITE_ERROR;
         throw std::system_error(e.code(), fmt::format("sqlite: cannot open database '{}': {}{}", path_.string(),
-                                                      ::sqlite3_errstr(code), open_hint(code)));
+                                                      ::sqlite3_errstr(code), detail::open_hint(path_, code)));
       }
-      if (!opts.journal_mode.empty() && !opts.read_only)
-        retry(setup, [&] { exec(fmt::format("PRAGMA journal_mode={}", opts.journal_mode)); });
-      if (!opts.synchronous.empty()) exec(fmt::format("PRAGMA synchronous={}", opts.synchronous));
     } catch (...) {
       ::sqlite3_close_v2(db_);
       db_ = nullptr;
@@ -198,21 +280,76 @@ public:
 
   connection(const connection&) = delete;
   connection& operator=(const connection&) = delete;
-  connection(connection&& o) noexcept : path_(std::move(o.path_)), db_(std::exchange(o.db_, nullptr)) {}
+  /// Requires (both moves): no call on `o` in progress and no transaction open.
+  connection(connection&& o) noexcept
+      : path_(std::move(o.path_)), db_(std::exchange(o.db_, nullptr)), turn_(std::move(o.turn_)) {}
   connection& operator=(connection&& o) noexcept {
     if (this != &o) {
-      ::sqlite3_close_v2(db_);
+      close();
       path_ = std::move(o.path_);
       db_ = std::exchange(o.db_, nullptr);
+      turn_ = std::move(o.turn_);
     }
     return *this;
   }
-  /// Effects: closes the connection; an open transaction is rolled back by SQLite.
-  ~connection() { ::sqlite3_close_v2(db_); }
+  /// Effects: closes the connection; an open transaction is rolled back by
+  /// SQLite, and the callbacks of after_transaction() are told so.
+  ~connection() { close(); }
+
+  /// Effects: waits for this thread's turn on the connection: until no
+  /// other thread is in a call (a thread in a call takes it again at once),
+  /// and, as `other` says, for a transaction of another thread.
+  /// Returns: the turn (the call ends when it is destroyed); an empty one
+  /// if `other` is refuse and another thread has a transaction open.
+  [[nodiscard]] turn take_turn(other_transaction other = other_transaction::join) {
+    std::unique_lock g{turn_->m};
+    const auto me = std::this_thread::get_id();
+    auto others_tx = [&] { return other != other_transaction::join && turn_->in_tx && turn_->tx_thread != me; };
+    while ((turn_->depth > 0 && turn_->holder != me) || others_tx()) {
+      if (other == other_transaction::refuse && others_tx()) return turn{};
+      turn_->cv.wait(g);
+    }
+    turn_->holder = me;
+    ++turn_->depth;
+    if (turn_->in_tx) turn_->tx_thread = me;
+    return turn{this};
+  }
+
+  /// Returns: true if the calling thread has a transaction open on this
+  /// connection (so its statements are part of it).
+  bool in_transaction_of_this_thread() const {
+    std::lock_guard g{turn_->m};
+    return turn_->in_tx && turn_->tx_thread == std::this_thread::get_id();
+  }
+
+  /// Requires: in_transaction_of_this_thread().
+  /// Effects: calls `f(committed)` once, on this thread, when the open
+  /// transaction ends: true if it committed, false if it was rolled back (by
+  /// ROLLBACK, by SQLite after an error, or by closing the connection). A
+  /// ROLLBACK TO a savepoint ends no transaction and is not reported.
+  /// `f` must not use this connection and should not throw (what it throws
+  /// is dropped). Returns: an id for forget_after_transaction().
+  std::uint64_t after_transaction(std::function<void(bool committed)> f) {
+    std::lock_guard g{turn_->m};
+    if (!turn_->in_tx || turn_->tx_thread != std::this_thread::get_id())
+      throw std::logic_error(fmt::format("sqlite: after_transaction on database '{}' outside a transaction of this thread",
+                                         path_.string()));
+    turn_->on_end.emplace(++turn_->last_id, std::move(f));
+    return turn_->last_id;
+  }
+
+  /// Effects: the callback `id` of after_transaction() will not be called;
+  /// when this returns, it is not running.
+  void forget_after_transaction(std::uint64_t id) noexcept {
+    std::lock_guard r{turn_->running};
+    std::lock_guard g{turn_->m};
+    turn_->on_end.erase(id);
+  }
 
   /// Effects: runs one or more statements that return no rows of interest.
   /// Throws: std::system_error naming the statement and the database.
   void exec(std::string_view sql) {
+    const auto t = take_turn();
     const std::string text(sql);
     char* err = nullptr;
     const int rc = ::sqlite3_exec(db_, text.c_str(), nullptr, nullptr, &err);
@@ -238,6 +375,7 @@ public:
 
   statement prepare(std::string_view sql) { return statement{*this, sql}; }
 
+
   /// Returns: the first column of the first row of `sql`, or nullopt if there
   /// is no row or it is NULL.
   std::optional<std::int64_t> query_int64(std::string_view sql) {
@@ -257,30 +395,81 @@ public:
   }
 
 private:
-  // The hint for a failed open: what about this path made it fail.
-  std::string open_hint(int rc) const {
-    std::error_code ec;
-    const int primary = rc & 0xff;
-    if (primary == SQLITE_CANTOPEN) {
-      if (std::filesystem::is_directory(path_, ec)) return " (the path names a directory: give the path of a database file)";
-      const auto dir = path_.has_parent_path() ? path_.parent_path() : std::filesystem::path{"."};
-      if (!std::filesystem::exists(dir, ec)) return fmt::format(" (its directory '{}' does not exist)", dir.string());
+  friend class statement;
+
+  // Ends the calling thread's call, noting a transaction it opened or ended.
+  // The callbacks of after_transaction() run before the transaction is
+  // marked ended, so that a renewal coming meanwhile is still refused and
+  // does not wait for a turn whose callbacks may wait for it.
+  void end_turn() noexcept {
+    const bool open = db_ && ::sqlite3_get_autocommit(db_) == 0;
+    std::map<std::uint64_t, std::function<void(bool)>> ended;
+    bool committed = false, end = false;
+    {
+      std::lock_guard g{turn_->m};
+      if (open && !turn_->in_tx) {
+        turn_->in_tx = true;
+        turn_->tx_thread = std::this_thread::get_id();
+        turn_->rolled_back = false;
+      } else if (!open && turn_->in_tx) {
+        end = true;
+        committed = !turn_->rolled_back;
+      }
     }
-    if (primary == SQLITE_IOERR || primary == SQLITE_FULL) {
-      const auto dir = path_.has_parent_path() ? path_.parent_path() : std::filesystem::path{"."};
-      const auto space = std::filesystem::space(dir, ec);
-      if (!ec && space.available == 0) return fmt::format(" (the filesystem of '{}' is full)", dir.string());
+    if (end) {
+      std::lock_guard r{turn_->running};
+      {
+        std::lock_guard g{turn_->m};
+        ended.swap(turn_->on_end);
+      }
+      for (auto& [id, f] : ended) {
+        try {
+          f(committed);
+        } catch (...) {
+        }
+      }
     }
-    return detail::hint(rc);
+    std::lock_guard g{turn_->m};
+    if (end) {
+      turn_->in_tx = false;
+      turn_->tx_thread = {};
+      turn_->rolled_back = false;
+    }
+    if (--turn_->depth == 0) {
+      turn_->holder = {};
+      turn_->cv.notify_all();
+    }
+  }
+
+  void close() noexcept {
+    if (!db_) return;
+    const bool open = ::sqlite3_get_autocommit(db_) == 0;
+    ::sqlite3_close_v2(db_);  // rolls an open transaction back, without calling the rollback hook
+    db_ = nullptr;
+    if (!open || !turn_) return;
+    std::lock_guard r{turn_->running};
+    std::map<std::uint64_t, std::function<void(bool)>> ended;
+    {
+      std::lock_guard g{turn_->m};
+      ended.swap(turn_->on_end);
+    }
+    for (auto& [id, f] : ended) {
+      try {
+        f(false);
+      } catch (...) {
+      }
+    }
   }
 
   std::filesystem::path path_;
   ::sqlite3* db_ = nullptr;
+  std::unique_ptr<detail::turn_state> turn_;
 };
 
 static_assert(dibs::transactional<connection>);
 
 inline statement::statement(connection& db, std::string_view sql) : db_(&db), sql_(sql) {
+  const auto t = db.take_turn();
   const int rc = ::sqlite3_prepare_v2(db.native_handle(), sql_.data(), static_cast<int>(sql_.size()), &stmt_, nullptr);
   if (rc != SQLITE_OK) db.fail(rc, sql_, ::sqlite3_errmsg(db.native_handle()));
 }
@@ -313,7 +502,13 @@ inline statement& statement::bind(int index, std::nullptr_t) {
   return *this;
 }
 
+inline void statement::reset() noexcept {
+  const auto t = db_->take_turn();
+  ::sqlite3_reset(stmt_);
+}
+
 inline bool statement::step() {
+  const auto t = db_->take_turn();
   const int rc = ::sqlite3_step(stmt_);
   if (rc == SQLITE_ROW) return true;
   if (rc == SQLITE_DONE) {

@@ -13,6 +13,11 @@
 //                              NUL, so that LIKE and the sqlite3 shell see them)
 //   version INTEGER NOT NULL   grows by one with every change of the row
 //
+// Beside it, dibs creates a view "<table>_claims" that shows marker_claim's
+// records as columns (key, state, attempts, token, owner_host, owner_pid,
+// lease_ms, error, result, version), for plain SQL:
+//   SELECT key FROM dibs_records_claims WHERE state = 'processing'
+//
 // Other columns are allowed (nullable or with a default), so the records can
 // live on rows an application already has, e.g. a claim marker on the row of
 // the message it claims: insert the row with value NULL and the item reads as
@@ -32,14 +37,18 @@
 // known that the failed attempt changed nothing: retrying a compare-and-set
 // after an ambiguous failure could misreport a won race as lost.
 //
-// Thread-safe (one mutex per store object); open a new store in a child after
-// fork(), as SQLite requires.
+// Thread-safe: each operation takes its turn on the connection (see
+// sqlite::connection), so an operation of another thread, such as a renewal,
+// never slips into a transaction the application has open on connection();
+// an operation called by the thread that has it open joins it (see
+// in_transaction()). Open a new store in a child after fork(), as SQLite
+// requires.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
-#include <mutex>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -50,6 +59,7 @@
 #include <fmt/format.h>
 
 #include <dibs/backoff.hpp>
+#include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/error.hpp>
 #include <dibs/retry.hpp>
 #include <dibs/sqlite.hpp>
@@ -99,7 +109,7 @@ public:
 
   std::optional<record> read(std::string_view key) {
     validate_key(key, "dibs::sqlite_store::read");
-    std::lock_guard g{m_};
+    const auto turn = take_turn();
     return dibs::retry(opts_.busy, [&]() -> std::optional<record> {
       auto& s = *read_;
       bind_key(s, 1, key);
@@ -116,7 +126,7 @@ public:
   std::optional<dibs::version> create(std::string_view key, std::string_view value) {
     validate_key(key, "dibs::sqlite_store::create");
     validate_value(key, value);
-    std::lock_guard g{m_};
+    const auto turn = take_turn();
     return dibs::retry(opts_.busy, [&]() -> std::optional<dibs::version> {
       auto& s = *create_;
       bind_key(s, 1, key);
@@ -132,7 +142,7 @@ public:
   std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
     validate_key(key, "dibs::sqlite_store::replace");
     validate_value(key, value);
-    std::lock_guard g{m_};
+    const auto turn = take_turn();
     return dibs::retry(opts_.busy, [&]() -> std::optional<dibs::version> {
       auto& s = *replace_;
       bind_key(s, 1, key);
@@ -146,7 +156,7 @@ public:
 
   bool erase(std::string_view key, dibs::version expected) {
     validate_key(key, "dibs::sqlite_store::erase");
-    std::lock_guard g{m_};
+    const auto turn = take_turn();
     return dibs::retry(opts_.busy, [&] {
       auto& s = *erase_;
       bind_key(s, 1, key);
@@ -160,7 +170,7 @@ public:
   /// prefix is matched here, byte for byte, as SQLite compares TEXT by
   /// characters).
   std::vector<std::string> keys(std::string_view prefix = {}) {
-    std::lock_guard g{m_};
+    const auto turn = take_turn();
     return dibs::retry(opts_.busy, [&] {
       std::vector<std::string> out;
       auto s = db_.prepare(fmt::format("SELECT key FROM \"{}\" WHERE value IS NOT NULL", opts_.table));
@@ -174,9 +184,24 @@ public:
   const std::string& table() const noexcept { return opts_.table; }
 
   /// The store's connection, for the application's own statements on the
-  /// same file (e.g. inserting message rows). Not thread-safe against the
-  /// store's own use: call it from the thread that uses the store.
+  /// same file (e.g. inserting message rows, or a transaction that writes a
+  /// claimed item's effects and completes it: see in_transaction()). Its
+  /// calls take turns with the store's own operations, whatever the thread.
   sqlite::connection& connection() noexcept { return db_; }
+
+  /// The name of the view that shows marker_claim's records as columns.
+  std::string claims_view() const { return opts_.table + "_claims"; }
+
+  /// Returns: true if the calling thread has a transaction open on
+  /// connection(). The store's operations it calls then are part of that
+  /// transaction: they commit with it, or are rolled back with it
+  /// (marker_claim learns which through after_transaction()).
+  bool in_transaction() const { return db_.in_transaction_of_this_thread(); }
+  /// Requires: in_transaction(). Effects, Returns: as
+  /// sqlite::connection::after_transaction.
+  std::uint64_t after_transaction(std::function<void(bool committed)> f) { return db_.after_transaction(std::move(f)); }
+  /// Effects: as sqlite::connection::forget_after_transaction.
+  void forget_after_transaction(std::uint64_t id) noexcept { db_.forget_after_transaction(id); }
 
   /// Throws: std::system_error(errc::invalid_argument) naming `table` if it
   /// is not a name a sqlite_store accepts.
@@ -221,6 +246,23 @@ private:
   static void bind_key(sqlite::statement& s, int index, std::string_view key) {
     if (key.find('\0') == std::string_view::npos) s.bind(index, key);
     else s.bind_blob(index, key);
+  }
+
+  // A renewal (it runs on a renewal thread) does not wait for a transaction
+  // that another thread has open on the connection: that thread may be
+  // waiting for the renewal to stop, or for the claim it renews. It fails at
+  // once, as transient, and is tried again at the next renewal; the lease's
+  // end still decides whether the hold is lost. Every other caller waits for
+  // the transaction to end, as it would wait for SQLite's write lock.
+  sqlite::connection::turn take_turn() {
+    const bool renewal = detail::renewal_keeper::in_task();
+    auto turn = db_.take_turn(renewal ? sqlite::other_transaction::refuse : sqlite::other_transaction::wait);
+    if (!turn)
+      throw std::system_error(sqlite::make_error_code(SQLITE_BUSY),
+                              fmt::format("dibs::sqlite_store: database '{}' is in a transaction of another thread on "
+                                          "the store's connection; a renewal does not wait for it (tried again later)",
+                                          db_.path().string()));
+    return turn;
   }
 
   // Text that SQLite can show and LIKE can match goes in as TEXT, anything
@@ -275,16 +317,68 @@ private:
       // key's b-tree, and SQLite reads a whole overflowing record to compare
       // keys, so one 1 MiB value made every lookup near it read 1 MiB
       // (measured: 8 x 200 increments 0.05 s -> 0.48 s).
-      dibs::retry(setup, [&] {
-        db.exec(fmt::format("CREATE TABLE IF NOT EXISTS \"{}\" (key TEXT PRIMARY KEY NOT NULL, value BLOB, "
-                            "version INTEGER NOT NULL DEFAULT 0)",
-                            opts.table));
+      as_open_error(path, opts.table, [&] {
+        dibs::retry(setup, [&] {
+          db.exec(fmt::format("CREATE TABLE IF NOT EXISTS \"{}\" (key TEXT PRIMARY KEY NOT NULL, value BLOB, "
+                              "version INTEGER NOT NULL DEFAULT 0)",
+                              opts.table));
+        });
       });
       (void)shape();  // another process may have created another shape meanwhile
     }
-    if (!opts.connection.journal_mode.empty() && !opts.connection.read_only)
-      dibs::retry(setup, [&] { db.exec(fmt::format("PRAGMA journal_mode={}", opts.connection.journal_mode)); });
+    if (!opts.connection.read_only) {
+      as_open_error(path, opts.table, [&] {
+        dibs::retry(setup, [&] { create_claims_view(db, opts.table); });
+        if (!opts.connection.journal_mode.empty())
+          dibs::retry(setup, [&] { db.exec(fmt::format("PRAGMA journal_mode={}", opts.connection.journal_mode)); });
+      });
+    }
     return db;
+  }
+
+  // Runs `f`; a failure of SQLite in it (a full disk, say) is reported as the
+  // open that failed, naming the table and the file, not as a statement of
+  // dibs's own that the caller never wrote.
+  template <class F>
+  static void as_open_error(const std::filesystem::path& path, const std::string& table, F&& f) {
+    try {
+      f();
+    } catch (const std::system_error& e) {
+      if (e.code().category() != sqlite::category()) throw;
+      throw std::system_error(e.code(), fmt::format("dibs::sqlite_store: cannot open table '{}' in database '{}': {}{}",
+                                                    table, path.string(), ::sqlite3_errstr(e.code().value()),
+                                                    sqlite::detail::open_hint(path, e.code().value())));
+    }
+  }
+
+  // The view "<table>_claims": marker_claim's records ("dibs-claim 1\n"
+  // then "name value" lines, see marker_claim.hpp) cut into columns with
+  // SQLite's string functions; a NULL value is an absent item. Other records
+  // (a lease's, say) are not in it. Its SQL carries "dibs claims view 1": a
+  // dibs that changes the record's format changes that number.
+  static void create_claims_view(sqlite::connection& db, const std::string& table) {
+    const std::string view = table + "_claims";
+    auto exists = db.prepare("SELECT count(*) FROM sqlite_schema WHERE name = ?1");
+    exists.bind(1, view);
+    const bool there = exists.step() && exists.column_int64(0) > 0;
+    exists.reset();
+    if (there) return;
+    // t is the value with a newline in front, so that every field is found
+    // as "\nname " and "pid" never matches "pid_ns".
+    auto field = [](std::string_view name) {
+      return fmt::format("CASE WHEN instr(t, char(10) || '{0} ') > 0 THEN substr(t, instr(t, char(10) || '{0} ') + {1}, "
+                         "instr(substr(t, instr(t, char(10) || '{0} ') + {1}), char(10)) - 1) END",
+                         name, name.size() + 2);
+    };
+    auto number = [&](std::string_view name) { return fmt::format("CAST({} AS INTEGER)", field(name)); };
+    db.exec(fmt::format("CREATE VIEW IF NOT EXISTS \"{0}\" AS SELECT /* dibs claims view 1 */ key, "
+                        "CASE WHEN t IS NULL THEN 'absent' ELSE {2} END AS state, "
+                        "CASE WHEN t IS NULL THEN 0 ELSE {3} END AS attempts, {4} AS token, "
+                        "{5} AS owner_host, {6} AS owner_pid, {7} AS lease_ms, {8} AS error, {9} AS result, version "
+                        "FROM (SELECT key, version, char(10) || CAST(value AS TEXT) AS t FROM \"{1}\") "
+                        "WHERE t IS NULL OR substr(t, 1, 14) = char(10) || 'dibs-claim 1' || char(10)",
+                        view, table, field("state"), number("attempts"), number("token"), field("host"),
+                        number("pid"), number("lease_ms"), field("error"), field("result")));
   }
 
   // Returns: false if the table does not exist. Throws errc::corrupt_record
@@ -344,7 +438,6 @@ private:
 
   sqlite_store_options opts_;
   sqlite::connection db_;
-  std::mutex m_;
   std::optional<sqlite::statement> read_, create_, replace_, erase_;
 };
 

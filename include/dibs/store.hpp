@@ -31,6 +31,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -73,6 +74,25 @@ concept timed_shared_store = shared_store<S> && requires(S& s, std::string_view 
   { s.replace(key, v, value, t) } -> std::same_as<std::optional<dibs::version>>;
   { s.erase(key, v, t) } -> std::same_as<bool>;
 };
+
+/// Optional: a store whose medium has transactions that the application
+/// opens itself (sqlite_store's connection()). Operations of the thread that
+/// has one open are part of it; marker_claim then keeps a claim's completion
+/// (or give-back) pending until the transaction ends, and holds the claim
+/// again if it was rolled back.
+///
+/// | expression | returns | meaning |
+/// | --- | --- | --- |
+/// | `s.in_transaction()` | `bool` | the calling thread has a transaction open on the store |
+/// | `s.after_transaction(f)` | `std::uint64_t` | calls `f(committed)` once when that transaction ends |
+/// | `s.forget_after_transaction(id)` | | `f` of `id` will not be called (nor is it running) |
+template <class S>
+concept transaction_aware_store =
+    shared_store<S> && requires(S& s, std::function<void(bool)> f, std::uint64_t id) {
+      { s.in_transaction() } -> std::convertible_to<bool>;
+      { s.after_transaction(std::move(f)) } -> std::same_as<std::uint64_t>;
+      s.forget_after_transaction(id);
+    };
 
 namespace detail {
 

@@ -12,7 +12,9 @@ file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${repo})
 file(GLOB items RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/*)
 foreach(item IN LISTS items)
-  if(NOT item MATCHES "^(\\.git|build)$")  # (build: the presets' build trees)
+  # build: the presets' build trees; any other build tree in the source
+  # tree (cmake -B build-x) would otherwise be copied into itself, recursively.
+  if(NOT item MATCHES "^(\\.git|build)$" AND NOT EXISTS ${SOURCE_DIR}/${item}/CMakeCache.txt)
     file(COPY ${SOURCE_DIR}/${item} DESTINATION ${repo})
   endif()
 endforeach()

@@ -92,6 +92,9 @@ public:
     entries_.erase(it);
   }
 
+  /// Returns: true on a renewal thread, while it runs a renewal or an expiry.
+  static bool in_task() noexcept { return current_task() != 0; }
+
 private:
   struct entry {
     clock::time_point due;
