@@ -316,7 +316,8 @@ TEST_CASE("a lock that cannot be had in time is a timed_out error, and the recor
   } catch (const std::system_error& e) {
     CHECK(e.code() == dibs::errc::timed_out);
     CHECK(dibs::is_transient(e.code()));
-    CHECK_THAT(e.what(), Contains(path.string()) && Contains("timed out") && Contains("who it was is not recorded"));
+    // A holder that took the lock by hand records nobody.
+    CHECK_THAT(e.what(), Contains(path.string()) && Contains("timed out") && Contains("has let go of it since"));
   }
   std::error_code ec;
   CHECK_FALSE(log.append("during", ec));
@@ -1139,4 +1140,44 @@ TEST_CASE("slots are judged by the library's proof rule: both namespaces in pid_
   ::kill(alive, SIGKILL);
   dibs_test::wait_exit(alive);
   ::munmap(st, sizeof *st);
+}
+
+TEST_CASE("a writer that times out names the writer holding the lock, here one stopped in the middle of a batch") {
+  temp_dir dir;
+  const auto path = dir.path / "t.log";
+  dibs::shared_log log{path, {.lock_timeout = 200ms}};
+  log.append("first");
+  // A real writer, appending large records (written under the lock by
+  // their own writer) until it is stopped while it holds the lock.
+  const pid_t writer = dibs_test::spawn([&]() -> int {
+    dibs::shared_log w{path};
+    const std::string big(256 * 1024, 'x');
+    for (;;) w.append(big);
+  });
+  auto* st = map_lock(log.lock_path());
+  REQUIRE(st);
+  bool caught = false;
+  for (const auto end = std::chrono::steady_clock::now() + 20s; !caught && std::chrono::steady_clock::now() < end;) {
+    if (st->holder_pid.load() != writer) continue;
+    ::kill(writer, SIGSTOP);
+    int status = 0;
+    REQUIRE(::waitpid(writer, &status, WUNTRACED) == writer);
+    // Stopped: does it still hold the lock?
+    const int rc = ::pthread_mutex_trylock(&st->mutex.m);
+    if (rc == 0) ::pthread_mutex_unlock(&st->mutex.m);
+    if (rc == EBUSY && st->holder_pid.load() == writer) caught = true;
+    else ::kill(writer, SIGCONT);
+  }
+  REQUIRE(caught);
+  try {
+    log.append("during");
+    FAIL("appended while a stopped writer held the lock");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == dibs::errc::timed_out);
+    CHECK_THAT(e.what(), Contains(fmt::format("held by pid {} for", writer)) && Contains("is it stopped"));
+  }
+  ::kill(writer, SIGKILL);
+  dibs_test::wait_exit(writer);
+  log.append("after");  // the lock of a dead writer is taken at once
+  CHECK_THAT(slurp(path), Catch::EndsWith("after\n"));
 }

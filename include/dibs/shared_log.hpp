@@ -189,12 +189,21 @@ struct log_shared_state {
   std::uint32_t needs_repair;   // a holder died; cleared when its leftovers are dealt with
   std::int64_t file_end;        // where the last batch ended; -1: unknown
   std::int64_t file_end_ns;     // when that batch began (CLOCK_MONOTONIC)
+  // Who holds the mutex, for messages only: written by each holder after
+  // taking it, cleared before it lets go, read without the lock by a writer
+  // that timed out (in bytes that were padding in dibs 0.1, which ignores them).
+  std::atomic<std::int32_t> holder_pid;         // 0: none recorded
+  std::atomic<std::uint32_t> holder_pid_ns;     // its PID namespace (inode)
+  std::atomic<std::int64_t> holder_since_ms;    // when it took the lock (unix ms)
+  std::atomic<std::uint64_t> holder_start;      // its start time (ticks since boot)
   // Bit i: slot i may be ready (set by its owner after marking it ready,
   // cleared by the holder that takes the ready slots). A hint, so that a
   // holder reads one word rather than every slot; the slot's word decides.
   alignas(64) std::atomic<std::uint64_t> ready_slots;
   alignas(4096) log_slot slots[log_slot_count];
 };
+
+static_assert(offsetof(log_shared_state, ready_slots) == 192, "the shared state's layout is that of every dibs");
 
 }  // namespace detail
 
@@ -261,13 +270,10 @@ public:
   void append(std::string_view record, std::stop_token st) {
     const char* what = "cannot append to log";
     if (auto ec = append_record(record, what, st)) {
-      // The lock is a robust mutex in the lock file, which records no holder:
-      // say so rather than leave the reader to look for one.
-      const char* hint = ec == make_error_code(errc::timed_out)
-                             ? " (another writer held the lock for all of lock_timeout; who it was is not recorded)"
-                         : ec.category() != std::system_category() ? ""
-                         : ec.value() == EMLINK ? " (the log file was given a second name, a hard link: remove it)"
-                                                : detail::errno_hint(ec.value());
+      const std::string hint = ec == make_error_code(errc::timed_out) ? holder_hint()
+                               : ec.category() != std::system_category() ? std::string{}
+                               : ec.value() == EMLINK ? " (the log file was given a second name, a hard link: remove it)"
+                                                      : std::string(detail::errno_hint(ec.value()));
       throw std::system_error(ec, fmt::format("dibs::shared_log: {} '{}'{}", what, path_.string(), hint));
     }
   }
@@ -740,11 +746,35 @@ private:
     return {own.error, std::system_category()};
   }
 
-  // The held lock; unlocks on scope exit.
+  // The held lock, recorded as this process's in the shared state while it
+  // is held (for the message of a writer that times out); unlocks on scope exit.
   struct held_lock {
-    detail::robust_mutex* m;
-    ~held_lock() { m->unlock(); }
+    detail::log_shared_state* st;
+    explicit held_lock(detail::log_shared_state* state) : st(state) {
+      const auto& me = detail::this_process_base();
+      st->holder_pid_ns.store(static_cast<std::uint32_t>(me.pid_ns), std::memory_order_relaxed);
+      st->holder_start.store(me.start, std::memory_order_relaxed);
+      st->holder_since_ms.store(detail::wall_ms(), std::memory_order_relaxed);
+      st->holder_pid.store(static_cast<std::int32_t>(me.pid), std::memory_order_relaxed);
+    }
+    ~held_lock() {
+      st->holder_pid.store(0, std::memory_order_relaxed);
+      st->mutex.unlock();
+    }
   };
+
+  // Returns: what a writer that timed out says of the holder it waited on.
+  std::string holder_hint() const {
+    const auto pid = state_->holder_pid.load(std::memory_order_relaxed);
+    if (pid == 0)
+      return " (another writer held the lock for all of lock_timeout, and has let go of it since)";
+    const auto since = std::chrono::system_clock::time_point{
+        std::chrono::milliseconds{state_->holder_since_ms.load(std::memory_order_relaxed)}};
+    const auto held = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now() - since);
+    const bool same_ns = state_->holder_pid_ns.load(std::memory_order_relaxed) == detail::this_process_base().pid_ns;
+    return fmt::format(" (held by pid {}{} for {} now; is it stopped or stuck? `ps -o stat= -p {}` shows T for stopped)",
+                       pid, same_ns ? "" : " of another PID namespace", detail::human(held), pid);
+  }
 
   // Requires: the lock is held (taken with result rc). Effects: repairs what
   // a dead holder left, writes the queued records and `own`, unlocks, and
@@ -759,7 +789,7 @@ private:
   // writing throws (out of memory), the records it took are left for the
   // next holder to queue again, as if this one had died.
   void write_locked(int rc, own_record* own) {
-    held_lock guard{&state_->mutex};
+    held_lock guard{state_};
     if (rc == EOWNERDEAD) state_->needs_repair = 1;
     if (state_->needs_repair) repair();
     try {
