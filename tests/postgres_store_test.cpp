@@ -264,3 +264,33 @@ TEST_CASE("a waiter on PostgreSQL wakes on the holder's unlock (NOTIFY), not on 
   INFO("handoff after unlock: " << handoff_ms << " ms");
   CHECK(handoff_ms < 100);
 }
+
+TEST_CASE("claim_next on PostgreSQL: 8 workers take 3,000 offered items without knowing their keys, 10 SIGKILLs, each done once") {
+  const auto items = pg::fresh_table("queue"), journal = pg::fresh_table("queue_journal");
+  dibs_test::check_claim_next_exactly_once([&] { return pg_open(items); }, [&] { return pg_open(journal); }, 8, 3000, 10,
+                                           1500ms);
+}
+
+TEST_CASE("claim_next takes rows an application inserted with value NULL, and never a purged one") {
+  const auto t = pg::fresh_table("rowsq");
+  auto s = pg_open(t);
+  pg::sql(fmt::format("INSERT INTO {} (key) VALUES ('\\x6d31'::bytea), ('\\x6d32'::bytea)", t));  // m1, m2
+  dibs::marker_claim<dibs::postgres_store> claims{s, {.renew = false}};
+  auto a = claims.claim_next("m");
+  REQUIRE(a);
+  CHECK(a->key() == "m1");
+  CHECK(a->attempts() == 1);
+  a->complete();
+  CHECK(claims.purge(0ms, [](std::string_view) { return true; }) == 1);
+  auto b = claims.claim_next("m");
+  REQUIRE(b);
+  CHECK(b->key() == "m2");
+  CHECK_FALSE(claims.claim_next("m"));  // m1 was purged: not offered again
+  b->release("try later");
+  auto c = claims.claim_next("m");
+  REQUIRE(c);
+  CHECK(c->key() == "m2");
+  CHECK(c->attempts() == 2);
+  CHECK(c->token() > b->token());
+  c->complete();
+}

@@ -217,6 +217,28 @@ public:
     return ::PQntuples(r.get()) == 1;
   }
 
+  /// For marker_claim::claim_next (dibs::claim_queue_store): in one
+  /// statement, claims the first claimable item whose key starts with
+  /// `prefix` (an offered or released claim with fewer than `max_attempts`
+  /// attempts, or a row inserted with value NULL and version 0), skipping
+  /// rows other workers are claiming (FOR UPDATE SKIP LOCKED, over a partial
+  /// index of claimable rows); its new value is the processing head with the
+  /// attempt counted, then `rest`. Returns: its key and new record.
+  std::optional<std::pair<std::string, record>> take_claimable(std::string_view prefix, std::string_view rest,
+                                                               std::uint32_t max_attempts,
+                                                               dibs::time_limit t = dibs::time_limit::max()) {
+    validate_value(prefix, rest);
+    // The key range [prefix, upper): upper is prefix with its last byte that
+    // is not 0xff increased and the rest cut; none if there is no such byte.
+    std::string upper(prefix);
+    while (!upper.empty() && static_cast<unsigned char>(upper.back()) == 0xff) upper.pop_back();
+    if (!upper.empty()) upper.back() = static_cast<char>(static_cast<unsigned char>(upper.back()) + 1);
+    const std::string limit = std::to_string(max_attempts);
+    const auto r = run(stmt::take, {prefix, upper, rest, limit}, t, true, "claim the next item");
+    if (::PQntuples(r.get()) == 0) return std::nullopt;
+    return std::pair{bytes(r.get(), 0, 0), record{bytes(r.get(), 0, 1), integer(r.get(), 0, 2)}};
+  }
+
   /// Returns: the keys of the live records that start with `prefix`.
   std::vector<std::string> keys(std::string_view prefix = {}) {
     const auto r = run(stmt::keys, {prefix}, dibs::time_limit::max(), false, "list keys");
@@ -283,7 +305,7 @@ public:
   }
 
 private:
-  enum class stmt { read, read_aged, create, replace, erase, keys };
+  enum class stmt { read, read_aged, create, replace, erase, keys, take };
   using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
   static constexpr std::string_view schema_comment = "dibs-store 1";
 
@@ -433,8 +455,9 @@ private:
                          "CREATE OR REPLACE FUNCTION \"{0}_notify\"() RETURNS trigger LANGUAGE plpgsql AS "
                          "$$BEGIN PERFORM pg_notify('dibs_{0}', encode(NEW.key, 'hex')); RETURN NULL; END$$; "
                          "CREATE OR REPLACE TRIGGER \"{0}_erased\" AFTER UPDATE ON \"{0}\" FOR EACH ROW "
-                         "WHEN (NEW.value IS NULL AND OLD.value IS NOT NULL) EXECUTE FUNCTION \"{0}_notify\"()",
-                         t, schema_comment),
+                         "WHEN (NEW.value IS NULL AND OLD.value IS NOT NULL) EXECUTE FUNCTION \"{0}_notify\"(); "
+                         "CREATE INDEX IF NOT EXISTS \"{0}_claimable\" ON \"{0}\" (key) WHERE {2}",
+                         t, schema_comment, claimable),
              "create the table");
         exec("COMMIT", "create the table");
       } catch (...) {
@@ -462,6 +485,12 @@ private:
                                           t, server_, shape, comment, want, schema_comment));
   }
 
+  // The rows claim_next may take: also the condition of the partial index,
+  // written the same, so that the planner uses it.
+  static constexpr std::string_view claimable =
+      "(value IS NULL AND version = 0) OR position('\nstate offered\n'::bytea IN value) > 0 OR "
+      "position('\nstate released\n'::bytea IN value) > 0";
+
   void prepare() {
     const std::string& t = opts_.table;
     const std::pair<stmt, std::string> all[] = {
@@ -480,6 +509,16 @@ private:
         {stmt::erase, fmt::format("UPDATE \"{}\" SET value = NULL, written = clock_timestamp() "
                                   "WHERE key = $1 AND version = $2::bigint AND value IS NOT NULL RETURNING version",
                                   t)},
+        {stmt::take,
+         fmt::format("WITH next AS (SELECT key FROM \"{0}\" WHERE ({1}) AND key >= $1::bytea AND "
+                     "($2::bytea = ''::bytea OR key < $2::bytea) AND substring(key FROM 1 FOR length($1::bytea)) = $1::bytea "
+                     "AND coalesce(substring(encode(value, 'escape') FROM '\nattempts ([0-9]+)\n')::int, 0) < $4::int "
+                     "ORDER BY key LIMIT 1 FOR UPDATE SKIP LOCKED) "
+                     "UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || chr(10) || 'state processing' || chr(10) "
+                     "|| 'attempts ' || (coalesce(substring(encode(r.value, 'escape') FROM '\nattempts ([0-9]+)\n')::int, 0) + 1) "
+                     "|| chr(10), 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp() "
+                     "FROM next WHERE r.key = next.key RETURNING r.key, r.value, r.version",
+                     t, claimable)},
         {stmt::keys, fmt::format("SELECT key FROM \"{}\" WHERE value IS NOT NULL AND "
                                  "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea",
                                  t)},
@@ -498,6 +537,7 @@ private:
       case stmt::replace: return "dibs_replace";
       case stmt::erase: return "dibs_erase";
       case stmt::keys: return "dibs_keys";
+      case stmt::take: return "dibs_take";
     }
     return "";
   }
@@ -537,7 +577,7 @@ private:
       values.push_back(p.data());
       lengths.push_back(static_cast<int>(p.size()));
       // Versions go as text ($2 of replace and erase); keys and values as bytes.
-      const bool text = (s == stmt::replace || s == stmt::erase) && i == 1;
+      const bool text = ((s == stmt::replace || s == stmt::erase) && i == 1) || (s == stmt::take && i == 3);
       formats.push_back(text ? 0 : 1);
       ++i;
     }
