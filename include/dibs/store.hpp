@@ -120,7 +120,10 @@ inline bool outcome_unknown(const std::system_error& e) noexcept {
 
 // Runs f() again after a transient failure (a server restarting, a
 // connection lost before the operation was sent: nothing changed), with
-// backoff, until `t`; then, or for any other error, throws.
+// backoff, until `t`; then, or for any other error, throws. Not retried:
+// timed_out (the deadline came) and contended (someone holds what the call
+// needs, e.g. sqlite_store refusing a renewal during another thread's
+// transaction: the caller decides when to come back).
 template <class F>
 auto retry_transient(dibs::time_limit t, F f) -> decltype(f()) {
   for (std::chrono::microseconds pause{500};; pause = std::min(pause * 2, std::chrono::microseconds{200'000})) {
@@ -128,7 +131,7 @@ auto retry_transient(dibs::time_limit t, F f) -> decltype(f()) {
       return f();
     } catch (const std::system_error& e) {
       if (!is_transient(e.code()) || e.code() == make_error_code(errc::timed_out) ||
-          std::chrono::steady_clock::now() + pause >= t)
+          e.code() == make_error_code(errc::contended) || std::chrono::steady_clock::now() + pause >= t)
         throw;
     }
     std::this_thread::sleep_for(pause);
