@@ -94,8 +94,9 @@ struct claim_options {
 /// A store that can claim the next claimable item itself, in one atomic step
 /// (postgres_store): take_claimable(prefix, rest, max_attempts, t) picks a
 /// record whose key starts with `prefix` and that is an offered or released
-/// claim (or a row with no record that was never written: version 0) with
-/// fewer than `max_attempts` attempts, skipping those another worker is
+/// claim (or a row with no record that was never written: version 0; a
+/// store may leave `max_attempts` unread, as a claim given back on its last
+/// attempt is failed, not released), skipping those another worker is
 /// taking, and replaces it with "dibs-claim 1\nstate processing\nattempts
 /// <its attempts + 1>\n" followed by `rest`. Returns the key and the new
 /// record, or nothing if no item is claimable.
@@ -547,8 +548,10 @@ public:
   {
     if constexpr (claim_queue_store<Store>) {
       for (int round = 0; round < 2; ++round) {
+        // The statement waits for no other worker (it skips what they are
+        // taking); the deadline is for a server that stopped answering.
         const auto start = std::chrono::steady_clock::now();
-        const auto until = start + detail::try_wait;
+        const auto until = start + opts_.lease / 3;
         auto got = detail::retry_transient(until, [&] {
           return store_.take_claimable(prefix, encode_rest(claim_state::processing, "", "", 0), opts_.max_attempts, until);
         });

@@ -71,6 +71,7 @@
 #include <fmt/format.h>
 
 #include <dibs/error.hpp>
+#include <dibs/retry.hpp>
 #include <dibs/store.hpp>
 
 namespace dibs::postgres {
@@ -131,6 +132,204 @@ inline const std::error_category& category() noexcept {
 inline std::error_code make_error_code(std::string_view sqlstate) noexcept {
   return {detail::encode_state(sqlstate), category()};
 }
+
+namespace detail {
+
+// Opens a connection with dibs's defaults before the user's settings (which
+// win): how long to wait for a connection and for a dead peer.
+inline PGconn* open(const std::string& conninfo, std::chrono::seconds dead_peer) {
+  const std::string connect_timeout = std::to_string(std::max<std::int64_t>(2, dead_peer.count()));
+  const std::string idle = std::to_string(std::max<std::int64_t>(1, dead_peer.count() / 3));
+  const std::string user_timeout = std::to_string(dead_peer.count() * 1000);
+  std::vector<const char*> keys = {"connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+                                   "keepalives_count", "tcp_user_timeout", "application_name"};
+  std::vector<const char*> values = {connect_timeout.c_str(), "1", idle.c_str(), "1", "3", user_timeout.c_str(), "dibs"};
+  if (!conninfo.empty()) {
+    keys.push_back("dbname");
+    values.push_back(conninfo.c_str());
+  }
+  keys.push_back(nullptr);
+  values.push_back(nullptr);
+  return ::PQconnectdbParams(keys.data(), values.data(), 1);
+}
+
+// Returns: "host:port/database" of a connection, for messages.
+inline std::string where(PGconn* c) {
+  const char* host = c ? ::PQhost(c) : nullptr;
+  const char* port = c ? ::PQport(c) : nullptr;
+  const char* db = c ? ::PQdb(c) : nullptr;
+  return fmt::format("{}:{}/{}", host && *host ? host : "?", port && *port ? port : "?", db && *db ? db : "?");
+}
+
+inline std::string one_line(const char* text) {
+  std::string s = text ? text : "";
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  for (char& c : s)
+    if (c == '\n') c = ' ';
+  return s;
+}
+
+// The error of a connection that could not be made, naming the server.
+inline std::system_error connect_error(std::string_view who, const std::string& server, const std::string& msg) {
+  // libpq reports a refused login in text only.
+  const bool login = msg.find("password authentication failed") != std::string::npos ||
+                     msg.find("no password supplied") != std::string::npos;
+  const bool no_role = msg.find("role \"") != std::string::npos && msg.find("does not exist") != std::string::npos;
+  const bool no_db = msg.find("database \"") != std::string::npos && msg.find("does not exist") != std::string::npos;
+  const std::error_code code = login     ? make_error_code("28P01")
+                               : no_role ? make_error_code("28000")
+                               : no_db   ? make_error_code("3D000")
+                                         : dibs::make_error_code(errc::connection_lost);
+  const char* hint = login || no_role ? " (check the user and password in the connection string or PGPASSWORD)"
+                     : no_db          ? " (create the database, or name another)"
+                                      : " (is the server running and reachable? transient: a retry can succeed)";
+  return std::system_error(code, fmt::format("{}: cannot connect to {}: {}{}", who, server, msg, hint));
+}
+
+// Throws unless `r` succeeded: the SQLSTATE as the code (connection_lost if
+// there is none), the message after `context`.
+inline void check(const PGresult* r, PGconn* c, const std::string& context) {
+  const auto st = ::PQresultStatus(r);
+  if (r && (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)) return;
+  const char* state = r ? ::PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+  const std::string msg = one_line(r ? ::PQresultErrorMessage(r) : ::PQerrorMessage(c));
+  const std::error_code code = state ? make_error_code(state) : dibs::make_error_code(errc::connection_lost);
+  const std::string s = state ? state : "";
+  const char* hint = s == "42501"                 ? " (the role may not do this: grant it, or use another role)"
+                     : dibs::is_transient(code)   ? " (transient: a retry can succeed)"
+                                                  : "";
+  throw std::system_error(code, fmt::format("{}: {}{}", context, msg, hint));
+}
+
+}  // namespace detail
+
+/// A PostgreSQL connection that dibs::transact runs transactions on (it
+/// models dibs::transactional), for the application's own statements:
+///
+///   dibs::postgres::connection db{conninfo, {.begin = "BEGIN ISOLATION LEVEL SERIALIZABLE"}};
+///   dibs::transact(policy, db, [&] { db.exec("UPDATE stock SET qty = qty - $1 WHERE item = $2", {"3", "figs"}); });
+///
+/// A serialization failure, a deadlock or a lost connection inside the
+/// transaction is transient: transact rolls back and runs the whole unit
+/// again (a lost connection rolled it back on the server; the next begin()
+/// reconnects). A COMMIT whose reply was lost is errc::outcome_unknown:
+/// never retried blindly (make the work idempotent or check for its effect).
+/// Parameters and results are text. Not thread-safe; after fork(), open a
+/// new one in the child.
+struct connection_options {
+  std::string begin = "BEGIN";  ///< how a transaction starts (its isolation level)
+  std::chrono::seconds dead_peer{10};
+};
+
+class connection {
+public:
+  using options = connection_options;
+  using row = std::vector<std::optional<std::string>>;
+
+  explicit connection(std::string conninfo = {}, options opts = {})
+      : conninfo_(std::move(conninfo)), opts_(std::move(opts)), pid_(::getpid()) {
+    connect();
+  }
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
+  ~connection() {
+    if (conn_ && ::getpid() == pid_) ::PQfinish(conn_);
+  }
+
+  void begin() {
+    if (!conn_ || ::PQstatus(conn_) != CONNECTION_OK || ::getpid() != pid_) connect();
+    exec(opts_.begin);
+    in_transaction_ = true;
+  }
+  void commit() {
+    try {
+      exec("COMMIT");
+    } catch (const std::system_error& e) {
+      in_transaction_ = false;
+      if (e.code() != dibs::make_error_code(errc::connection_lost)) throw;
+      throw std::system_error(dibs::make_error_code(errc::outcome_unknown),
+                              fmt::format("dibs::postgres::connection: the connection to {} broke during COMMIT: the "
+                                          "transaction may or may not have been committed ({})",
+                                          server_, e.what()));
+    }
+    in_transaction_ = false;
+  }
+  void rollback() {
+    in_transaction_ = false;
+    if (!conn_ || ::PQstatus(conn_) != CONNECTION_OK) return;  // the server rolled it back
+    const std::unique_ptr<PGresult, decltype(&::PQclear)> r{::PQexec(conn_, "ROLLBACK"), ::PQclear};
+    detail::check(r.get(), conn_, fmt::format("dibs::postgres::connection: ROLLBACK on {}", server_));
+  }
+
+  /// Runs one statement with text parameters ($1, $2, ...; std::nullopt: NULL).
+  /// Returns: its rows. Throws: std::system_error with the SQLSTATE, naming
+  /// the statement and the server.
+  std::vector<row> query(std::string_view sql, std::initializer_list<std::optional<std::string_view>> params = {}) {
+    if (!conn_ || ::PQstatus(conn_) != CONNECTION_OK || ::getpid() != pid_) {
+      if (in_transaction_)
+        throw std::system_error(dibs::make_error_code(errc::connection_lost),
+                                fmt::format("dibs::postgres::connection: the connection to {} was lost in a "
+                                            "transaction (rolled back by the server)",
+                                            server_));
+      connect();
+    }
+    std::vector<std::string> owned;
+    owned.reserve(params.size());
+    std::vector<const char*> values;
+    for (const auto& p : params) {
+      if (p) owned.emplace_back(*p);
+      values.push_back(p ? owned.back().c_str() : nullptr);
+    }
+    const std::string text(sql);
+    const std::unique_ptr<PGresult, decltype(&::PQclear)> r{
+        ::PQexecParams(conn_, text.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0),
+        ::PQclear};
+    detail::check(r.get(), conn_, fmt::format("dibs::postgres::connection: '{}' on {} failed", text, server_));
+    std::vector<row> rows;
+    for (int i = 0; i < ::PQntuples(r.get()); ++i) {
+      row out;
+      for (int j = 0; j < ::PQnfields(r.get()); ++j)
+        out.push_back(::PQgetisnull(r.get(), i, j) ? std::nullopt : std::optional<std::string>{::PQgetvalue(r.get(), i, j)});
+      rows.push_back(std::move(out));
+    }
+    return rows;
+  }
+  void exec(std::string_view sql, std::initializer_list<std::optional<std::string_view>> params = {}) {
+    (void)query(sql, params);
+  }
+  /// Returns: the first column of the first row as a number, if there is one.
+  std::optional<std::int64_t> query_int64(std::string_view sql,
+                                          std::initializer_list<std::optional<std::string_view>> params = {}) {
+    const auto rows = query(sql, params);
+    if (rows.empty() || rows[0].empty() || !rows[0][0]) return std::nullopt;
+    return std::stoll(*rows[0][0]);
+  }
+  /// Returns: "host:port/database", for messages.
+  const std::string& server() const noexcept { return server_; }
+
+private:
+  void connect() {
+    if (conn_ && ::getpid() == pid_) ::PQfinish(conn_);
+    conn_ = nullptr;
+    pid_ = ::getpid();
+    PGconn* c = detail::open(conninfo_, opts_.dead_peer);
+    server_ = detail::where(c);
+    if (!c || ::PQstatus(c) != CONNECTION_OK) {
+      const std::string msg = detail::one_line(c ? ::PQerrorMessage(c) : "out of memory");
+      if (c) ::PQfinish(c);
+      throw detail::connect_error("dibs::postgres::connection", server_, msg);
+    }
+    ::PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);
+    conn_ = c;
+  }
+
+  std::string conninfo_;
+  options opts_;
+  pid_t pid_;
+  PGconn* conn_ = nullptr;
+  std::string server_;
+  bool in_transaction_ = false;
+};
 
 }  // namespace dibs::postgres
 
@@ -219,8 +418,9 @@ public:
 
   /// For marker_claim::claim_next (dibs::claim_queue_store): in one
   /// statement, claims the first claimable item whose key starts with
-  /// `prefix` (an offered or released claim with fewer than `max_attempts`
-  /// attempts, or a row inserted with value NULL and version 0), skipping
+  /// `prefix` (an offered or released claim, or a row inserted with value
+  /// NULL and version 0; `max_attempts` is not read: a claim given back on
+  /// its last attempt is failed, not released), skipping
   /// rows other workers are claiming (FOR UPDATE SKIP LOCKED, over a partial
   /// index of claimable rows); its new value is the processing head with the
   /// attempt counted, then `rest`. Returns: its key and new record.
@@ -233,8 +433,9 @@ public:
     std::string upper(prefix);
     while (!upper.empty() && static_cast<unsigned char>(upper.back()) == 0xff) upper.pop_back();
     if (!upper.empty()) upper.back() = static_cast<char>(static_cast<unsigned char>(upper.back()) + 1);
-    const std::string limit = std::to_string(max_attempts);
-    const auto r = run(stmt::take, {prefix, upper, rest, limit}, t, true, "claim the next item");
+    (void)max_attempts;  // a released record has fewer (a claim given back on its last attempt is failed)
+    const auto r = run(prefix.empty() ? stmt::take_all : stmt::take, {prefix, upper, rest}, t, true,
+                       "claim the next item");
     if (::PQntuples(r.get()) == 0) return std::nullopt;
     return std::pair{bytes(r.get(), 0, 0), record{bytes(r.get(), 0, 1), integer(r.get(), 0, 2)}};
   }
@@ -257,7 +458,7 @@ public:
     if (::getpid() != pid_) return sleep_until(end);
     if (!listen_ || ::PQstatus(listen_) != CONNECTION_OK) {
       if (listen_) ::PQfinish(listen_);
-      listen_ = open_connection();
+      listen_ = postgres::detail::open(conninfo_, opts_.dead_peer);
       if (!listen_) return sleep_until(end);
       std::unique_ptr<PGresult, decltype(&::PQclear)> r{
           ::PQexec(listen_, fmt::format("LISTEN \"dibs_{}\"", opts_.table).c_str()), ::PQclear};
@@ -305,7 +506,7 @@ public:
   }
 
 private:
-  enum class stmt { read, read_aged, create, replace, erase, keys, take };
+  enum class stmt { read, read_aged, create, replace, erase, keys, take, take_all };
   using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
   static constexpr std::string_view schema_comment = "dibs-store 1";
 
@@ -330,40 +531,6 @@ private:
     return static_cast<dibs::version>(be64toh(be));
   }
 
-  // Opens a connection with dibs's defaults before the user's settings (which
-  // win): how long to wait for a connection and for a dead peer.
-  PGconn* open_connection() const {
-    const std::string connect_timeout = std::to_string(std::max<std::int64_t>(2, opts_.dead_peer.count()));
-    const std::string idle = std::to_string(std::max<std::int64_t>(1, opts_.dead_peer.count() / 3));
-    const std::string user_timeout = std::to_string(opts_.dead_peer.count() * 1000);
-    std::vector<const char*> keys = {"connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
-                                     "keepalives_count", "tcp_user_timeout", "application_name"};
-    std::vector<const char*> values = {connect_timeout.c_str(), "1", idle.c_str(), "1", "3", user_timeout.c_str(),
-                                       "dibs"};
-    if (!conninfo_.empty()) {
-      keys.push_back("dbname");
-      values.push_back(conninfo_.c_str());
-    }
-    keys.push_back(nullptr);
-    values.push_back(nullptr);
-    return ::PQconnectdbParams(keys.data(), values.data(), 1);
-  }
-
-  std::string describe(PGconn* c) const {
-    const char* host = c ? ::PQhost(c) : nullptr;
-    const char* port = c ? ::PQport(c) : nullptr;
-    const char* db = c ? ::PQdb(c) : nullptr;
-    return fmt::format("{}:{}/{}", host && *host ? host : "?", port && *port ? port : "?", db && *db ? db : "?");
-  }
-
-  static std::string one_line(const char* text) {
-    std::string s = text ? text : "";
-    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-    for (char& c : s)
-      if (c == '\n') c = ' ';
-    return s;
-  }
-
   // Requires: m_ held. Connects (again), prepares the statements, makes sure
   // the table is there, and ends a session lost in the middle of a write.
   void connect() {
@@ -373,12 +540,12 @@ private:
       listen_ = nullptr;
       pid_ = ::getpid();
     }
-    PGconn* c = open_connection();
-    server_ = describe(c);
+    PGconn* c = postgres::detail::open(conninfo_, opts_.dead_peer);
+    server_ = postgres::detail::where(c);
     if (!c || ::PQstatus(c) != CONNECTION_OK) {
-      const std::string msg = one_line(c ? ::PQerrorMessage(c) : "out of memory");
+      const std::string msg = postgres::detail::one_line(c ? ::PQerrorMessage(c) : "out of memory");
       if (c) ::PQfinish(c);
-      throw connect_error(msg);
+      throw postgres::detail::connect_error("dibs::postgres_store", server_, msg);
     }
     conn_ = c;
     ::PQsetNoticeProcessor(conn_, [](void*, const char*) {}, nullptr);  // "already exists, skipping": not for stderr
@@ -399,35 +566,10 @@ private:
     }
   }
 
-  std::system_error connect_error(const std::string& msg) const {
-    // libpq reports a refused login in text only.
-    const bool login = msg.find("password authentication failed") != std::string::npos ||
-                       msg.find("no password supplied") != std::string::npos;
-    const bool no_role = msg.find("role \"") != std::string::npos && msg.find("does not exist") != std::string::npos;
-    const bool no_db = msg.find("database \"") != std::string::npos && msg.find("does not exist") != std::string::npos;
-    const std::error_code code = login     ? postgres::make_error_code("28P01")
-                                 : no_role ? postgres::make_error_code("28000")
-                                 : no_db   ? postgres::make_error_code("3D000")
-                                           : make_error_code(errc::connection_lost);
-    const char* hint = login || no_role ? " (check the user and password in the connection string or PGPASSWORD)"
-                       : no_db          ? " (create the database, or name another)"
-                                        : " (is the server running and reachable? transient: a retry can succeed)";
-    return std::system_error(code, fmt::format("dibs::postgres_store: cannot connect to {}: {}{}", server_, msg, hint));
-  }
-
   // Requires: a connection. Throws naming the server, the table and `what`.
   void check(const PGresult* r, std::string_view what) const {
-    const auto st = ::PQresultStatus(r);
-    if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return;
-    const char* state = ::PQresultErrorField(r, PG_DIAG_SQLSTATE);
-    const std::string msg = one_line(r ? ::PQresultErrorMessage(r) : ::PQerrorMessage(conn_));
-    const std::error_code code = state ? postgres::make_error_code(state) : make_error_code(errc::connection_lost);
-    const std::string s = state ? state : "";
-    const char* hint = s == "42501"                      ? " (the role may not do this: grant it, or use another role)"
-                       : dibs::is_transient(code)        ? " (transient: a retry can succeed)"
-                                                         : "";
-    throw std::system_error(code, fmt::format("dibs::postgres_store: cannot {} (table '{}' on {}): {}{}", what,
-                                              opts_.table, server_, msg, hint));
+    postgres::detail::check(r, conn_, fmt::format("dibs::postgres_store: cannot {} (table '{}' on {})", what,
+                                                  opts_.table, server_));
   }
 
   void exec(const std::string& sql, std::string_view what) {
@@ -491,6 +633,25 @@ private:
       "(value IS NULL AND version = 0) OR position('\nstate offered\n'::bytea IN value) > 0 OR "
       "position('\nstate released\n'::bytea IN value) > 0";
 
+  // claim_next's statement: the first claimable row (with the key prefix $1,
+  // its range [$1, $2) for the index, $2 empty: no end), locked while other
+  // workers skip it, made processing with its attempt counted. The attempts
+  // are read from the record's third line ("attempts N"), on its first bytes
+  // only; a record whose third line is not that counts as 0.
+  static std::string take_sql(const std::string& t, bool prefix) {
+    return fmt::format(
+        "WITH next AS (SELECT key, split_part(encode(substring(value FROM 1 FOR 80), 'escape'), chr(10), 3) AS line "
+        "FROM \"{0}\" WHERE ({1}) {2} ORDER BY key LIMIT 1 FOR UPDATE SKIP LOCKED) "
+        "UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || chr(10) || 'state processing' || chr(10) || "
+        "'attempts ' || (CASE WHEN next.line ~ '^attempts [0-9]{{1,9}}$' THEN substring(next.line FROM 10)::int "
+        "ELSE 0 END + 1) || chr(10), 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp() "
+        "FROM next WHERE r.key = next.key RETURNING r.key, r.value, r.version",
+        t, claimable,
+        prefix ? "AND key >= $1::bytea AND ($2::bytea = ''::bytea OR key < $2::bytea) AND "
+                 "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea"
+               : "AND $1::bytea = $2::bytea");
+  }
+
   void prepare() {
     const std::string& t = opts_.table;
     const std::pair<stmt, std::string> all[] = {
@@ -509,16 +670,8 @@ private:
         {stmt::erase, fmt::format("UPDATE \"{}\" SET value = NULL, written = clock_timestamp() "
                                   "WHERE key = $1 AND version = $2::bigint AND value IS NOT NULL RETURNING version",
                                   t)},
-        {stmt::take,
-         fmt::format("WITH next AS (SELECT key FROM \"{0}\" WHERE ({1}) AND key >= $1::bytea AND "
-                     "($2::bytea = ''::bytea OR key < $2::bytea) AND substring(key FROM 1 FOR length($1::bytea)) = $1::bytea "
-                     "AND coalesce(substring(encode(value, 'escape') FROM '\nattempts ([0-9]+)\n')::int, 0) < $4::int "
-                     "ORDER BY key LIMIT 1 FOR UPDATE SKIP LOCKED) "
-                     "UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || chr(10) || 'state processing' || chr(10) "
-                     "|| 'attempts ' || (coalesce(substring(encode(r.value, 'escape') FROM '\nattempts ([0-9]+)\n')::int, 0) + 1) "
-                     "|| chr(10), 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp() "
-                     "FROM next WHERE r.key = next.key RETURNING r.key, r.value, r.version",
-                     t, claimable)},
+        {stmt::take, take_sql(t, true)},
+        {stmt::take_all, take_sql(t, false)},
         {stmt::keys, fmt::format("SELECT key FROM \"{}\" WHERE value IS NOT NULL AND "
                                  "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea",
                                  t)},
@@ -538,6 +691,7 @@ private:
       case stmt::erase: return "dibs_erase";
       case stmt::keys: return "dibs_keys";
       case stmt::take: return "dibs_take";
+      case stmt::take_all: return "dibs_take_all";
     }
     return "";
   }
@@ -577,7 +731,7 @@ private:
       values.push_back(p.data());
       lengths.push_back(static_cast<int>(p.size()));
       // Versions go as text ($2 of replace and erase); keys and values as bytes.
-      const bool text = ((s == stmt::replace || s == stmt::erase) && i == 1) || (s == stmt::take && i == 3);
+      const bool text = (s == stmt::replace || s == stmt::erase) && i == 1;
       formats.push_back(text ? 0 : 1);
       ++i;
     }
@@ -629,7 +783,7 @@ private:
   // for a write that was sent (the next operation first ends that session),
   // errc::connection_lost otherwise.
   [[noreturn]] void lost(bool write, std::string_view what) {
-    const std::string msg = one_line(::PQerrorMessage(conn_));
+    const std::string msg = postgres::detail::one_line(::PQerrorMessage(conn_));
     if (write) {
       lost_pid_ = session_pid_;
       lost_start_ = session_start_;
@@ -660,6 +814,7 @@ private:
 };
 
 static_assert(listable_store<postgres_store>);
+static_assert(transactional<postgres::connection>);
 static_assert(timed_shared_store<postgres_store>);
 static_assert(store_with_clock<postgres_store>);
 static_assert(requires(const postgres_store& s) { s.wait_for_change("k", std::chrono::seconds{1}); });
