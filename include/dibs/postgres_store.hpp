@@ -261,8 +261,8 @@ public:
     detail::check(r.get(), conn_, fmt::format("dibs::postgres::connection: ROLLBACK on {}", server_));
   }
 
-  /// Runs one statement with text parameters ($1, $2, ...; std::nullopt: NULL).
-  /// Returns: its rows. Throws: std::system_error with the SQLSTATE, naming
+  /// Runs one statement with text parameters ($1, $2, ...; std::nullopt: NULL),
+  /// or, without parameters, one or more statements. Returns: the rows (of the last). Throws: std::system_error with the SQLSTATE, naming
   /// the statement and the server.
   std::vector<row> query(std::string_view sql, std::initializer_list<std::optional<std::string_view>> params = {}) {
     if (!conn_ || ::PQstatus(conn_) != CONNECTION_OK || ::getpid() != pid_) {
@@ -281,8 +281,11 @@ public:
       values.push_back(p ? owned.back().c_str() : nullptr);
     }
     const std::string text(sql);
+    // Without parameters several statements may be given at once (PQexec).
     const std::unique_ptr<PGresult, decltype(&::PQclear)> r{
-        ::PQexecParams(conn_, text.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0),
+        values.empty() ? ::PQexec(conn_, text.c_str())
+                       : ::PQexecParams(conn_, text.c_str(), static_cast<int>(values.size()), nullptr, values.data(),
+                                        nullptr, nullptr, 0),
         ::PQclear};
     detail::check(r.get(), conn_, fmt::format("dibs::postgres::connection: '{}' on {} failed", text, server_));
     std::vector<row> rows;
