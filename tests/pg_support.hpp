@@ -100,6 +100,11 @@ public:
   }
   void lose_reply() { mode_ = 1; }
   void lose_request() { mode_ = 2; }
+  /// A partition: nothing passes either way, and nobody is told (the
+  /// connections stay open; what is sent waits, as behind a cut cable).
+  void cut() { cut_ = true; }
+  /// The partition heals: what waited is delivered.
+  void heal() { cut_ = false; }
   /// Returns: how many replies or requests were lost so far.
   int lost() const { return lost_; }
 
@@ -133,6 +138,10 @@ private:
     char buf[65536];
     bool client_open = true;
     while (!stop_) {
+      if (cut_) {
+        std::this_thread::sleep_for(std::chrono::milliseconds{5});
+        continue;
+      }
       pollfd p[2] = {{client_open ? client : -1, POLLIN, 0}, {server, POLLIN, 0}};
       if (::poll(p, 2, 50) <= 0) continue;
       if (client_open && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
@@ -164,7 +173,7 @@ private:
   }
 
   int target_, port_ = 0, listen_ = -1;
-  std::atomic<bool> stop_{false};
+  std::atomic<bool> stop_{false}, cut_{false};
   std::atomic<int> mode_{0}, lost_{0};
   std::mutex m_;
   std::thread acceptor_;

@@ -59,6 +59,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -745,18 +746,24 @@ private:
                                formats.data(), 1))
       lost(false, what);  // nothing was sent
     bool cancelled = false;
+    auto limit = t;  // after a cancel: how long the server may take to answer it
     for (;;) {
       if (::PQconsumeInput(conn_) == 0) lost(write, what);
       if (!::PQisBusy(conn_)) break;
       int wait_ms = -1;
-      if (!cancelled && t != dibs::time_limit::max()) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t - std::chrono::steady_clock::now());
+      if (limit != dibs::time_limit::max()) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(limit - std::chrono::steady_clock::now());
         if (left.count() <= 0) {
+          // No answer to the cancel either: the server or the way to it is
+          // gone (a partition). The session is dropped; a write's outcome is
+          // unknown until the next operation has ended that session.
+          if (cancelled) lost(write, what);
           cancel();
           cancelled = true;
-        } else {
-          wait_ms = static_cast<int>(std::min<std::int64_t>(left.count() + 1, 60'000));
+          limit = std::chrono::steady_clock::now() + opts_.dead_peer;
+          continue;
         }
+        wait_ms = static_cast<int>(std::min<std::int64_t>(left.count() + 1, 60'000));
       }
       pollfd p{::PQsocket(conn_), POLLIN, 0};
       if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) lost(write, what);
@@ -776,10 +783,21 @@ private:
     return r;
   }
 
+  // Asks the server to cancel the running statement. PQcancel blocks until
+  // the server closes its cancel connection, which behind a partition can
+  // take as long as TCP does: it runs on a thread of its own, waited for a
+  // moment, then left to finish alone (it owns what it uses).
   void cancel() {
-    std::unique_ptr<PGcancel, decltype(&::PQfreeCancel)> c{::PQgetCancel(conn_), ::PQfreeCancel};
-    char err[256];
-    if (c) (void)::PQcancel(c.get(), err, sizeof err);
+    std::shared_ptr<PGcancel> c{::PQgetCancel(conn_), ::PQfreeCancel};
+    if (!c) return;
+    auto done = std::make_shared<std::promise<void>>();
+    auto sent = done->get_future();
+    std::thread([c, done] {
+      char err[256];
+      (void)::PQcancel(c.get(), err, sizeof err);
+      done->set_value();
+    }).detach();
+    (void)sent.wait_for(std::chrono::seconds{2});
   }
 
   // The connection broke under a statement. Throws: errc::outcome_unknown
