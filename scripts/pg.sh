@@ -90,10 +90,15 @@ start)
     cp "$home/password" "$dir/password"
   fi
   home=$(cat "$dir/home")
+  # A server still running on this cluster (a run that was interrupted):
+  # stop it first, so that this start is what the caller gets.
+  if as_owner "$(bindir)/pg_ctl" -D "$home/data" status >/dev/null 2>&1; then
+    as_owner "$(bindir)/pg_ctl" -D "$home/data" -m fast -w -t 60 -s stop || true
+  fi
   for _ in $(seq 1 50); do
     port=$((20000 + RANDOM % 40000))
     port_free "$port" || continue
-    if start_server "$home" "$port" 2>/dev/null; then
+    if start_server "$home" "$port" 2>"$home/start.err"; then
       echo "$port" >"$dir/port"
       wait_ready "$home" "$port"
       as_owner "$(bindir)/psql" -q -h "$home" -p "$port" -U dibs -d postgres -tAc \
@@ -103,7 +108,7 @@ start)
       exit 0
     fi
   done
-  die "could not start a server in $home (see $home/server.log)"
+  die "could not start a server in $home: $(tail -n 3 "$home/start.err" 2>/dev/null | tr '\n' ' ')(see $home/server.log)"
   ;;
 stop)
   [ -f "$dir/home" ] || exit 0
