@@ -3,10 +3,17 @@
 # log line found and none torn, workers really killed and their claims
 # recovered.
 #
-#   cmake -DDEMO=path/to/shared_inbox -DOUT=summary.json -P check_shared_inbox.cmake
+#   cmake -DDEMO=path/to/shared_inbox -DOUT=summary.json [-DSTORE=postgres -DPG_DIR=dir] -P check_shared_inbox.cmake
+#
+# PG_DIR: a server of scripts/pg.sh (its conninfo file).
 set(messages 1500)
+set(store_args)
+if(STORE STREQUAL "postgres")
+  file(STRINGS ${PG_DIR}/conninfo conninfo LIMIT_COUNT 1)
+  set(store_args --store postgres --pg ${conninfo})
+endif()
 file(REMOVE ${OUT})
-execute_process(COMMAND ${DEMO} --workers 4 --messages ${messages} --kills 8 --rate 1000 --json ${OUT}
+execute_process(COMMAND ${DEMO} ${store_args} --workers 4 --messages ${messages} --kills 8 --rate 1000 --json ${OUT}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${out}${err}")
 if(NOT EXISTS ${OUT})

@@ -8,6 +8,7 @@ packages=(
   cmake ninja-build g++ clang libclang-rt-14-dev   # toolchains (clang for the sanitizer preset)
   libboost-dev libfmt-dev                          # the core's dependencies
   libsqlite3-dev                                   # dibs::sqlite
+  libpq-dev postgresql                             # dibs::postgres, and the server its tests start (scripts/pg.sh)
   catch2 libbenchmark-dev                          # tests and benchmarks
   liblockfile-bin                                  # dotlockfile(1): dot_lock_test's foreign lock holder
 )

@@ -603,3 +603,9 @@ TEST_CASE("purge forgets only done items older than the age whose source the cal
   again->complete();
   held->complete();
 }
+
+TEST_CASE("claim_next on a file_store: 4 workers take 300 offered items by scanning, 5 SIGKILLs, each done once") {
+  temp_dir items_dir, journal_dir;
+  dibs_test::check_claim_next_exactly_once([&] { return dibs::file_store{items_dir.path}; },
+                                           [&] { return dibs::file_store{journal_dir.path}; }, 4, 300, 5, 1500ms);
+}

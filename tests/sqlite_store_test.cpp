@@ -371,9 +371,10 @@ TEST_CASE("renewals from other threads never slip into a transaction open on the
   dibs::sqlite_store store{path};
   auto& db = store.connection();
   create_effects(db);
-  // Renewed every 300 ms; a transaction of 350 ms spans a renewal, which is
-  // refused (tried again at the next one), and ends well within the lease.
-  claims_t claims{store, {.lease = 900ms}};
+  // Renewed every 500 ms; a transaction of 600 ms spans a renewal, which is
+  // refused (tried again at the next one), and ends well within the lease
+  // (margins wide enough for a loaded machine).
+  claims_t claims{store, {.lease = 1500ms}};
   std::vector<claims_t::claim> held;
   for (int i = 0; i < 3; ++i) {
     auto c = claims.try_claim("item-" + std::to_string(i));
@@ -385,14 +386,14 @@ TEST_CASE("renewals from other threads never slip into a transaction open on the
     db.begin();
     const auto before = count(db, "SELECT sum(version) FROM dibs_records");  // no one else writes until it ends
     write_effect(db, "x", 0);
-    std::this_thread::sleep_for(350ms);
+    std::this_thread::sleep_for(600ms);
     // A renewal that slipped in would be a write of this transaction, and
     // rolled back with it (the old bug: its claim then found its version
     // gone and was lost).
     CHECK(count(db, "SELECT sum(version) FROM dibs_records") == before);
     db.rollback();
     CHECK(count(observer, "SELECT sum(version) FROM dibs_records") == before);
-    std::this_thread::sleep_for(1000ms);  // more than a lease: lost, unless the renewals went on after the rollback
+    std::this_thread::sleep_for(1600ms);  // more than a lease: lost, unless the renewals went on after the rollback
     for (auto& c : held) CHECK_FALSE(c.lost());
     CHECK(count(observer, "SELECT sum(version) FROM dibs_records") > before);
   }

@@ -6,7 +6,7 @@
 // category says which of its own codes are transient:
 //
 //   category           transient                                     not transient
-//   dibs::errc          contended, timed_out, connection_lost         everything else
+//   dibs::errc          contended, timed_out, connection_lost         everything else (outcome_unknown too)
 //   system / generic    EAGAIN/EWOULDBLOCK, EBUSY, EINTR, ETIMEDOUT,   EACCES, EPERM, ENOENT, ENOTDIR,
 //                       EDEADLK, ENOLCK, ETXTBSY, EINPROGRESS,        EEXIST, EINVAL, ENOSPC, EDQUOT,
 //                       EALREADY, ECONNREFUSED, ECONNRESET,           EROFS, EIO, ENOMEM, EBADF, ...
@@ -48,6 +48,11 @@ enum class errc {
   invalid_argument,     ///< a key, value or option broke a documented rule
   corrupt_record,       ///< a stored record failed its checksum or could not be parsed
   lease_lost,           ///< a lease was taken over while it was held
+  /// A write was sent and its reply never came (the connection broke): it
+  /// may or may not have been applied. Not transient: repeating it blindly
+  /// could apply it twice, and reporting it as a lost race could be a lie.
+  /// Resolve it by reading back (the policies recognise their own records).
+  outcome_unknown,
 };
 
 namespace detail {
@@ -69,6 +74,7 @@ public:
       case errc::invalid_argument: return "invalid argument";
       case errc::corrupt_record: return "corrupt record";
       case errc::lease_lost: return "lease lost";
+      case errc::outcome_unknown: return "outcome unknown: the write may or may not have been applied";
     }
     return "unknown dibs error " + std::to_string(value);
   }

@@ -15,6 +15,10 @@
 //   (b) the waiter has watched the same version of the record, unchanged, for
 //       a whole lease on its own steady clock (a live holder renews the lease
 //       about every third of it, which changes the version).
+// On a store with its own clock (dibs::store_with_clock: postgres_store),
+// (b) is judged by that one clock instead: the record was last written at
+// least a lease ago by the server's clock, so a waiter that just arrived need
+// not watch for a whole lease first.
 // Wall clocks of different machines are never compared. Breaking is a
 // compare-and-set on the version judged, so two breakers cannot both win and
 // a lock renewed meanwhile is never broken.
@@ -328,7 +332,16 @@ private:
     if (free_first) {
       if (auto v = detail::store_create(*store_, key_, value(since, 0), until)) return became_holder(*v, start, since);
     }
-    const auto r = detail::store_read(*store_, key_, until);
+    std::optional<record> r;
+    std::optional<std::chrono::milliseconds> age;  // by the store's own clock, where it has one
+    if constexpr (store_with_clock<Store>) {
+      if (auto a = detail::retry_transient(until, [&] { return store_->read_aged(key_, until); })) {
+        r = std::move(a->record);
+        age = a->age;
+      }
+    } else {
+      r = detail::store_read(*store_, key_, until);
+    }
     if (!r) {
       if (auto v = detail::store_create(*store_, key_, value(since, 0), until)) return became_holder(*v, start, since);
       return false;
@@ -337,7 +350,12 @@ private:
     last_seen_ = describe(*r, owner);
     bool stale = detail::provably_dead(owner);
     const auto now = clock::now();
-    if (!stale) {
+    if (!stale && age) {
+      // One clock for every client: the record was last written (renewed)
+      // `age` ago by the store's clock, after its holder began that renewal,
+      // so the holder's own validity (from the renewal's start) ended first.
+      stale = *age >= owner.lease;
+    } else if (!stale) {
       if (!seen_version_ || *seen_version_ != r->version) {
         seen_version_ = r->version;  // start watching this version on our own clock
         seen_since_ = now;

@@ -10,6 +10,7 @@
 //
 // States of an item (the record's value, readable text):
 //   absent      never claimed
+//   offered     put in the queue by offer(), for claim_next to find; never claimed
 //   processing  claimed: owner (host, boot, pid, start time), lease, attempts
 //   released    given back (scope left without complete(), or an error); attempts kept
 //   completed   done; kept as proof
@@ -47,6 +48,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <ostream>
 #include <set>
 #include <string>
@@ -89,14 +91,30 @@ struct claim_options {
   std::function<void(std::string_view key, std::string_view what)> on_damaged{};
 };
 
+/// A store that can claim the next claimable item itself, in one atomic step
+/// (postgres_store): take_claimable(prefix, rest, max_attempts, t) picks a
+/// record whose key starts with `prefix` and that is an offered or released
+/// claim (or a row with no record that was never written: version 0; a
+/// store may leave `max_attempts` unread, as a claim given back on its last
+/// attempt is failed, not released), skipping those another worker is
+/// taking, and replaces it with "dibs-claim 1\nstate processing\nattempts
+/// <its attempts + 1>\n" followed by `rest`. Returns the key and the new
+/// record, or nothing if no item is claimable.
+template <class S>
+concept claim_queue_store = requires(S& s, std::string_view prefix, std::string_view rest, std::uint32_t n,
+                                     dibs::time_limit t) {
+  { s.take_claimable(prefix, rest, n, t) } -> std::same_as<std::optional<std::pair<std::string, record>>>;
+};
+
 /// `damaged`: the item's record cannot be read as a claim (a damaged file, a
 /// foreign value). It is never taken for absent: claim loops skip it, and
 /// status() says what is wrong, naming the key (and the file).
-enum class claim_state { absent, processing, released, completed, failed, damaged };
+enum class claim_state { absent, offered, processing, released, completed, failed, damaged };
 
 inline const char* to_string(claim_state s) noexcept {
   switch (s) {
     case claim_state::absent: return "absent";
+    case claim_state::offered: return "offered";
     case claim_state::processing: return "processing";
     case claim_state::released: return "released";
     case claim_state::completed: return "completed";
@@ -506,6 +524,63 @@ public:
     return recovered;
   }
 
+  /// Effects: puts `key` in the queue: creates its record in state
+  /// "offered" (claimable, never claimed) if it has none, for claim_next to
+  /// find. Returns: false if the key already has a record (offered, claimed,
+  /// done: nothing changes).
+  bool offer(std::string_view key) {
+    validate_key(key, "dibs::marker_claim::offer");
+    return detail::store_create(store_, key, encode(claim_state::offered, 0, "", "", 0), dibs::time_limit::max())
+        .has_value();
+  }
+
+  /// Returns: a claim on some claimable item whose key starts with `prefix`
+  /// (offered, released, or held by a worker that is gone), with the
+  /// guarantees of try_claim; nothing if there is none.
+  /// On a claim_queue_store (postgres_store) one statement finds and claims
+  /// the first claimable item, skipping items other workers are claiming
+  /// (FOR UPDATE SKIP LOCKED over a partial index of claimable rows), and
+  /// items of workers that are gone are recovered by a sweep at most every
+  /// third of a lease when none is claimable. Elsewhere it scans the store's
+  /// keys in random order and tries each.
+  std::optional<claim> claim_next(std::string_view prefix = {})
+    requires listable_store<Store>
+  {
+    if constexpr (claim_queue_store<Store>) {
+      for (int round = 0; round < 2; ++round) {
+        // The statement waits for no other worker (it skips what they are
+        // taking); the deadline is for a server that stopped answering.
+        const auto start = std::chrono::steady_clock::now();
+        const auto until = start + opts_.lease / 3;
+        auto got = detail::retry_transient(until, [&] {
+          return store_.take_claimable(prefix, encode_rest(claim_state::processing, "", "", 0), opts_.max_attempts, until);
+        });
+        if (got) {
+          const claim_status st = parse(got->first, got->second);
+          return claim{this, std::move(got->first), got->second.version, st.attempts, start};
+        }
+        if (round == 0 && !sweep_due()) break;
+        if (round == 0 && sweep_all(prefix) == 0) break;
+      }
+      return std::nullopt;
+    } else {
+      thread_local std::mt19937_64 rng{std::random_device{}()};
+      auto keys = store_.keys(prefix);
+      std::shuffle(keys.begin(), keys.end(), rng);
+      for (const auto& k : keys)
+        if (auto c = try_claim(k)) return c;
+      return std::nullopt;
+    }
+  }
+
+  /// Effects: sweep() over every key that starts with `prefix`.
+  /// Returns: how many claims were recovered.
+  std::size_t sweep_all(std::string_view prefix = {})
+    requires listable_store<Store>
+  {
+    return sweep(store_.keys(prefix));
+  }
+
   /// Returns: every item whose key starts with `prefix` and that has a
   /// record, with its status (owner, attempts, when it last changed; a
   /// damaged one as claim_state::damaged), in key order. It reads each
@@ -563,6 +638,15 @@ public:
   }
 
 private:
+  // Returns: true at most every third of a lease (claim_next's sweeps).
+  bool sweep_due() {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard g{m_};
+    if (now - last_sweep_ < opts_.lease / 3) return false;
+    last_sweep_ = now;
+    return true;
+  }
+
   void notify_lost(std::string_view key) const {
     if (opts_.on_lost) opts_.on_lost(key);
   }
@@ -591,6 +675,7 @@ private:
       case claim_state::absent:
       case claim_state::damaged:
         return std::nullopt;
+      case claim_state::offered:
       case claim_state::released:
         return take(key, s, until);
       case claim_state::processing:
@@ -621,6 +706,11 @@ private:
 
   bool stale(std::string_view key, const claim_status& s) {
     if (s.owner && detail::provably_dead(*s.owner)) return true;
+    if constexpr (store_with_clock<Store>) {
+      // The store's one clock: last written (renewed) at least a lease ago.
+      const auto a = store_.read_aged(key, std::chrono::steady_clock::now() + detail::try_wait);
+      return a && a->record.version == s.version && a->age >= (s.owner ? s.owner->lease : opts_.lease);
+    }
     const auto now = std::chrono::steady_clock::now();
     std::lock_guard g{m_};
     auto [it, fresh] = seen_.try_emplace(std::string(key), s.version, now);
@@ -639,9 +729,15 @@ private:
 
   std::string encode(claim_state s, std::uint32_t attempts, std::string_view error, std::string_view result,
                      dibs::version token) const {
+    return fmt::format("dibs-claim 1\nstate {}\nattempts {}\n", to_string(s), attempts) +
+           encode_rest(s, error, result, token);
+  }
+  // What follows the attempts line (a claim_queue_store writes the lines
+  // before it itself, counting the attempt).
+  std::string encode_rest(claim_state s, std::string_view error, std::string_view result, dibs::version token) const {
     const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::system_clock::now().time_since_epoch());
-    std::string v = fmt::format("dibs-claim 1\nstate {}\nattempts {}\nchanged {}\n", to_string(s), attempts, now.count());
+    std::string v = fmt::format("changed {}\n", now.count());
     if (token) v += fmt::format("token {}\n", token);
     if (!error.empty()) v += fmt::format("error {}\n", one_line(error));
     if (!result.empty()) v += fmt::format("result {}\n", one_line(result));
@@ -661,6 +757,7 @@ private:
     if (!state) throw bad("no state");
     if (*state == "processing") s.state = claim_state::processing;
     else if (*state == "released") s.state = claim_state::released;
+    else if (*state == "offered") s.state = claim_state::offered;
     else if (*state == "completed") s.state = claim_state::completed;
     else if (*state == "failed") s.state = claim_state::failed;
     else throw bad(fmt::format("unknown state '{}'", *state));
@@ -680,6 +777,7 @@ private:
   std::mutex m_;
   std::map<std::string, std::pair<dibs::version, std::chrono::steady_clock::time_point>, std::less<>> seen_;
   std::set<std::string, std::less<>> damaged_reported_;
+  std::chrono::steady_clock::time_point last_sweep_{};
 };
 
 }  // namespace dibs

@@ -258,7 +258,7 @@ private:
     const bool renewal = detail::renewal_keeper::in_task();
     auto turn = db_.take_turn(renewal ? sqlite::other_transaction::refuse : sqlite::other_transaction::wait);
     if (!turn)
-      throw std::system_error(sqlite::make_error_code(SQLITE_BUSY),
+      throw std::system_error(make_error_code(errc::contended),
                               fmt::format("dibs::sqlite_store: database '{}' is in a transaction of another thread on "
                                           "the store's connection; a renewal does not wait for it (tried again later)",
                                           db_.path().string()));

@@ -28,6 +28,7 @@
 // within its time whatever another process holds.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <concepts>
 #include <cstdint>
@@ -36,6 +37,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -94,30 +96,126 @@ concept transaction_aware_store =
       s.forget_after_transaction(id);
     };
 
+/// A record and how long ago, by the store's clock, it was last written.
+struct aged_record {
+  dibs::record record;
+  std::chrono::milliseconds age{0};
+};
+
+/// A store with its own clock: `read_aged(key, t)` also says how old the
+/// record is by one clock for every client (a server's), so lease_mutex
+/// judges a lease expired by it instead of by each waiter watching the
+/// record for a whole lease (postgres_store is one).
+template <class S>
+concept store_with_clock = shared_store<S> && requires(S& s, std::string_view key, dibs::time_limit t) {
+  { s.read_aged(key, t) } -> std::same_as<std::optional<aged_record>>;
+};
+
 namespace detail {
 
-// The policies' way into a store: with a deadline where the store takes one.
+/// Returns: true if `e` says a write may or may not have been applied.
+inline bool outcome_unknown(const std::system_error& e) noexcept {
+  return e.code() == make_error_code(errc::outcome_unknown);
+}
+
+// Runs f() again after a transient failure (a server restarting, a
+// connection lost before the operation was sent: nothing changed), with
+// backoff, until `t`; then, or for any other error, throws. Not retried:
+// timed_out (the deadline came) and contended (someone holds what the call
+// needs, e.g. sqlite_store refusing a renewal during another thread's
+// transaction: the caller decides when to come back).
+template <class F>
+auto retry_transient(dibs::time_limit t, F f) -> decltype(f()) {
+  for (std::chrono::microseconds pause{500};; pause = std::min(pause * 2, std::chrono::microseconds{200'000})) {
+    try {
+      return f();
+    } catch (const std::system_error& e) {
+      if (!is_transient(e.code()) || e.code() == make_error_code(errc::timed_out) ||
+          e.code() == make_error_code(errc::contended) || std::chrono::steady_clock::now() + pause >= t)
+        throw;
+    }
+    std::this_thread::sleep_for(pause);
+  }
+}
+
+// The policies' way into a store: with a deadline where the store takes one,
+// and transient failures retried until it.
 template <class S>
 std::optional<record> store_read(S& s, std::string_view key, dibs::time_limit t) {
-  if constexpr (timed_shared_store<S>) return s.read(key, t);
-  else return s.read(key);
+  return retry_transient(t, [&] {
+    if constexpr (timed_shared_store<S>) return s.read(key, t);
+    else return s.read(key);
+  });
 }
+
+// Reads `key` back after a write whose outcome is unknown; if that cannot be
+// done by `t`, the outcome stays unknown and `unknown` is thrown. The store
+// has made sure by then that the lost write can no longer land
+// (postgres_store ends the old server session first).
+template <class S>
+std::optional<record> read_back(S& s, std::string_view key, dibs::time_limit t, const std::system_error& unknown) {
+  try {
+    return store_read(s, key, t);
+  } catch (const std::system_error& e) {
+    if (is_transient(e.code())) throw unknown;
+    throw;
+  }
+}
+
+// The writes, with an unknown outcome resolved by reading back: the values
+// the policies write name their writer (an owner record, a token, a time),
+// so the value it wrote, found at a newer version, is its own write; the
+// record as it was before means the write was not applied, and it is made
+// again; anything else is a change by someone else, i.e. a lost race.
 template <class S>
 std::optional<dibs::version> store_create(S& s, std::string_view key, std::string_view value, dibs::time_limit t) {
-  if constexpr (timed_shared_store<S>) return s.create(key, value, t);
-  else return s.create(key, value);
+  for (;;) {
+    try {
+      return retry_transient(t, [&] {
+        if constexpr (timed_shared_store<S>) return s.create(key, value, t);
+        else return s.create(key, value);
+      });
+    } catch (const std::system_error& e) {
+      if (!outcome_unknown(e)) throw;
+      const auto r = read_back(s, key, t, e);
+      if (r) return r->value == value ? std::optional{r->version} : std::nullopt;
+    }
+  }
 }
 template <class S>
 std::optional<dibs::version> store_replace(S& s, std::string_view key, dibs::version v, std::string_view value,
                                            dibs::time_limit t) {
-  if constexpr (timed_shared_store<S>) return s.replace(key, v, value, t);
-  else return s.replace(key, v, value);
+  for (;;) {
+    try {
+      return retry_transient(t, [&] {
+        if constexpr (timed_shared_store<S>) return s.replace(key, v, value, t);
+        else return s.replace(key, v, value);
+      });
+    } catch (const std::system_error& e) {
+      if (!outcome_unknown(e)) throw;
+      const auto r = read_back(s, key, t, e);
+      if (!r) return std::nullopt;
+      if (r->version > v && r->value == value) return r->version;
+      if (r->version != v) return std::nullopt;
+    }
+  }
 }
 
 template <class S>
 bool store_erase(S& s, std::string_view key, dibs::version v, dibs::time_limit t) {
-  if constexpr (timed_shared_store<S>) return s.erase(key, v, t);
-  else return s.erase(key, v);
+  for (;;) {
+    try {
+      return retry_transient(t, [&] {
+        if constexpr (timed_shared_store<S>) return s.erase(key, v, t);
+        else return s.erase(key, v);
+      });
+    } catch (const std::system_error& e) {
+      if (!outcome_unknown(e)) throw;
+      const auto r = read_back(s, key, t, e);
+      if (!r) return true;  // erased: by this write (or, after it, by whoever took the key over and let go)
+      if (r->version != v) return false;
+    }
+  }
 }
 
 /// How long a "try" operation (try_lock, try_claim) waits for a record that

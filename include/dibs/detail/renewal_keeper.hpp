@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -126,6 +127,11 @@ private:
     return id;
   }
 
+  // How soon a renewal that failed is tried again.
+  static clock::duration retry_after(clock::duration every) {
+    return std::min<clock::duration>(every / 6, std::chrono::milliseconds{250});
+  }
+
   static clock::time_point until(const entry& e) { return e.h.hold ? e.h.hold->end() : clock::time_point::max(); }
 
   // The expiry task: the hold is over if its end has passed (it may have
@@ -186,15 +192,19 @@ private:
       const hooks h = e.h;  // a copy: run unlocked
       const bool skip = e.removed || e.over;
       g.unlock();
-      bool result = false;
+      bool result = false, failed = false;
       if (!skip) {
         current_task() = t.id;
         try {
           result = t.expire ? expire(h) : h.renew();
         } catch (...) {
-          // A renewal that failed for a moment is tried again next time; the
-          // lease's end, watched here too, says when it is over.
+          // A renewal that failed for a moment (a store refusing it during
+          // another thread's transaction, a server restarting) is tried
+          // again soon, not a whole period later: the hold's lease must not
+          // run out between two tries. The lease's end, watched here too,
+          // says when it is over.
           result = !t.expire;
+          failed = !t.expire;
         }
         current_task() = 0;
       }
@@ -209,6 +219,7 @@ private:
         } else {
           done.renewing = false;
           if (!result && !skip) done.over = true;
+          if (failed) done.due = std::min(done.due, clock::now() + retry_after(done.every));
         }
         --done.running;
       }

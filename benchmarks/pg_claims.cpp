@@ -1,0 +1,323 @@
+// PostgreSQL benchmarks of dibs against the same work written by hand with
+// libpq, P processes at once (benchmarks/run_pg_benchmarks.sh runs them on
+// a server of scripts/pg.sh; docs/BENCHMARKS.md has the figures).
+//
+//   pg_claims --bench claim   --way <dibs|hand> --procs P --items M
+//       each process claims and completes its own M/P keys: marker_claim<
+//       postgres_store> try_claim + complete, against the two statements
+//       (INSERT ... ON CONFLICT ... RETURNING, UPDATE ... WHERE version)
+//   pg_claims --bench next    --way <dibs|hand> --procs P --items M
+//       M queued items, P workers take them without knowing keys: claim_next
+//       + complete, against the usual SKIP LOCKED loop over a partial index
+//   pg_claims --bench handoff --way <notify|poll> --items N
+//       two processes pass one lease_mutex<postgres_store> back and forth N
+//       times, each holding it 30 ms; the time from one's unlock to the
+//       other's lock, with waiters woken by NOTIFY or polling (the same store
+//       without wait_for_change; lease_mutex's default backoff, 0.5-50 ms)
+//
+// The server: the conninfo in $DIBS_PG_CONNINFO. Prints one JSON object.
+#include <dibs/lease_mutex.hpp>
+#include <dibs/marker_claim.hpp>
+#include <dibs/postgres_store.hpp>
+
+#include <libpq-fe.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace {
+
+std::int64_t mono_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::string conninfo() {
+  const char* c = std::getenv("DIBS_PG_CONNINFO");
+  if (!c) throw std::runtime_error("set DIBS_PG_CONNINFO (scripts/pg.sh start DIR writes DIR/conninfo)");
+  return c;
+}
+
+std::string key_of(long i) { return fmt::format("job-{:08}", i); }
+
+// A libpq connection for the hand-written side.
+struct pg {
+  std::unique_ptr<PGconn, decltype(&::PQfinish)> c{::PQconnectdb(conninfo().c_str()), ::PQfinish};
+  pg() {
+    if (::PQstatus(c.get()) != CONNECTION_OK) throw std::runtime_error(::PQerrorMessage(c.get()));
+  }
+  void exec(const std::string& sql) {
+    std::unique_ptr<PGresult, decltype(&::PQclear)> r{::PQexec(c.get(), sql.c_str()), ::PQclear};
+    const auto st = ::PQresultStatus(r.get());
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) throw std::runtime_error(sql + ": " + ::PQresultErrorMessage(r.get()));
+  }
+  void prepare(const char* name, const std::string& sql) {
+    std::unique_ptr<PGresult, decltype(&::PQclear)> r{::PQprepare(c.get(), name, sql.c_str(), 0, nullptr), ::PQclear};
+    if (::PQresultStatus(r.get()) != PGRES_COMMAND_OK) throw std::runtime_error(::PQresultErrorMessage(r.get()));
+  }
+  // Returns: the rows the prepared statement returned.
+  int run(const char* name, std::vector<std::string> params) {
+    std::vector<const char*> v;
+    for (auto& p : params) v.push_back(p.c_str());
+    std::unique_ptr<PGresult, decltype(&::PQclear)> r{
+        ::PQexecPrepared(c.get(), name, static_cast<int>(v.size()), v.data(), nullptr, nullptr, 0), ::PQclear};
+    const auto st = ::PQresultStatus(r.get());
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) throw std::runtime_error(::PQresultErrorMessage(r.get()));
+    return ::PQntuples(r.get());
+  }
+  std::string first(const std::string& sql) {
+    std::unique_ptr<PGresult, decltype(&::PQclear)> r{::PQexec(c.get(), sql.c_str()), ::PQclear};
+    return ::PQntuples(r.get()) ? ::PQgetvalue(r.get(), 0, 0) : "";
+  }
+};
+
+struct shared {
+  std::atomic<int> ready{0};
+  std::atomic<int> go{0};
+  std::atomic<long> done[64];
+  std::atomic<std::int64_t> unlocked_ns{0};
+  std::atomic<long> round{0};
+  std::int64_t handoff_ns[200'000];
+};
+
+// The hand-written claim of the "claim" benchmark: the same statements.
+struct hand_claims {
+  pg db;
+  explicit hand_claims(const std::string& table) {
+    db.prepare("claim", fmt::format("INSERT INTO {} (key, value, version) VALUES ($1, 'processing by ' || pg_backend_pid(), 1) "
+                                    "ON CONFLICT (key) DO NOTHING RETURNING version",
+                                    table));
+    db.prepare("complete", fmt::format("UPDATE {} SET value = 'completed', version = version + 1 "
+                                       "WHERE key = $1 AND version = $2 RETURNING version",
+                                       table));
+  }
+  bool claim_and_complete(const std::string& k) {
+    if (db.run("claim", {k}) != 1) return false;
+    return db.run("complete", {k, "1"}) == 1;
+  }
+};
+
+// The hand-written SKIP LOCKED queue loop, with a partial index.
+struct hand_queue {
+  pg db;
+  explicit hand_queue(const std::string& table) {
+    db.prepare("take", fmt::format("UPDATE {0} SET state = 'processing', attempts = attempts + 1 WHERE key = "
+                                   "(SELECT key FROM {0} WHERE state = 'queued' ORDER BY key LIMIT 1 FOR UPDATE SKIP LOCKED) "
+                                   "RETURNING key",
+                                   table));
+    db.prepare("done", fmt::format("UPDATE {} SET state = 'completed' WHERE key = $1", table));
+  }
+  bool next() {
+    std::unique_ptr<PGresult, decltype(&::PQclear)> r{
+        ::PQexecPrepared(db.c.get(), "take", 0, nullptr, nullptr, nullptr, 0), ::PQclear};
+    if (::PQresultStatus(r.get()) != PGRES_TUPLES_OK) throw std::runtime_error(::PQresultErrorMessage(r.get()));
+    if (::PQntuples(r.get()) == 0) return false;
+    db.run("done", {::PQgetvalue(r.get(), 0, 0)});
+    return true;
+  }
+};
+
+// The store without wait_for_change: lease_mutex then polls.
+struct polling_store {
+  dibs::postgres_store& s;
+  std::optional<dibs::record> read(std::string_view k) { return s.read(k); }
+  std::optional<dibs::record> read(std::string_view k, dibs::time_limit t) { return s.read(k, t); }
+  std::optional<dibs::aged_record> read_aged(std::string_view k, dibs::time_limit t) { return s.read_aged(k, t); }
+  std::optional<dibs::version> create(std::string_view k, std::string_view v) { return s.create(k, v); }
+  std::optional<dibs::version> create(std::string_view k, std::string_view v, dibs::time_limit t) { return s.create(k, v, t); }
+  std::optional<dibs::version> replace(std::string_view k, dibs::version e, std::string_view v) { return s.replace(k, e, v); }
+  std::optional<dibs::version> replace(std::string_view k, dibs::version e, std::string_view v, dibs::time_limit t) {
+    return s.replace(k, e, v, t);
+  }
+  bool erase(std::string_view k, dibs::version e) { return s.erase(k, e); }
+  bool erase(std::string_view k, dibs::version e, dibs::time_limit t) { return s.erase(k, e, t); }
+};
+
+template <class Body>
+double run_procs(shared* sh, int procs, Body body) {
+  std::vector<pid_t> pids;
+  for (int p = 0; p < procs; ++p) {
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        sh->ready.fetch_add(1);
+        while (sh->go.load() == 0) {
+        }
+        sh->done[p] = body(p);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "process %d: %s\n", p, e.what());
+        code = 1;
+      }
+      std::_Exit(code);
+    }
+    pids.push_back(pid);
+  }
+  while (sh->ready.load() < procs) {
+  }
+  const auto t0 = mono_ns();
+  sh->go.store(1);
+  int failed = 0;
+  for (pid_t pid : pids) {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  if (failed) throw std::runtime_error(fmt::format("{} processes failed", failed));
+  return static_cast<double>(mono_ns() - t0) / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string bench = "claim", way = "dibs";
+  int procs = 1;
+  long items = 5000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--bench") bench = argv[i + 1];
+    else if (a == "--way") way = argv[i + 1];
+    else if (a == "--procs") procs = std::atoi(argv[i + 1]);
+    else if (a == "--items") items = std::atol(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "usage: pg_claims --bench <claim|next|handoff> --way W [--procs P] [--items M]\n");
+      return 2;
+    }
+  }
+  try {
+    void* mem = ::mmap(nullptr, sizeof(shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED || procs < 1 || procs > 64 || items < 1 || items > 200'000) return 2;
+    auto* sh = new (mem) shared{};
+    const std::string table = fmt::format("bench_{}_{}_{}", bench, way, ::getpid());
+    pg admin;
+    long total = 0;
+    double secs = 0;
+    std::string extra;
+    if (bench == "claim") {
+      if (way == "dibs") dibs::postgres_store{conninfo(), {.table = table}};  // the same table both ways
+      else admin.exec(fmt::format("CREATE TABLE {} (key text PRIMARY KEY, value text, version bigint NOT NULL DEFAULT 0)", table));
+      secs = run_procs(sh, procs, [&](int p) {
+        long won = 0;
+        const long first = p * items / procs, last = (p + 1) * items / procs;
+        if (way == "dibs") {
+          dibs::postgres_store store{conninfo(), {.table = table}};
+          dibs::marker_claim<dibs::postgres_store> claims{store, {.renew = false}};
+          for (long k = first; k < last; ++k)
+            if (auto c = claims.try_claim(key_of(k))) {
+              c->complete();
+              ++won;
+            }
+        } else {
+          hand_claims h{table};
+          for (long k = first; k < last; ++k) won += h.claim_and_complete(key_of(k));
+        }
+        return won;
+      });
+    } else if (bench == "next") {
+      if (way == "dibs") {
+        dibs::postgres_store store{conninfo(), {.table = table}};
+        dibs::marker_claim<dibs::postgres_store> claims{store};
+        for (long k = 0; k < items; ++k) (void)claims.offer(key_of(k));
+      } else {
+        admin.exec(fmt::format("CREATE TABLE {0} (key text PRIMARY KEY, state text NOT NULL, attempts int NOT NULL DEFAULT 0); "
+                               "CREATE INDEX {0}_queued ON {0} (key) WHERE state = 'queued'; "
+                               "INSERT INTO {0} SELECT 'job-' || lpad(g::text, 8, '0'), 'queued' FROM generate_series(0, {1}) g",
+                               table, items - 1));
+      }
+      admin.exec(fmt::format("VACUUM ANALYZE {}", table));
+      secs = run_procs(sh, procs, [&](int) {
+        long won = 0;
+        if (way == "dibs") {
+          dibs::postgres_store store{conninfo(), {.table = table}};
+          dibs::marker_claim<dibs::postgres_store> claims{store, {.renew = false}};
+          while (auto c = claims.claim_next()) {
+            c->complete();
+            ++won;
+          }
+        } else {
+          hand_queue q{table};
+          while (q.next()) ++won;
+        }
+        return won;
+      });
+    } else if (bench == "handoff") {
+      procs = 2;
+      dibs::postgres_store{conninfo(), {.table = table}};
+      secs = run_procs(sh, 2, [&](int p) {
+        dibs::postgres_store store{conninfo(), {.table = table}};
+        polling_store polling{store};
+        auto loop = [&](auto& lock) {
+          long mine = 0;
+          for (;;) {
+            lock.lock();
+            const auto now = mono_ns();
+            const long r = sh->round.fetch_add(1);
+            if (r >= items) {
+              lock.unlock();
+              return mine;
+            }
+            if (const auto u = sh->unlocked_ns.load(); u != 0 && r > 0) sh->handoff_ns[r] = now - u;
+            ++mine;
+            // Held for a while, as real work holds a lock: the waiter's
+            // polls back off to their longest meanwhile.
+            std::this_thread::sleep_for(std::chrono::milliseconds{30});
+            sh->unlocked_ns = mono_ns();
+            lock.unlock();
+            // Let the other process, which waits, take it.
+            while (sh->round.load() == r + 1 && sh->round.load() < items) ::usleep(100);
+          }
+        };
+        const dibs::lease_options o{.lease = std::chrono::seconds{10}};
+        if (way == "notify") {
+          dibs::lease_mutex<dibs::postgres_store> lock{store, "handoff", o};
+          return loop(lock);
+        }
+        dibs::lease_mutex<polling_store> lock{polling, "handoff", o};
+        (void)p;
+        return loop(lock);
+      });
+      std::vector<std::int64_t> h(sh->handoff_ns + 1, sh->handoff_ns + std::min<long>(items, 200'000));
+      h.erase(std::remove(h.begin(), h.end(), 0), h.end());
+      std::sort(h.begin(), h.end());
+      auto pct = [&](double q) { return h.empty() ? 0.0 : static_cast<double>(h[static_cast<std::size_t>(q * static_cast<double>(h.size() - 1))]) / 1e6; };
+      extra = fmt::format(", \"handoffs\": {}, \"p50_ms\": {:.3f}, \"p99_ms\": {:.3f}", h.size(), pct(0.5), pct(0.99));
+      total = items;
+    } else {
+      return 2;
+    }
+    if (bench != "handoff") {
+      for (int p = 0; p < procs; ++p) total += sh->done[p];
+      const std::string check = bench == "claim" ? "SELECT count(*) FROM {} WHERE value LIKE '%completed%'"
+                                : way == "dibs"  ? "SELECT count(*) FROM {} WHERE position('state completed'::bytea IN value) > 0"
+                                                 : "SELECT count(*) FROM {} WHERE state = 'completed'";
+      const long completed = std::stol(admin.first(fmt::format(fmt::runtime(check), table)));
+      if (total != items || completed != items) {
+        std::fprintf(stderr, "check failed: %ld taken, %ld completed, of %ld\n", total, completed, items);
+        return 1;
+      }
+    }
+    admin.exec(fmt::format("DROP TABLE {}", table));
+    std::printf("{\"bench\": \"%s\", \"way\": \"%s\", \"procs\": %d, \"items\": %ld, \"seconds\": %.4f, "
+                "\"items_per_s\": %.0f%s}\n",
+                bench.c_str(), way.c_str(), procs, items, secs, static_cast<double>(total) / secs, extra.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pg_claims: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,843 @@
+// dibs/postgres_store.hpp: a dibs::shared_store whose records are rows of a
+// PostgreSQL table, for processes on many machines.
+//
+//   dibs::postgres_store store{"host=db.internal dbname=app user=worker"};
+//   dibs::marker_claim<dibs::postgres_store> claims{store};
+//
+// CMake target dibs::postgres (links libpq). The connection string is a
+// libpq conninfo or URI; empty: the PG* environment variables. The table
+// (default dibs_records) is created if absent:
+//
+//   key     bytea PRIMARY KEY    any bytes
+//   value   bytea                the record; NULL: no record (erased, or a row
+//                                an application inserted for a future item)
+//   version bigint NOT NULL      grows with every change, also across erase
+//                                and re-create (rows are never deleted by dibs)
+//   written timestamptz          the server's clock at the last change
+//
+// and marked with the comment 'dibs-store 1' (the schema version); a table
+// of another shape or version under that name is refused, naming it.
+//
+// Every operation is one prepared autocommit statement. Failures:
+//   - a lost connection, a server restarting or shutting down (class 08,
+//     57P01-57P03), a serialization failure or deadlock (40001, 40P01), too
+//     many connections (53300): transient (dibs::is_transient), and the next
+//     operation reconnects by itself;
+//   - a write whose reply was lost: errc::outcome_unknown, never a lost race
+//     and never repeated blindly. Before the next operation, the store ends
+//     the old server session (pg_terminate_backend) and waits until it is
+//     gone, so what is read back then is final; the policies read back and
+//     recognise their own records (store.hpp, detail::store_create);
+//   - a wrong password, a missing role or database, a permission denied, a
+//     constraint: not transient; the message names the server and the table.
+// A timed operation (dibs::time_limit) cancels its statement at the deadline
+// (PQcancel) and says errc::timed_out only if the server confirms it was
+// cancelled (nothing changed); a statement that completed meanwhile counts.
+//
+// The server's clock: read_aged(key) also says how long ago, by the server's
+// clock, the record was last written, so a lease held through this store is
+// judged expired by one clock for every client (lease_mutex uses it: a
+// store_with_clock). The clock is the server's wall clock: keep it slewed
+// (NTP, chrony), not stepped, while leases are held.
+//
+// Waking: an erase notifies (a trigger, NOTIFY dibs_<table> with the key in
+// hex); wait_for_change(key, timeout) LISTENs on a second connection, so a
+// lock waiter wakes when the holder lets go instead of polling.
+//
+// Thread-safe (one mutex per store object). After fork(), the child's copy
+// never touches the parent's connections (it would end the parent's
+// session): it opens its own.
+#pragma once
+
+#include <endian.h>
+#include <libpq-fe.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <dibs/error.hpp>
+#include <dibs/retry.hpp>
+#include <dibs/store.hpp>
+
+namespace dibs::postgres {
+
+namespace detail {
+
+// SQLSTATEs are five characters of [0-9A-Z]: as a base-36 number they fit
+// an int, which is what a std::error_code carries.
+inline int encode_state(std::string_view state) noexcept {
+  int v = 0;
+  for (const char c : state.substr(0, 5)) v = v * 36 + (c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'Z' ? c - 'A' + 10 : 0);
+  return v;
+}
+inline std::string decode_state(int v) {
+  std::string s(5, '0');
+  for (int i = 4; i >= 0; --i, v /= 36) s[static_cast<std::size_t>(i)] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"[v % 36];
+  return s;
+}
+
+inline bool transient_state(std::string_view s) noexcept {
+  return s.starts_with("08") || s == "57P01" || s == "57P02" || s == "57P03" || s == "40001" || s == "40P01" ||
+         s == "53300" || s == "55P03";
+}
+
+class category_impl final : public std::error_category {
+public:
+  const char* name() const noexcept override { return "postgres"; }
+  std::string message(int v) const override {
+    const std::string s = decode_state(v);
+    const char* what = s == "28P01"          ? "password authentication failed"
+                       : s == "28000"        ? "invalid authorization"
+                       : s == "3D000"        ? "no such database"
+                       : s == "42501"        ? "permission denied"
+                       : s == "57P01"        ? "the server is shutting down (admin shutdown)"
+                       : s == "57014"        ? "statement cancelled"
+                       : s == "40001"        ? "serialization failure"
+                       : s == "40P01"        ? "deadlock detected"
+                       : s == "53300"        ? "too many connections"
+                       : s.starts_with("08") ? "connection failure"
+                       : s.starts_with("23") ? "constraint violation"
+                                             : "error";
+    return fmt::format("SQLSTATE {}: {}", s, what);
+  }
+  bool equivalent(int v, const std::error_condition& cond) const noexcept override {
+    if (cond == make_error_condition(condition::transient)) return transient_state(decode_state(v));
+    return default_error_condition(v) == cond;
+  }
+};
+
+}  // namespace detail
+
+/// Returns: the category of PostgreSQL SQLSTATEs (one object per program).
+inline const std::error_category& category() noexcept {
+  static const detail::category_impl c;
+  return c;
+}
+/// Returns: the error code of a SQLSTATE such as "40001".
+inline std::error_code make_error_code(std::string_view sqlstate) noexcept {
+  return {detail::encode_state(sqlstate), category()};
+}
+
+namespace detail {
+
+// Opens a connection with dibs's defaults before the user's settings (which
+// win): how long to wait for a connection and for a dead peer.
+inline PGconn* open(const std::string& conninfo, std::chrono::seconds dead_peer) {
+  const std::string connect_timeout = std::to_string(std::max<std::int64_t>(2, dead_peer.count()));
+  const std::string idle = std::to_string(std::max<std::int64_t>(1, dead_peer.count() / 3));
+  const std::string user_timeout = std::to_string(dead_peer.count() * 1000);
+  std::vector<const char*> keys = {"connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+                                   "keepalives_count", "tcp_user_timeout", "application_name"};
+  std::vector<const char*> values = {connect_timeout.c_str(), "1", idle.c_str(), "1", "3", user_timeout.c_str(), "dibs"};
+  if (!conninfo.empty()) {
+    keys.push_back("dbname");
+    values.push_back(conninfo.c_str());
+  }
+  keys.push_back(nullptr);
+  values.push_back(nullptr);
+  return ::PQconnectdbParams(keys.data(), values.data(), 1);
+}
+
+// Returns: "host:port/database" of a connection, for messages.
+inline std::string where(PGconn* c) {
+  const char* host = c ? ::PQhost(c) : nullptr;
+  const char* port = c ? ::PQport(c) : nullptr;
+  const char* db = c ? ::PQdb(c) : nullptr;
+  return fmt::format("{}:{}/{}", host && *host ? host : "?", port && *port ? port : "?", db && *db ? db : "?");
+}
+
+inline std::string one_line(const char* text) {
+  std::string s = text ? text : "";
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  for (char& c : s)
+    if (c == '\n') c = ' ';
+  return s;
+}
+
+// The error of a connection that could not be made, naming the server.
+inline std::system_error connect_error(std::string_view who, const std::string& server, const std::string& msg) {
+  // libpq reports a refused login in text only.
+  const bool login = msg.find("password authentication failed") != std::string::npos ||
+                     msg.find("no password supplied") != std::string::npos;
+  const bool no_role = msg.find("role \"") != std::string::npos && msg.find("does not exist") != std::string::npos;
+  const bool no_db = msg.find("database \"") != std::string::npos && msg.find("does not exist") != std::string::npos;
+  const std::error_code code = login     ? make_error_code("28P01")
+                               : no_role ? make_error_code("28000")
+                               : no_db   ? make_error_code("3D000")
+                                         : dibs::make_error_code(errc::connection_lost);
+  const char* hint = login || no_role ? " (check the user and password in the connection string or PGPASSWORD)"
+                     : no_db          ? " (create the database, or name another)"
+                                      : " (is the server running and reachable? transient: a retry can succeed)";
+  return std::system_error(code, fmt::format("{}: cannot connect to {}: {}{}", who, server, msg, hint));
+}
+
+// Throws unless `r` succeeded: the SQLSTATE as the code (connection_lost if
+// there is none), the message after `context`.
+inline void check(const PGresult* r, PGconn* c, const std::string& context) {
+  const auto st = ::PQresultStatus(r);
+  if (r && (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)) return;
+  const char* state = r ? ::PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+  const std::string msg = one_line(r ? ::PQresultErrorMessage(r) : ::PQerrorMessage(c));
+  const std::error_code code = state ? make_error_code(state) : dibs::make_error_code(errc::connection_lost);
+  const std::string s = state ? state : "";
+  const char* hint = s == "42501"                 ? " (the role may not do this: grant it, or use another role)"
+                     : dibs::is_transient(code)   ? " (transient: a retry can succeed)"
+                                                  : "";
+  throw std::system_error(code, fmt::format("{}: {}{}", context, msg, hint));
+}
+
+}  // namespace detail
+
+/// A PostgreSQL connection that dibs::transact runs transactions on (it
+/// models dibs::transactional), for the application's own statements:
+///
+///   dibs::postgres::connection db{conninfo, {.begin = "BEGIN ISOLATION LEVEL SERIALIZABLE"}};
+///   dibs::transact(policy, db, [&] { db.exec("UPDATE stock SET qty = qty - $1 WHERE item = $2", {"3", "figs"}); });
+///
+/// A serialization failure, a deadlock or a lost connection inside the
+/// transaction is transient: transact rolls back and runs the whole unit
+/// again (a lost connection rolled it back on the server; the next begin()
+/// reconnects). A COMMIT whose reply was lost is errc::outcome_unknown:
+/// never retried blindly (make the work idempotent or check for its effect).
+/// Parameters and results are text. Not thread-safe; after fork(), open a
+/// new one in the child.
+struct connection_options {
+  std::string begin = "BEGIN";  ///< how a transaction starts (its isolation level)
+  std::chrono::seconds dead_peer{10};
+};
+
+class connection {
+public:
+  using options = connection_options;
+  using row = std::vector<std::optional<std::string>>;
+
+  explicit connection(std::string conninfo = {}, options opts = {})
+      : conninfo_(std::move(conninfo)), opts_(std::move(opts)), pid_(::getpid()) {
+    connect();
+  }
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
+  ~connection() {
+    if (conn_ && ::getpid() == pid_) ::PQfinish(conn_);
+  }
+
+  void begin() {
+    if (!conn_ || ::PQstatus(conn_) != CONNECTION_OK || ::getpid() != pid_) connect();
+    exec(opts_.begin);
+    in_transaction_ = true;
+  }
+  void commit() {
+    try {
+      exec("COMMIT");
+    } catch (const std::system_error& e) {
+      in_transaction_ = false;
+      if (e.code() != dibs::make_error_code(errc::connection_lost)) throw;
+      throw std::system_error(dibs::make_error_code(errc::outcome_unknown),
+                              fmt::format("dibs::postgres::connection: the connection to {} broke during COMMIT: the "
+                                          "transaction may or may not have been committed ({})",
+                                          server_, e.what()));
+    }
+    in_transaction_ = false;
+  }
+  void rollback() {
+    in_transaction_ = false;
+    if (!conn_ || ::PQstatus(conn_) != CONNECTION_OK) return;  // the server rolled it back
+    const std::unique_ptr<PGresult, decltype(&::PQclear)> r{::PQexec(conn_, "ROLLBACK"), ::PQclear};
+    detail::check(r.get(), conn_, fmt::format("dibs::postgres::connection: ROLLBACK on {}", server_));
+  }
+
+  /// Runs one statement with text parameters ($1, $2, ...; std::nullopt: NULL),
+  /// or, without parameters, one or more statements. Returns: the rows (of the last). Throws: std::system_error with the SQLSTATE, naming
+  /// the statement and the server.
+  std::vector<row> query(std::string_view sql, std::initializer_list<std::optional<std::string_view>> params = {}) {
+    if (!conn_ || ::PQstatus(conn_) != CONNECTION_OK || ::getpid() != pid_) {
+      if (in_transaction_)
+        throw std::system_error(dibs::make_error_code(errc::connection_lost),
+                                fmt::format("dibs::postgres::connection: the connection to {} was lost in a "
+                                            "transaction (rolled back by the server)",
+                                            server_));
+      connect();
+    }
+    std::vector<std::string> owned;
+    owned.reserve(params.size());
+    std::vector<const char*> values;
+    for (const auto& p : params) {
+      if (p) owned.emplace_back(*p);
+      values.push_back(p ? owned.back().c_str() : nullptr);
+    }
+    const std::string text(sql);
+    // Without parameters several statements may be given at once (PQexec).
+    const std::unique_ptr<PGresult, decltype(&::PQclear)> r{
+        values.empty() ? ::PQexec(conn_, text.c_str())
+                       : ::PQexecParams(conn_, text.c_str(), static_cast<int>(values.size()), nullptr, values.data(),
+                                        nullptr, nullptr, 0),
+        ::PQclear};
+    detail::check(r.get(), conn_, fmt::format("dibs::postgres::connection: '{}' on {} failed", text, server_));
+    std::vector<row> rows;
+    for (int i = 0; i < ::PQntuples(r.get()); ++i) {
+      row out;
+      for (int j = 0; j < ::PQnfields(r.get()); ++j)
+        out.push_back(::PQgetisnull(r.get(), i, j) ? std::nullopt : std::optional<std::string>{::PQgetvalue(r.get(), i, j)});
+      rows.push_back(std::move(out));
+    }
+    return rows;
+  }
+  void exec(std::string_view sql, std::initializer_list<std::optional<std::string_view>> params = {}) {
+    (void)query(sql, params);
+  }
+  /// Returns: the first column of the first row as a number, if there is one.
+  std::optional<std::int64_t> query_int64(std::string_view sql,
+                                          std::initializer_list<std::optional<std::string_view>> params = {}) {
+    const auto rows = query(sql, params);
+    if (rows.empty() || rows[0].empty() || !rows[0][0]) return std::nullopt;
+    return std::stoll(*rows[0][0]);
+  }
+  /// Returns: "host:port/database", for messages.
+  const std::string& server() const noexcept { return server_; }
+
+private:
+  void connect() {
+    if (conn_ && ::getpid() == pid_) ::PQfinish(conn_);
+    conn_ = nullptr;
+    pid_ = ::getpid();
+    PGconn* c = detail::open(conninfo_, opts_.dead_peer);
+    server_ = detail::where(c);
+    if (!c || ::PQstatus(c) != CONNECTION_OK) {
+      const std::string msg = detail::one_line(c ? ::PQerrorMessage(c) : "out of memory");
+      if (c) ::PQfinish(c);
+      throw detail::connect_error("dibs::postgres::connection", server_, msg);
+    }
+    ::PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);
+    conn_ = c;
+  }
+
+  std::string conninfo_;
+  options opts_;
+  pid_t pid_;
+  PGconn* conn_ = nullptr;
+  std::string server_;
+  bool in_transaction_ = false;
+};
+
+}  // namespace dibs::postgres
+
+namespace dibs {
+
+struct postgres_store_options {
+  /// The table of the records: letters, digits and '_', not starting with a
+  /// digit or "pg_", at most 48 characters.
+  std::string table = "dibs_records";
+  /// How long a server that stopped answering (a cut network, a frozen
+  /// host) may take to be noticed: TCP keepalives and tcp_user_timeout.
+  std::chrono::seconds dead_peer{10};
+};
+
+class postgres_store {
+public:
+  /// Effects: connects, and creates the table (and its trigger) if absent.
+  /// Throws: std::system_error naming the server and table: it cannot be
+  /// reached (transient), refuses the login (not), the table has another
+  /// shape (errc::corrupt_record), a bad table name (errc::invalid_argument),
+  /// a role that may not create it.
+  explicit postgres_store(std::string conninfo = {}, postgres_store_options opts = {})
+      : conninfo_(std::move(conninfo)), opts_(std::move(opts)), pid_(::getpid()) {
+    validate_table(opts_.table);
+    std::lock_guard g{m_};
+    connect();
+  }
+  postgres_store(const postgres_store&) = delete;
+  postgres_store& operator=(const postgres_store&) = delete;
+  ~postgres_store() {
+    if (::getpid() != pid_) return;  // a forked child: the connections are the parent's
+    if (conn_) ::PQfinish(conn_);
+    if (listen_) ::PQfinish(listen_);
+  }
+
+  std::optional<record> read(std::string_view key) { return read(key, dibs::time_limit::max()); }
+  std::optional<record> read(std::string_view key, dibs::time_limit t) {
+    validate_key(key, "dibs::postgres_store::read");
+    const auto r = run(stmt::read, {key}, t, false, "read");
+    if (::PQntuples(r.get()) == 0 || ::PQgetisnull(r.get(), 0, 0)) return std::nullopt;
+    return record{bytes(r.get(), 0, 0), integer(r.get(), 0, 1)};
+  }
+
+  /// Returns: the record and how long ago the server last wrote it.
+  std::optional<aged_record> read_aged(std::string_view key, dibs::time_limit t = dibs::time_limit::max()) {
+    validate_key(key, "dibs::postgres_store::read_aged");
+    const auto r = run(stmt::read_aged, {key}, t, false, "read");
+    if (::PQntuples(r.get()) == 0 || ::PQgetisnull(r.get(), 0, 0)) return std::nullopt;
+    return aged_record{record{bytes(r.get(), 0, 0), integer(r.get(), 0, 1)},
+                       std::chrono::milliseconds{static_cast<std::int64_t>(integer(r.get(), 0, 2))}};
+  }
+
+  std::optional<dibs::version> create(std::string_view key, std::string_view value) {
+    return create(key, value, dibs::time_limit::max());
+  }
+  std::optional<dibs::version> create(std::string_view key, std::string_view value, dibs::time_limit t) {
+    validate_key(key, "dibs::postgres_store::create");
+    validate_value(key, value);
+    const auto r = run(stmt::create, {key, value}, t, true, "create");
+    if (::PQntuples(r.get()) == 0) return std::nullopt;
+    return integer(r.get(), 0, 0);
+  }
+
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
+    return replace(key, expected, value, dibs::time_limit::max());
+  }
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value,
+                                       dibs::time_limit t) {
+    validate_key(key, "dibs::postgres_store::replace");
+    validate_value(key, value);
+    if (expected > static_cast<dibs::version>(INT64_MAX)) return std::nullopt;
+    const std::string v = std::to_string(expected);
+    const auto r = run(stmt::replace, {key, v, value}, t, true, "replace");
+    if (::PQntuples(r.get()) == 0) return std::nullopt;
+    return integer(r.get(), 0, 0);
+  }
+
+  bool erase(std::string_view key, dibs::version expected) { return erase(key, expected, dibs::time_limit::max()); }
+  bool erase(std::string_view key, dibs::version expected, dibs::time_limit t) {
+    validate_key(key, "dibs::postgres_store::erase");
+    if (expected > static_cast<dibs::version>(INT64_MAX)) return false;
+    const std::string v = std::to_string(expected);
+    const auto r = run(stmt::erase, {key, v}, t, true, "erase");
+    return ::PQntuples(r.get()) == 1;
+  }
+
+  /// For marker_claim::claim_next (dibs::claim_queue_store): in one
+  /// statement, claims the first claimable item whose key starts with
+  /// `prefix` (an offered or released claim, or a row inserted with value
+  /// NULL and version 0; `max_attempts` is not read: a claim given back on
+  /// its last attempt is failed, not released), skipping
+  /// rows other workers are claiming (FOR UPDATE SKIP LOCKED, over a partial
+  /// index of claimable rows); its new value is the processing head with the
+  /// attempt counted, then `rest`. Returns: its key and new record.
+  std::optional<std::pair<std::string, record>> take_claimable(std::string_view prefix, std::string_view rest,
+                                                               std::uint32_t max_attempts,
+                                                               dibs::time_limit t = dibs::time_limit::max()) {
+    validate_value(prefix, rest);
+    // The key range [prefix, upper): upper is prefix with its last byte that
+    // is not 0xff increased and the rest cut; none if there is no such byte.
+    std::string upper(prefix);
+    while (!upper.empty() && static_cast<unsigned char>(upper.back()) == 0xff) upper.pop_back();
+    if (!upper.empty()) upper.back() = static_cast<char>(static_cast<unsigned char>(upper.back()) + 1);
+    (void)max_attempts;  // a released record has fewer (a claim given back on its last attempt is failed)
+    const auto r = run(prefix.empty() ? stmt::take_all : stmt::take, {prefix, upper, rest}, t, true,
+                       "claim the next item");
+    if (::PQntuples(r.get()) == 0) return std::nullopt;
+    return std::pair{bytes(r.get(), 0, 0), record{bytes(r.get(), 0, 1), integer(r.get(), 0, 2)}};
+  }
+
+  /// Returns: the keys of the live records that start with `prefix`.
+  std::vector<std::string> keys(std::string_view prefix = {}) {
+    const auto r = run(stmt::keys, {prefix}, dibs::time_limit::max(), false, "list keys");
+    std::vector<std::string> out;
+    for (int i = 0; i < ::PQntuples(r.get()); ++i) out.push_back(bytes(r.get(), i, 0));
+    return out;
+  }
+
+  /// Effects: blocks until the record of `key` is erased (NOTIFY from the
+  /// table's trigger) or `timeout` passes. A change just before the call can
+  /// be missed; callers re-read after at most `timeout` anyway.
+  /// Returns: true if an erase of the key was seen.
+  bool wait_for_change(std::string_view key, std::chrono::nanoseconds timeout) const {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    std::lock_guard g{listen_m_};
+    if (::getpid() != pid_) return sleep_until(end);
+    if (!listen_ || ::PQstatus(listen_) != CONNECTION_OK) {
+      if (listen_) ::PQfinish(listen_);
+      listen_ = postgres::detail::open(conninfo_, opts_.dead_peer);
+      if (!listen_) return sleep_until(end);
+      std::unique_ptr<PGresult, decltype(&::PQclear)> r{
+          ::PQexec(listen_, fmt::format("LISTEN \"dibs_{}\"", opts_.table).c_str()), ::PQclear};
+      if (::PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
+        ::PQfinish(listen_);
+        listen_ = nullptr;
+        return sleep_until(end);
+      }
+    }
+    const std::string want = hex(key);
+    for (;;) {
+      ::PQconsumeInput(listen_);
+      while (PGnotify* n = ::PQnotifies(listen_)) {
+        const bool ours = want == n->extra;
+        ::PQfreemem(n);
+        if (ours) return true;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{::PQsocket(listen_), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count() + 1, 60'000))) < 0 && errno != EINTR)
+        return sleep_until(end);
+      if (::PQstatus(listen_) != CONNECTION_OK) return sleep_until(end);
+    }
+  }
+
+  const std::string& table() const noexcept { return opts_.table; }
+  /// Returns: "host:port/database" of the server, for messages.
+  const std::string& server() const noexcept { return server_; }
+
+  /// Throws: errc::invalid_argument naming `table` if it is not a name this
+  /// store takes.
+  static void validate_table(std::string_view table) {
+    auto fail = [&](std::string_view rule) {
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::postgres_store: invalid table name '{}': {}", table, rule));
+    };
+    if (table.empty()) fail("a table name must not be empty");
+    if (table.size() > 48) fail("a table name must be at most 48 characters");
+    if (table.front() >= '0' && table.front() <= '9') fail("a table name must not start with a digit");
+    for (const char c : table)
+      if (!(c == '_' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')))
+        fail("only letters, digits and '_' are allowed");
+    if (table.starts_with("pg_")) fail("names starting with 'pg_' belong to PostgreSQL");
+  }
+
+private:
+  enum class stmt { read, read_aged, create, replace, erase, keys, take, take_all };
+  using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
+  static constexpr std::string_view schema_comment = "dibs-store 1";
+
+  static bool sleep_until(std::chrono::steady_clock::time_point end) {
+    std::this_thread::sleep_until(end);
+    return false;
+  }
+
+  static std::string hex(std::string_view s) {
+    std::string out;
+    out.reserve(s.size() * 2);
+    for (const char c : s) out += fmt::format("{:02x}", static_cast<unsigned char>(c));
+    return out;
+  }
+
+  static std::string bytes(const PGresult* r, int row, int col) {
+    return std::string(::PQgetvalue(r, row, col), static_cast<std::size_t>(::PQgetlength(r, row, col)));
+  }
+  static dibs::version integer(const PGresult* r, int row, int col) {
+    std::uint64_t be = 0;
+    if (::PQgetlength(r, row, col) == 8) std::memcpy(&be, ::PQgetvalue(r, row, col), 8);
+    return static_cast<dibs::version>(be64toh(be));
+  }
+
+  // Requires: m_ held. Connects (again), prepares the statements, makes sure
+  // the table is there, and ends a session lost in the middle of a write.
+  void connect() {
+    if (conn_ && ::getpid() == pid_) ::PQfinish(conn_);
+    conn_ = nullptr;
+    if (::getpid() != pid_) {  // a forked child: never touch the parent's sessions
+      listen_ = nullptr;
+      pid_ = ::getpid();
+    }
+    PGconn* c = postgres::detail::open(conninfo_, opts_.dead_peer);
+    server_ = postgres::detail::where(c);
+    if (!c || ::PQstatus(c) != CONNECTION_OK) {
+      const std::string msg = postgres::detail::one_line(c ? ::PQerrorMessage(c) : "out of memory");
+      if (c) ::PQfinish(c);
+      throw postgres::detail::connect_error("dibs::postgres_store", server_, msg);
+    }
+    conn_ = c;
+    ::PQsetNoticeProcessor(conn_, [](void*, const char*) {}, nullptr);  // "already exists, skipping": not for stderr
+    try {
+      setup_table();
+      prepare();
+      const result r{::PQexec(conn_, "SELECT pg_backend_pid(), backend_start::text FROM pg_stat_activity "
+                                     "WHERE pid = pg_backend_pid()"),
+                     ::PQclear};
+      check(r.get(), "find its own session");
+      session_pid_ = ::PQgetvalue(r.get(), 0, 0);
+      session_start_ = ::PQgetvalue(r.get(), 0, 1);
+      settle();
+    } catch (...) {
+      ::PQfinish(conn_);
+      conn_ = nullptr;
+      throw;
+    }
+  }
+
+  // Requires: a connection. Throws naming the server, the table and `what`.
+  void check(const PGresult* r, std::string_view what) const {
+    postgres::detail::check(r, conn_, fmt::format("dibs::postgres_store: cannot {} (table '{}' on {})", what,
+                                                  opts_.table, server_));
+  }
+
+  void exec(const std::string& sql, std::string_view what) {
+    const result r{::PQexec(conn_, sql.c_str()), ::PQclear};
+    check(r.get(), what);
+  }
+
+  // Creates the table if absent (under an advisory lock: two first users
+  // at once would collide in the catalog), then checks its shape.
+  void setup_table() {
+    const std::string& t = opts_.table;
+    const result has{::PQexecParams(conn_,
+                                    "SELECT obj_description(c.oid, 'pg_class') FROM pg_class c "
+                                    "WHERE c.oid = to_regclass(quote_ident($1))",
+                                    1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
+                     ::PQclear};
+    check(has.get(), "look for the table");
+    if (::PQntuples(has.get()) == 0) {
+      exec("BEGIN", "begin creating the table");
+      try {
+        exec(fmt::format("SELECT pg_advisory_xact_lock(hashtext('dibs-store:{}'))", t), "lock the table's creation");
+        exec(fmt::format("CREATE TABLE IF NOT EXISTS \"{0}\" (key bytea PRIMARY KEY, value bytea, "
+                         "version bigint NOT NULL DEFAULT 0, written timestamptz NOT NULL DEFAULT clock_timestamp()); "
+                         "COMMENT ON TABLE \"{0}\" IS '{1}'; "
+                         "CREATE OR REPLACE FUNCTION \"{0}_notify\"() RETURNS trigger LANGUAGE plpgsql AS "
+                         "$$BEGIN PERFORM pg_notify('dibs_{0}', encode(NEW.key, 'hex')); RETURN NULL; END$$; "
+                         "CREATE OR REPLACE TRIGGER \"{0}_erased\" AFTER UPDATE ON \"{0}\" FOR EACH ROW "
+                         "WHEN (NEW.value IS NULL AND OLD.value IS NOT NULL) EXECUTE FUNCTION \"{0}_notify\"(); "
+                         "CREATE INDEX IF NOT EXISTS \"{0}_claimable\" ON \"{0}\" (key) WHERE {2}",
+                         t, schema_comment, claimable),
+             "create the table");
+        exec("COMMIT", "create the table");
+      } catch (...) {
+        const result r{::PQexec(conn_, "ROLLBACK"), ::PQclear};
+        throw;
+      }
+    }
+    // The shape: exactly what dibs reads and writes, and its schema version.
+    const result cols{
+        ::PQexecParams(conn_,
+                       "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY column_name), "
+                       "obj_description(to_regclass(quote_ident($1)), 'pg_class') "
+                       "FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 "
+                       "AND column_name IN ('key', 'value', 'version', 'written')",
+                       1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
+        ::PQclear};
+    check(cols.get(), "check the table's shape");
+    const std::string shape = ::PQgetvalue(cols.get(), 0, 0), comment = ::PQgetvalue(cols.get(), 0, 1);
+    constexpr std::string_view want = "key bytea, value bytea, version bigint, written timestamp with time zone";
+    if (shape != want || comment != schema_comment)
+      throw std::system_error(make_error_code(errc::corrupt_record),
+                              fmt::format("dibs::postgres_store: table '{}' on {} is not a dibs store table of this "
+                                          "version (columns: '{}', comment: '{}'; dibs needs columns '{}' and the "
+                                          "comment '{}'): name another table (postgres_store_options::table)",
+                                          t, server_, shape, comment, want, schema_comment));
+  }
+
+  // The rows claim_next may take: also the condition of the partial index,
+  // written the same, so that the planner uses it.
+  static constexpr std::string_view claimable =
+      "(value IS NULL AND version = 0) OR position('\nstate offered\n'::bytea IN value) > 0 OR "
+      "position('\nstate released\n'::bytea IN value) > 0";
+
+  // claim_next's statement: the first claimable row (with the key prefix $1,
+  // its range [$1, $2) for the index, $2 empty: no end), locked while other
+  // workers skip it, made processing with its attempt counted. The attempts
+  // are read from the record's third line ("attempts N"), on its first bytes
+  // only; a record whose third line is not that counts as 0.
+  static std::string take_sql(const std::string& t, bool prefix) {
+    return fmt::format(
+        "WITH next AS (SELECT key, split_part(encode(substring(value FROM 1 FOR 80), 'escape'), chr(10), 3) AS line "
+        "FROM \"{0}\" WHERE ({1}) {2} ORDER BY key LIMIT 1 FOR UPDATE SKIP LOCKED) "
+        "UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || chr(10) || 'state processing' || chr(10) || "
+        "'attempts ' || (CASE WHEN next.line ~ '^attempts [0-9]{{1,9}}$' THEN substring(next.line FROM 10)::int "
+        "ELSE 0 END + 1) || chr(10), 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp() "
+        "FROM next WHERE r.key = next.key RETURNING r.key, r.value, r.version",
+        t, claimable,
+        prefix ? "AND key >= $1::bytea AND ($2::bytea = ''::bytea OR key < $2::bytea) AND "
+                 "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea"
+               : "AND $1::bytea = $2::bytea");
+  }
+
+  void prepare() {
+    const std::string& t = opts_.table;
+    const std::pair<stmt, std::string> all[] = {
+        {stmt::read, fmt::format("SELECT value, version FROM \"{}\" WHERE key = $1", t)},
+        {stmt::read_aged, fmt::format("SELECT value, version, (extract(epoch FROM clock_timestamp() - written) * 1000)::bigint "
+                                      "FROM \"{}\" WHERE key = $1",
+                                      t)},
+        {stmt::create, fmt::format("INSERT INTO \"{0}\" AS r (key, value, version, written) VALUES ($1, $2, 1, "
+                                   "clock_timestamp()) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                                   "version = r.version + 1, written = clock_timestamp() WHERE r.value IS NULL "
+                                   "RETURNING version",
+                                   t)},
+        {stmt::replace, fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = clock_timestamp() "
+                                    "WHERE key = $1 AND version = $2::bigint AND value IS NOT NULL RETURNING version",
+                                    t)},
+        {stmt::erase, fmt::format("UPDATE \"{}\" SET value = NULL, written = clock_timestamp() "
+                                  "WHERE key = $1 AND version = $2::bigint AND value IS NOT NULL RETURNING version",
+                                  t)},
+        {stmt::take, take_sql(t, true)},
+        {stmt::take_all, take_sql(t, false)},
+        {stmt::keys, fmt::format("SELECT key FROM \"{}\" WHERE value IS NOT NULL AND "
+                                 "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea",
+                                 t)},
+    };
+    for (const auto& [s, sql] : all) {
+      const result r{::PQprepare(conn_, name(s), sql.c_str(), 0, nullptr), ::PQclear};
+      check(r.get(), "prepare its statements");
+    }
+  }
+
+  static const char* name(stmt s) noexcept {
+    switch (s) {
+      case stmt::read: return "dibs_read";
+      case stmt::read_aged: return "dibs_read_aged";
+      case stmt::create: return "dibs_create";
+      case stmt::replace: return "dibs_replace";
+      case stmt::erase: return "dibs_erase";
+      case stmt::keys: return "dibs_keys";
+      case stmt::take: return "dibs_take";
+      case stmt::take_all: return "dibs_take_all";
+    }
+    return "";
+  }
+
+  // Ends the session whose write was lost, if it still runs (a cut network:
+  // the server has not noticed yet), and waits until it is gone, so that its
+  // write has landed or never will.
+  void settle() {
+    if (lost_pid_.empty()) return;
+    const char* params[] = {lost_pid_.c_str(), lost_start_.c_str()};
+    for (int i = 0;; ++i) {
+      const result r{::PQexecParams(conn_,
+                                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    "WHERE pid = $1::int AND backend_start = $2::timestamptz",
+                                    2, nullptr, params, nullptr, nullptr, 0),
+                     ::PQclear};
+      check(r.get(), "end a session whose write was lost");
+      if (::PQntuples(r.get()) == 0) break;
+      if (i > 10 * 60 * 5)
+        throw std::system_error(make_error_code(errc::timed_out),
+                                fmt::format("dibs::postgres_store: session {} on {} does not end", lost_pid_, server_));
+      std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    }
+    lost_pid_.clear();
+  }
+
+  // Runs a prepared statement with binary parameters and results, waiting
+  // until `t` at most (then cancelling it). Reconnects first if needed.
+  result run(stmt s, std::initializer_list<std::string_view> params, dibs::time_limit t, bool write,
+             std::string_view what) {
+    std::lock_guard g{m_};
+    if (!conn_ || ::getpid() != pid_ || ::PQstatus(conn_) != CONNECTION_OK) connect();
+    std::vector<const char*> values;
+    std::vector<int> lengths, formats;
+    std::size_t i = 0;
+    for (const auto& p : params) {
+      values.push_back(p.data());
+      lengths.push_back(static_cast<int>(p.size()));
+      // Versions go as text ($2 of replace and erase); keys and values as bytes.
+      const bool text = (s == stmt::replace || s == stmt::erase) && i == 1;
+      formats.push_back(text ? 0 : 1);
+      ++i;
+    }
+    static const char empty = 0;
+    for (auto& v : values)
+      if (!v) v = &empty;
+    if (!::PQsendQueryPrepared(conn_, name(s), static_cast<int>(values.size()), values.data(), lengths.data(),
+                               formats.data(), 1))
+      lost(false, what);  // nothing was sent
+    bool cancelled = false;
+    auto limit = t;  // after a cancel: how long the server may take to answer it
+    for (;;) {
+      if (::PQconsumeInput(conn_) == 0) lost(write, what);
+      if (!::PQisBusy(conn_)) break;
+      int wait_ms = -1;
+      if (limit != dibs::time_limit::max()) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(limit - std::chrono::steady_clock::now());
+        if (left.count() <= 0) {
+          // No answer to the cancel either: the server or the way to it is
+          // gone (a partition). The session is dropped; a write's outcome is
+          // unknown until the next operation has ended that session.
+          if (cancelled) lost(write, what);
+          cancel();
+          cancelled = true;
+          limit = std::chrono::steady_clock::now() + opts_.dead_peer;
+          continue;
+        }
+        wait_ms = static_cast<int>(std::min<std::int64_t>(left.count() + 1, 60'000));
+      }
+      pollfd p{::PQsocket(conn_), POLLIN, 0};
+      if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) lost(write, what);
+    }
+    result r{::PQgetResult(conn_), ::PQclear};
+    while (PGresult* extra = ::PQgetResult(conn_)) ::PQclear(extra);
+    if (!r) lost(write, what);
+    const char* state = ::PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
+    if (cancelled && state && std::string_view(state) == "57014")
+      throw std::system_error(make_error_code(errc::timed_out),
+                              fmt::format("dibs::postgres_store: {} on {} (table '{}') did not finish in the time "
+                                          "given and was cancelled (nothing changed)",
+                                          what, server_, opts_.table));
+    if (::PQresultStatus(r.get()) == PGRES_FATAL_ERROR && (!state || ::PQstatus(conn_) != CONNECTION_OK))
+      lost(write, what);  // the session ended under the statement
+    check(r.get(), what);
+    return r;
+  }
+
+  // Asks the server to cancel the running statement. PQcancel blocks until
+  // the server closes its cancel connection, which behind a partition can
+  // take as long as TCP does: it runs on a thread of its own, waited for a
+  // moment, then left to finish alone (it owns what it uses).
+  void cancel() {
+    std::shared_ptr<PGcancel> c{::PQgetCancel(conn_), ::PQfreeCancel};
+    if (!c) return;
+    auto done = std::make_shared<std::promise<void>>();
+    auto sent = done->get_future();
+    std::thread([c, done] {
+      char err[256];
+      (void)::PQcancel(c.get(), err, sizeof err);
+      done->set_value();
+    }).detach();
+    (void)sent.wait_for(std::chrono::seconds{2});
+  }
+
+  // The connection broke under a statement. Throws: errc::outcome_unknown
+  // for a write that was sent (the next operation first ends that session),
+  // errc::connection_lost otherwise.
+  [[noreturn]] void lost(bool write, std::string_view what) {
+    const std::string msg = postgres::detail::one_line(::PQerrorMessage(conn_));
+    if (write) {
+      lost_pid_ = session_pid_;
+      lost_start_ = session_start_;
+    }
+    ::PQfinish(conn_);
+    conn_ = nullptr;
+    if (write)
+      throw std::system_error(make_error_code(errc::outcome_unknown),
+                              fmt::format("dibs::postgres_store: the connection to {} broke during {} (table '{}'): "
+                                          "{}; the write may or may not have been applied",
+                                          server_, what, opts_.table, msg));
+    throw std::system_error(make_error_code(errc::connection_lost),
+                            fmt::format("dibs::postgres_store: the connection to {} broke during {} (table '{}'): {} "
+                                        "(transient: the next operation reconnects)",
+                                        server_, what, opts_.table, msg));
+  }
+
+  std::string conninfo_;
+  postgres_store_options opts_;
+  pid_t pid_;
+  std::mutex m_;
+  mutable std::mutex listen_m_;  // the LISTEN connection is the waiters', not the store's state
+  PGconn* conn_ = nullptr;
+  mutable PGconn* listen_ = nullptr;
+  std::string server_;
+  std::string session_pid_, session_start_;  // this connection's server session
+  std::string lost_pid_, lost_start_;        // a session that broke under a write
+};
+
+static_assert(listable_store<postgres_store>);
+static_assert(transactional<postgres::connection>);
+static_assert(timed_shared_store<postgres_store>);
+static_assert(store_with_clock<postgres_store>);
+static_assert(requires(const postgres_store& s) { s.wait_for_change("k", std::chrono::seconds{1}); });
+
+}  // namespace dibs
