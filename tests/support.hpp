@@ -332,6 +332,20 @@ private:
 /// they run as unprivileged ids 1001 and 1002, made in forked children).
 inline bool is_root() { return ::geteuid() == 0; }
 
+/// True in a ThreadSanitizer build, where a child forked from a process
+/// with threads may not start threads of its own (TSan refuses it).
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool under_tsan = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool under_tsan = true;
+#else
+inline constexpr bool under_tsan = false;
+#endif
+#else
+inline constexpr bool under_tsan = false;
+#endif
+
 /// Effects: makes this process (a forked child) user `uid` with group `gid`
 /// and supplementary `groups`; no account is needed.
 /// Returns: "" on success, else what failed.
