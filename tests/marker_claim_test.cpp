@@ -11,11 +11,13 @@
 #include <sched.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -608,4 +610,25 @@ TEST_CASE("claim_next on a file_store: 4 workers take 300 offered items by scann
   temp_dir items_dir, journal_dir;
   dibs_test::check_claim_next_exactly_once([&] { return dibs::file_store{items_dir.path}; },
                                            [&] { return dibs::file_store{journal_dir.path}; }, 4, 300, 5, 1500ms);
+}
+
+TEST_CASE("claim_any takes each of a set of keys once, in no fixed order, and nothing when all are taken or done") {
+  dibs::memory_store store;
+  dibs::marker_claim<dibs::memory_store> claims{store, {.renew = false}};
+  const std::vector<std::string> keys = {"<a/1@x>", "<b/2@x>", "<c/3@x>"};
+  std::vector<dibs::marker_claim<dibs::memory_store>::claim> held;
+  std::set<std::string> got;
+  for (int i = 0; i < 3; ++i) {
+    auto c = claims.claim_any(keys);
+    REQUIRE(c);
+    got.insert(c->key());
+    held.push_back(std::move(*c));
+  }
+  CHECK(got == std::set<std::string>(keys.begin(), keys.end()));
+  CHECK_FALSE(claims.claim_any(keys));  // all held
+  const auto first = std::find_if(held.begin(), held.end(), [&](const auto& c) { return c.key() == keys[0]; });
+  REQUIRE(first != held.end());
+  first->complete();
+  held.erase(first);
+  CHECK_FALSE(claims.claim_any(std::vector<std::string>{keys[0]}));  // done: never again
 }

@@ -573,6 +573,22 @@ public:
     }
   }
 
+  /// Returns: a claim on one of `keys` (any range of strings or
+  /// string_views), tried in random order so that workers given the same set
+  /// spread over it, with the guarantees of try_claim; nothing if none of
+  /// them can be claimed now. For a queue whose keys are not known, see
+  /// claim_next.
+  template <class Keys>
+  std::optional<claim> claim_any(const Keys& keys) {
+    std::vector<std::string_view> order;
+    for (const auto& k : keys) order.emplace_back(k);
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    std::shuffle(order.begin(), order.end(), rng);
+    for (const auto k : order)
+      if (auto c = try_claim(k)) return c;
+    return std::nullopt;
+  }
+
   /// Effects: sweep() over every key that starts with `prefix`.
   /// Returns: how many claims were recovered.
   std::size_t sweep_all(std::string_view prefix = {})
