@@ -121,7 +121,8 @@ stop)
 kill)
   home=$(cat "$dir/home")
   pid=$(head -n 1 "$home/data/postmaster.pid" 2>/dev/null) || die "no server running in $home"
-  children=$(pgrep -P "$pid" || true)
+  # Its children (the backends), from /proc: procps is not in every base image.
+  children=$(grep -ls "^PPid:[[:space:]]*$pid\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3 || true)
   kill -KILL "$pid"
   # Its backends notice that the postmaster is gone and exit; the data
   # directory can be started again only once they all have.
