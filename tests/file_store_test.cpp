@@ -467,3 +467,21 @@ TEST_CASE("a record of dibs 0.1 under a key with '%' is reported by both keys it
   CHECK(!s.read("a/b"));
   CHECK(s.create("a/b", "mine") == dibs::version{1});
 }
+
+TEST_CASE("a damaged or unreadable record of dibs 0.1 at a '%' key's old name is reported, never taken for none") {
+  temp_dir dir;
+  dibs::file_store s{dir.path};
+  // Damaged, but a record of dibs: it may be the key's, completed.
+  dibs_test::spit(dir.path / "50%off.rec", "dibs-record 1\nversion 3\nstate li");
+  CHECK_THROWS_AS(s.create("50%off", "mine"), std::system_error);
+  CHECK(!fs::exists(dir.path / "50%25off.rec"));
+  // A file of some other program there is not the key's record.
+  dibs_test::spit(dir.path / "90%off.rec", "somebody's notes\n");
+  CHECK(s.create("90%off", "mine"));
+  if (!dibs_test::is_root()) {
+    // Unreadable now: reported too.
+    dibs_test::spit(dir.path / "10%off.rec", "dibs-record 1\n");
+    fs::permissions(dir.path / "10%off.rec", fs::perms::none);
+    CHECK_THROWS_AS(s.create("10%off", "mine"), std::system_error);
+  }
+}

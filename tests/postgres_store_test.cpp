@@ -236,7 +236,7 @@ TEST_CASE("a lease on PostgreSQL is judged by the server's clock: a new waiter t
   auto s = pg_open(t);
   dibs::lease_mutex<dibs::postgres_store> waiter{s, "job", {.lease = 600ms}};
   CHECK_FALSE(waiter.try_lock());  // the lease still runs
-  std::this_thread::sleep_for(700ms);
+  std::this_thread::sleep_for(850ms);  // the lease and its quarter of margin
   // A waiter that has never seen the record before: the server says it is
   // older than its lease, so one try takes it (watching would need a lease more).
   dibs::lease_mutex<dibs::postgres_store> newcomer{s, "job", {.lease = 600ms}};
@@ -481,4 +481,29 @@ TEST_CASE("postgres::connection under transact: serialization failures are retri
   CHECK(runs == 1);
   // It was committed (the proxy lost only the reply); once, not twice.
   CHECK(pg::sql(fmt::format("SELECT n FROM {}", t)) == "401");
+}
+
+TEST_CASE("renewals have a connection of their own: a statement of the application that waits on a row lock holds no lease up") {
+  const auto t = pg::fresh_table("starve");
+  auto s = pg_open(t);
+  dibs::marker_claim<dibs::postgres_store> claims{s, {.lease = 1500ms}};
+  REQUIRE(claims.offer("busy-row"));
+  auto c = claims.try_claim("other-item");
+  REQUIRE(c);
+  // Another session holds busy-row's lock in an open transaction.
+  std::unique_ptr<PGconn, decltype(&::PQfinish)> tx{::PQconnectdb(pg::conninfo().c_str()), ::PQfinish};
+  REQUIRE(::PQstatus(tx.get()) == CONNECTION_OK);
+  ::PQclear(::PQexec(tx.get(), "BEGIN"));
+  ::PQclear(::PQexec(tx.get(), fmt::format("SELECT 1 FROM {} WHERE key = convert_to('busy-row', 'UTF8') FOR UPDATE", t).c_str()));
+  // The application's statement on that row waits on the store's main connection...
+  std::thread app([&] {
+    const auto v = s.read("busy-row");
+    (void)s.replace("busy-row", v->version, "dibs-claim 1\nstate offered\nattempts 0\n");
+  });
+  // ...for longer than two leases, while the claim on the other item renews.
+  std::this_thread::sleep_for(3500ms);
+  CHECK_FALSE(c->lost());
+  ::PQclear(::PQexec(tx.get(), "COMMIT"));
+  app.join();
+  REQUIRE_NOTHROW(c->complete());
 }

@@ -75,11 +75,15 @@
 #pragma once
 
 #include <dirent.h>
+#include <linux/fs.h>
+#include <linux/magic.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <poll.h>
 #include <sys/file.h>
 #include <sys/inotify.h>
+#include <sys/ioctl.h>
+#include <sys/vfs.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -163,6 +167,7 @@ public:
     // records are rewritten in place there, which any user who may write
     // the file can do (file_store_options::mode).
     sticky_ = (st.st_mode & S_ISVTX) != 0;
+    if (!opts_.key_is_file_name) refuse_case_folding();
     remove_dead_temporaries();
   }
 
@@ -766,8 +771,12 @@ private:
     std::optional<stored> old;
     try {
       old = load(old_path, dibs::time_limit::max());
-    } catch (const std::system_error&) {
-      return name;  // no record of ours there: not the key's
+    } catch (const std::system_error& e) {
+      // A file there that is no dibs record is not the key's. Anything else
+      // (a damaged record of ours, a file that cannot be read now) may be
+      // the key's old record: reported, never taken for "none".
+      if (e.code() != errc::corrupt_record || starts_as_record(old_path)) throw;
+      return name;
     }
     if (old && !old->key)
       throw std::system_error(
@@ -818,6 +827,37 @@ public:
   }
 
 private:
+
+  // Throws: errc::invalid_argument naming the directory if names there are
+  // compared without case (a case-folding ext4 directory, chattr +F; vfat,
+  // exFAT, SMB): two keys that differ only in case would share one file.
+  void refuse_case_folding() const {
+    const char* why = nullptr;
+    struct ::statfs fs {};
+    if (::statfs(dir_.c_str(), &fs) == 0) {
+      const auto type = static_cast<unsigned long>(fs.f_type);
+      if (type == MSDOS_SUPER_MAGIC) why = "a vfat filesystem";
+      else if (type == EXFAT_SUPER_MAGIC) why = "an exFAT filesystem";
+      else if (type == CIFS_SUPER_MAGIC || type == SMB2_SUPER_MAGIC) why = "an SMB share";
+    }
+    detail::unique_fd d{detail::open_retry(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+    long flags = 0;
+    if (!why && d && ::ioctl(d.get(), FS_IOC_GETFLAGS, &flags) == 0 && (flags & FS_CASEFOLD_FL)) why = "case-folding (chattr +F)";
+    if (why)
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::file_store: directory '{}' compares names without case ({}): keys "
+                                          "that differ only in case would share one record file; use a directory "
+                                          "on a case-sensitive filesystem",
+                                          dir_.string(), why));
+  }
+
+  // Returns: true if the file at `path` begins as a record of dibs does.
+  static bool starts_as_record(const std::filesystem::path& path) {
+    detail::unique_fd fd{detail::open_retry(path.c_str(), O_RDONLY | record_open_flags)};
+    char head[12] = {};
+    return fd && ::read(fd.get(), head, sizeof head) == static_cast<ssize_t>(sizeof head) &&
+           std::string_view(head, sizeof head) == "dibs-record ";
+  }
 
   // Throws: errc::corrupt_record naming the file unless `s` is the record of
   // `key` (a record of another key, or of dibs 0.1 at an escaped name).

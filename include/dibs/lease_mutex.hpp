@@ -17,8 +17,9 @@
 //       about every third of it, which changes the version).
 // On a store with its own clock (dibs::store_with_clock: postgres_store),
 // (b) is judged by that one clock instead: the record was last written at
-// least a lease ago by the server's clock, so a waiter that just arrived need
-// not watch for a whole lease first.
+// least a lease and a quarter ago by the server's clock (the quarter for
+// clocks that NTP slews at different rates), so a waiter that just arrived
+// need not watch for a whole lease first.
 // Wall clocks of different machines are never compared. Breaking is a
 // compare-and-set on the version judged, so two breakers cannot both win and
 // a lock renewed meanwhile is never broken.
@@ -246,7 +247,7 @@ private:
     me.written_ms = detail::wall_ms();
     std::string v(detail::lease_magic);
     if (token != 0) v += fmt::format("token {}\n", token);
-    return v + detail::format_owner(me);
+    return v + detail::format_owner(me) + detail::write_nonce();
   }
 
   // Throws: errc::corrupt_record if `r` is not a lease with an owner.
@@ -353,8 +354,9 @@ private:
     if (!stale && age) {
       // One clock for every client: the record was last written (renewed)
       // `age` ago by the store's clock, after its holder began that renewal,
-      // so the holder's own validity (from the renewal's start) ended first.
-      stale = *age >= owner.lease;
+      // so the holder's own validity (from the renewal's start) ended first,
+      // with a margin for clocks that run at different rates.
+      stale = *age >= owner.lease + detail::clock_margin(owner.lease);
     } else if (!stale) {
       if (!seen_version_ || *seen_version_ != r->version) {
         seen_version_ = r->version;  // start watching this version on our own clock

@@ -530,7 +530,9 @@ public:
   /// done: nothing changes).
   bool offer(std::string_view key) {
     validate_key(key, "dibs::marker_claim::offer");
-    return detail::store_create(store_, key, encode(claim_state::offered, 0, "", "", 0), dibs::time_limit::max())
+    // Bounded: a producer hears of a store that is away (after a lease).
+    return detail::store_create(store_, key, encode(claim_state::offered, 0, "", "", 0),
+                                std::chrono::steady_clock::now() + opts_.lease)
         .has_value();
   }
 
@@ -723,9 +725,12 @@ private:
   bool stale(std::string_view key, const claim_status& s) {
     if (s.owner && detail::provably_dead(*s.owner)) return true;
     if constexpr (store_with_clock<Store>) {
-      // The store's one clock: last written (renewed) at least a lease ago.
-      const auto a = store_.read_aged(key, std::chrono::steady_clock::now() + detail::try_wait);
-      return a && a->record.version == s.version && a->age >= (s.owner ? s.owner->lease : opts_.lease);
+      // The store's one clock: last written (renewed) at least a lease ago,
+      // and a quarter more for clocks that run at different rates.
+      const auto until = std::chrono::steady_clock::now() + detail::try_wait;
+      const auto a = detail::retry_transient(until, [&] { return store_.read_aged(key, until); });
+      const auto lease = s.owner ? s.owner->lease : opts_.lease;
+      return a && a->record.version == s.version && a->age >= lease + detail::clock_margin(lease);
     }
     const auto now = std::chrono::steady_clock::now();
     std::lock_guard g{m_};
@@ -753,7 +758,7 @@ private:
   std::string encode_rest(claim_state s, std::string_view error, std::string_view result, dibs::version token) const {
     const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::system_clock::now().time_since_epoch());
-    std::string v = fmt::format("changed {}\n", now.count());
+    std::string v = fmt::format("changed {}\n", now.count()) + detail::write_nonce();
     if (token) v += fmt::format("token {}\n", token);
     if (!error.empty()) v += fmt::format("error {}\n", one_line(error));
     if (!result.empty()) v += fmt::format("result {}\n", one_line(result));

@@ -71,6 +71,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/error.hpp>
 #include <dibs/retry.hpp>
 #include <dibs/store.hpp>
@@ -257,6 +258,10 @@ public:
   }
   void rollback() {
     in_transaction_ = false;
+    if (conn_ && ::getpid() != pid_) {  // a forked child: the transaction is the parent's, never touched here
+      conn_ = nullptr;
+      return;
+    }
     if (!conn_ || ::PQstatus(conn_) != CONNECTION_OK) return;  // the server rolled it back
     const std::unique_ptr<PGresult, decltype(&::PQclear)> r{::PQexec(conn_, "ROLLBACK"), ::PQclear};
     detail::check(r.get(), conn_, fmt::format("dibs::postgres::connection: ROLLBACK on {}", server_));
@@ -356,17 +361,18 @@ public:
   /// shape (errc::corrupt_record), a bad table name (errc::invalid_argument),
   /// a role that may not create it.
   explicit postgres_store(std::string conninfo = {}, postgres_store_options opts = {})
-      : conninfo_(std::move(conninfo)), opts_(std::move(opts)), pid_(::getpid()) {
+      : conninfo_(std::move(conninfo)), opts_(std::move(opts)) {
     validate_table(opts_.table);
-    std::lock_guard g{m_};
-    connect();
+    std::lock_guard g{main_.m};
+    connect(main_, true);
   }
   postgres_store(const postgres_store&) = delete;
   postgres_store& operator=(const postgres_store&) = delete;
   ~postgres_store() {
-    if (::getpid() != pid_) return;  // a forked child: the connections are the parent's
-    if (conn_) ::PQfinish(conn_);
-    if (listen_) ::PQfinish(listen_);
+    // A forked child's copies of the connections are the parent's sessions.
+    for (session* ses : {&main_, &renewals_})
+      if (ses->conn && ses->owner == ::getpid()) ::PQfinish(ses->conn);
+    if (listen_ && listen_owner_ == ::getpid()) ::PQfinish(listen_);
   }
 
   std::optional<record> read(std::string_view key) { return read(key, dibs::time_limit::max()); }
@@ -459,10 +465,11 @@ public:
   bool wait_for_change(std::string_view key, std::chrono::nanoseconds timeout) const {
     const auto end = std::chrono::steady_clock::now() + timeout;
     std::lock_guard g{listen_m_};
-    if (::getpid() != pid_) return sleep_until(end);
+    if (listen_ && listen_owner_ != ::getpid()) listen_ = nullptr;  // a forked child's copy: the parent's
     if (!listen_ || ::PQstatus(listen_) != CONNECTION_OK) {
       if (listen_) ::PQfinish(listen_);
       listen_ = postgres::detail::open(conninfo_, opts_.dead_peer);
+      listen_owner_ = ::getpid();
       if (!listen_) return sleep_until(end);
       std::unique_ptr<PGresult, decltype(&::PQclear)> r{
           ::PQexec(listen_, fmt::format("LISTEN \"dibs_{}\"", opts_.table).c_str()), ::PQclear};
@@ -510,6 +517,17 @@ public:
   }
 
 private:
+  // A connection of the store, used by one thread at a time (its mutex).
+  struct session {
+    std::mutex m;
+    PGconn* conn = nullptr;
+    pid_t owner = 0;                  // the process that opened conn (a forked child never touches it)
+    std::string pid, start;           // its server session
+    std::string lost_pid, lost_start;  // a session that broke under a write
+  };
+  // Renewals (on the renewal keeper's threads) have a connection of their
+  // own, so a statement of the application's that waits (a row lock held by
+  // an open transaction, a table lock) never holds a lease's renewal up.
   enum class stmt { read, read_aged, create, replace, erase, keys, take, take_all };
   using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
   static constexpr std::string_view schema_comment = "dibs-store 1";
@@ -535,67 +553,67 @@ private:
     return static_cast<dibs::version>(be64toh(be));
   }
 
-  // Requires: m_ held. Connects (again), prepares the statements, makes sure
-  // the table is there, and ends a session lost in the middle of a write.
-  void connect() {
-    if (conn_ && ::getpid() == pid_) ::PQfinish(conn_);
-    conn_ = nullptr;
-    if (::getpid() != pid_) {  // a forked child: never touch the parent's sessions
-      listen_ = nullptr;
-      pid_ = ::getpid();
-    }
+  // Requires: ses.m held. Connects `ses` (again), prepares the statements,
+  // and ends a session lost in the middle of a write; `first`: also makes
+  // sure the table is there (the constructor).
+  void connect(session& ses, bool first = false) {
+    if (ses.conn && ses.owner == ::getpid()) ::PQfinish(ses.conn);
+    ses.conn = nullptr;
     PGconn* c = postgres::detail::open(conninfo_, opts_.dead_peer);
-    server_ = postgres::detail::where(c);
+    if (first) server_ = postgres::detail::where(c);
     if (!c || ::PQstatus(c) != CONNECTION_OK) {
       const std::string msg = postgres::detail::one_line(c ? ::PQerrorMessage(c) : "out of memory");
       if (c) ::PQfinish(c);
       throw postgres::detail::connect_error("dibs::postgres_store", server_, msg);
     }
-    conn_ = c;
-    ::PQsetNoticeProcessor(conn_, [](void*, const char*) {}, nullptr);  // "already exists, skipping": not for stderr
+    ses.conn = c;
+    ses.owner = ::getpid();
+    ::PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);  // "already exists, skipping": not for stderr
     try {
-      setup_table();
-      prepare();
-      const result r{::PQexec(conn_, "SELECT pg_backend_pid(), backend_start::text FROM pg_stat_activity "
-                                     "WHERE pid = pg_backend_pid()"),
+      if (first) setup_table(c);
+      prepare(c);
+      // Its session, by pid and start time (as a number: text depends on
+      // DateStyle and TimeZone).
+      const result r{::PQexec(c, "SELECT pg_backend_pid(), extract(epoch FROM backend_start)::text "
+                                 "FROM pg_stat_activity WHERE pid = pg_backend_pid()"),
                      ::PQclear};
-      check(r.get(), "find its own session");
-      session_pid_ = ::PQgetvalue(r.get(), 0, 0);
-      session_start_ = ::PQgetvalue(r.get(), 0, 1);
-      settle();
+      check(r.get(), c, "find its own session");
+      ses.pid = ::PQgetvalue(r.get(), 0, 0);
+      ses.start = ::PQgetvalue(r.get(), 0, 1);
+      settle(ses);
     } catch (...) {
-      ::PQfinish(conn_);
-      conn_ = nullptr;
+      ::PQfinish(ses.conn);
+      ses.conn = nullptr;
       throw;
     }
   }
 
-  // Requires: a connection. Throws naming the server, the table and `what`.
-  void check(const PGresult* r, std::string_view what) const {
-    postgres::detail::check(r, conn_, fmt::format("dibs::postgres_store: cannot {} (table '{}' on {})", what,
-                                                  opts_.table, server_));
+  // Throws naming the server, the table and `what`, unless `r` succeeded.
+  void check(const PGresult* r, PGconn* c, std::string_view what) const {
+    postgres::detail::check(r, c, fmt::format("dibs::postgres_store: cannot {} (table '{}' on {})", what, opts_.table,
+                                              server_));
   }
 
-  void exec(const std::string& sql, std::string_view what) {
-    const result r{::PQexec(conn_, sql.c_str()), ::PQclear};
-    check(r.get(), what);
+  void exec(PGconn* c, const std::string& sql, std::string_view what) {
+    const result r{::PQexec(c, sql.c_str()), ::PQclear};
+    check(r.get(), c, what);
   }
 
   // Creates the table if absent (under an advisory lock: two first users
   // at once would collide in the catalog), then checks its shape.
-  void setup_table() {
+  void setup_table(PGconn* c) {
     const std::string& t = opts_.table;
-    const result has{::PQexecParams(conn_,
+    const result has{::PQexecParams(c,
                                     "SELECT obj_description(c.oid, 'pg_class') FROM pg_class c "
                                     "WHERE c.oid = to_regclass(quote_ident($1))",
                                     1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
                      ::PQclear};
-    check(has.get(), "look for the table");
+    check(has.get(), c, "look for the table");
     if (::PQntuples(has.get()) == 0) {
-      exec("BEGIN", "begin creating the table");
+      exec(c, "BEGIN", "begin creating the table");
       try {
-        exec(fmt::format("SELECT pg_advisory_xact_lock(hashtext('dibs-store:{}'))", t), "lock the table's creation");
-        exec(fmt::format("CREATE TABLE IF NOT EXISTS \"{0}\" (key bytea PRIMARY KEY, value bytea, "
+        exec(c, fmt::format("SELECT pg_advisory_xact_lock(hashtext('dibs-store:{}'))", t), "lock the table's creation");
+        exec(c, fmt::format("CREATE TABLE IF NOT EXISTS \"{0}\" (key bytea PRIMARY KEY, value bytea, "
                          "version bigint NOT NULL DEFAULT 0, written timestamptz NOT NULL DEFAULT clock_timestamp()); "
                          "COMMENT ON TABLE \"{0}\" IS '{1}'; "
                          "CREATE OR REPLACE FUNCTION \"{0}_notify\"() RETURNS trigger LANGUAGE plpgsql AS "
@@ -605,22 +623,22 @@ private:
                          "CREATE INDEX IF NOT EXISTS \"{0}_claimable\" ON \"{0}\" (key) WHERE {2}",
                          t, schema_comment, claimable),
              "create the table");
-        exec("COMMIT", "create the table");
+        exec(c, "COMMIT", "create the table");
       } catch (...) {
-        const result r{::PQexec(conn_, "ROLLBACK"), ::PQclear};
+        const result r{::PQexec(c, "ROLLBACK"), ::PQclear};
         throw;
       }
     }
     // The shape: exactly what dibs reads and writes, and its schema version.
     const result cols{
-        ::PQexecParams(conn_,
+        ::PQexecParams(c,
                        "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY column_name), "
                        "obj_description(to_regclass(quote_ident($1)), 'pg_class') "
                        "FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 "
                        "AND column_name IN ('key', 'value', 'version', 'written')",
                        1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
         ::PQclear};
-    check(cols.get(), "check the table's shape");
+    check(cols.get(), c, "check the table's shape");
     const std::string shape = ::PQgetvalue(cols.get(), 0, 0), comment = ::PQgetvalue(cols.get(), 0, 1);
     constexpr std::string_view want = "key bytea, value bytea, version bigint, written timestamp with time zone";
     if (shape != want || comment != schema_comment)
@@ -656,7 +674,7 @@ private:
                : "AND $1::bytea = $2::bytea");
   }
 
-  void prepare() {
+  void prepare(PGconn* c) {
     const std::string& t = opts_.table;
     const std::pair<stmt, std::string> all[] = {
         {stmt::read, fmt::format("SELECT value, version FROM \"{}\" WHERE key = $1", t)},
@@ -681,8 +699,8 @@ private:
                                  t)},
     };
     for (const auto& [s, sql] : all) {
-      const result r{::PQprepare(conn_, name(s), sql.c_str(), 0, nullptr), ::PQclear};
-      check(r.get(), "prepare its statements");
+      const result r{::PQprepare(c, name(s), sql.c_str(), 0, nullptr), ::PQclear};
+      check(r.get(), c, "prepare its statements");
     }
   }
 
@@ -703,31 +721,34 @@ private:
   // Ends the session whose write was lost, if it still runs (a cut network:
   // the server has not noticed yet), and waits until it is gone, so that its
   // write has landed or never will.
-  void settle() {
-    if (lost_pid_.empty()) return;
-    const char* params[] = {lost_pid_.c_str(), lost_start_.c_str()};
+  void settle(session& ses) {
+    if (ses.lost_pid.empty()) return;
+    const char* params[] = {ses.lost_pid.c_str(), ses.lost_start.c_str()};
     for (int i = 0;; ++i) {
-      const result r{::PQexecParams(conn_,
+      const result r{::PQexecParams(ses.conn,
                                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                    "WHERE pid = $1::int AND backend_start = $2::timestamptz",
+                                    "WHERE pid = $1::int AND extract(epoch FROM backend_start) = $2::numeric",
                                     2, nullptr, params, nullptr, nullptr, 0),
                      ::PQclear};
-      check(r.get(), "end a session whose write was lost");
+      check(r.get(), ses.conn, "end a session whose write was lost");
       if (::PQntuples(r.get()) == 0) break;
       if (i > 10 * 60 * 5)
         throw std::system_error(make_error_code(errc::timed_out),
-                                fmt::format("dibs::postgres_store: session {} on {} does not end", lost_pid_, server_));
+                                fmt::format("dibs::postgres_store: session {} on {} does not end", ses.lost_pid,
+                                            server_));
       std::this_thread::sleep_for(std::chrono::milliseconds{2});
     }
-    lost_pid_.clear();
+    ses.lost_pid.clear();
   }
 
   // Runs a prepared statement with binary parameters and results, waiting
   // until `t` at most (then cancelling it). Reconnects first if needed.
   result run(stmt s, std::initializer_list<std::string_view> params, dibs::time_limit t, bool write,
              std::string_view what) {
-    std::lock_guard g{m_};
-    if (!conn_ || ::getpid() != pid_ || ::PQstatus(conn_) != CONNECTION_OK) connect();
+    session& ses = current();
+    std::lock_guard g{ses.m};
+    if (!ses.conn || ses.owner != ::getpid() || ::PQstatus(ses.conn) != CONNECTION_OK) connect(ses);
+    PGconn* const conn_ = ses.conn;
     std::vector<const char*> values;
     std::vector<int> lengths, formats;
     std::size_t i = 0;
@@ -744,11 +765,11 @@ private:
       if (!v) v = &empty;
     if (!::PQsendQueryPrepared(conn_, name(s), static_cast<int>(values.size()), values.data(), lengths.data(),
                                formats.data(), 1))
-      lost(false, what);  // nothing was sent
+      lost(ses, false, what);  // nothing was sent
     bool cancelled = false;
     auto limit = t;  // after a cancel: how long the server may take to answer it
     for (;;) {
-      if (::PQconsumeInput(conn_) == 0) lost(write, what);
+      if (::PQconsumeInput(conn_) == 0) lost(ses, write, what);
       if (!::PQisBusy(conn_)) break;
       int wait_ms = -1;
       if (limit != dibs::time_limit::max()) {
@@ -757,8 +778,8 @@ private:
           // No answer to the cancel either: the server or the way to it is
           // gone (a partition). The session is dropped; a write's outcome is
           // unknown until the next operation has ended that session.
-          if (cancelled) lost(write, what);
-          cancel();
+          if (cancelled) lost(ses, write, what);
+          cancel(conn_);
           cancelled = true;
           limit = std::chrono::steady_clock::now() + opts_.dead_peer;
           continue;
@@ -766,11 +787,11 @@ private:
         wait_ms = static_cast<int>(std::min<std::int64_t>(left.count() + 1, 60'000));
       }
       pollfd p{::PQsocket(conn_), POLLIN, 0};
-      if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) lost(write, what);
+      if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) lost(ses, write, what);
     }
     result r{::PQgetResult(conn_), ::PQclear};
     while (PGresult* extra = ::PQgetResult(conn_)) ::PQclear(extra);
-    if (!r) lost(write, what);
+    if (!r) lost(ses, write, what);
     const char* state = ::PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
     if (cancelled && state && std::string_view(state) == "57014")
       throw std::system_error(make_error_code(errc::timed_out),
@@ -778,8 +799,8 @@ private:
                                           "given and was cancelled (nothing changed)",
                                           what, server_, opts_.table));
     if (::PQresultStatus(r.get()) == PGRES_FATAL_ERROR && (!state || ::PQstatus(conn_) != CONNECTION_OK))
-      lost(write, what);  // the session ended under the statement
-    check(r.get(), what);
+      lost(ses, write, what);  // the session ended under the statement
+    check(r.get(), conn_, what);
     return r;
   }
 
@@ -787,8 +808,8 @@ private:
   // the server closes its cancel connection, which behind a partition can
   // take as long as TCP does: it runs on a thread of its own, waited for a
   // moment, then left to finish alone (it owns what it uses).
-  void cancel() {
-    std::shared_ptr<PGcancel> c{::PQgetCancel(conn_), ::PQfreeCancel};
+  static void cancel(PGconn* conn) {
+    std::shared_ptr<PGcancel> c{::PQgetCancel(conn), ::PQfreeCancel};
     if (!c) return;
     auto done = std::make_shared<std::promise<void>>();
     auto sent = done->get_future();
@@ -803,14 +824,14 @@ private:
   // The connection broke under a statement. Throws: errc::outcome_unknown
   // for a write that was sent (the next operation first ends that session),
   // errc::connection_lost otherwise.
-  [[noreturn]] void lost(bool write, std::string_view what) {
-    const std::string msg = postgres::detail::one_line(::PQerrorMessage(conn_));
+  [[noreturn]] void lost(session& ses, bool write, std::string_view what) {
+    const std::string msg = postgres::detail::one_line(::PQerrorMessage(ses.conn));
     if (write) {
-      lost_pid_ = session_pid_;
-      lost_start_ = session_start_;
+      ses.lost_pid = ses.pid;
+      ses.lost_start = ses.start;
     }
-    ::PQfinish(conn_);
-    conn_ = nullptr;
+    ::PQfinish(ses.conn);
+    ses.conn = nullptr;
     if (write)
       throw std::system_error(make_error_code(errc::outcome_unknown),
                               fmt::format("dibs::postgres_store: the connection to {} broke during {} (table '{}'): "
@@ -822,16 +843,15 @@ private:
                                         server_, what, opts_.table, msg));
   }
 
+  session& current() { return detail::renewal_keeper::in_task() ? renewals_ : main_; }
+
   std::string conninfo_;
   postgres_store_options opts_;
-  pid_t pid_;
-  std::mutex m_;
+  session main_, renewals_;
   mutable std::mutex listen_m_;  // the LISTEN connection is the waiters', not the store's state
-  PGconn* conn_ = nullptr;
   mutable PGconn* listen_ = nullptr;
-  std::string server_;
-  std::string session_pid_, session_start_;  // this connection's server session
-  std::string lost_pid_, lost_start_;        // a session that broke under a write
+  mutable pid_t listen_owner_ = 0;
+  std::string server_;  // set once, by the constructor
 };
 
 static_assert(listable_store<postgres_store>);

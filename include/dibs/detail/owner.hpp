@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -179,6 +180,25 @@ inline bool provably_dead(const owner_id& o) {
   const owner_id& me = this_process_base();
   if (o.host != me.host || o.boot.empty() || o.boot != me.boot) return false;
   return provably_gone(o.process());
+}
+
+/// Returns: a line "nonce <16 hex digits>\n", random for every write, so that
+/// a value a policy writes is its own and no other's: when a write's outcome
+/// is unknown, the value read back is this write's only if it is equal to it
+/// (the owner lines alone name a process, and two objects or threads of one
+/// process could write them alike in the same millisecond).
+inline std::string write_nonce() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("nonce {:016x}\n", rng());
+}
+
+/// How much longer than its lease a record must be unwritten, by a store's
+/// own clock, before it is judged run out: the store's clock and the
+/// holder's steady clock may run at different rates while NTP slews them
+/// (chrony slews by up to 8.3 %; the two may err in opposite directions).
+template <class Rep, class Period>
+constexpr std::chrono::duration<Rep, Period> clock_margin(std::chrono::duration<Rep, Period> lease) {
+  return lease / 4;
 }
 
 /// Returns: now on the wall clock, in unix milliseconds.
