@@ -37,16 +37,22 @@
 // The server's clock: read_aged(key) also says how long ago, by the server's
 // clock, the record was last written, so a lease held through this store is
 // judged expired by one clock for every client (lease_mutex uses it: a
-// store_with_clock). The clock is the server's wall clock: keep it slewed
-// (NTP, chrony), not stepped, while leases are held.
+// store_with_clock, with a quarter of the lease as margin for clocks that
+// NTP slews at different rates). It is the server's wall clock: never step
+// it while leases are held.
 //
 // Waking: an erase notifies (a trigger, NOTIFY dibs_<table> with the key in
 // hex); wait_for_change(key, timeout) LISTENs on a second connection, so a
 // lock waiter wakes when the holder lets go instead of polling.
 //
-// Thread-safe (one mutex per store object). After fork(), the child's copy
-// never touches the parent's connections (it would end the parent's
-// session): it opens its own.
+// Thread-safe: each connection is used by one thread at a time, and
+// renewals (on the renewal threads) have a connection of their own, so an
+// application statement that waits on a row lock never holds a lease up.
+// Open a new store in a child after fork(): the child's copy never touches
+// the parent's connections (that would end the parent's sessions), but the
+// store's mutexes may have been held by another thread at the fork.
+// PostgreSQL 14 or later; not behind a transaction-pooling PgBouncer (ending
+// a lost session by its pid would end another client's).
 #pragma once
 
 #include <endian.h>
