@@ -199,8 +199,8 @@ TEST_CASE("exactly once on PostgreSQL: 8 workers, 5,000 items, 20 SIGKILLs") {
 }
 
 TEST_CASE("exactly once while the server is killed with SIGKILL twice and restarted on the same data") {
-  if (dibs_test::under_tsan) {  // workers are started again while the killer thread runs
-    WARN("SKIPPED under ThreadSanitizer: a child of a process with threads may not start threads there");
+  if (dibs_test::no_fork_with_threads) {  // workers are started again while the killer thread runs
+    WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
     return;
   }
   const auto items = pg::fresh_table("crash_items"), journal = pg::fresh_table("crash_journal");
@@ -411,8 +411,8 @@ void check_cut_off_holder(Cut cut, Heal heal, pg::proxy& net, const std::string&
 }  // namespace
 
 TEST_CASE("a partition: a holder on another host cut off from the server loses its claim and lock at its lease's end, and its late writes are refused") {
-  if (dibs_test::under_tsan) {  // the proxy's threads run while the holder is forked
-    WARN("SKIPPED under ThreadSanitizer: a child of a process with threads may not start threads there");
+  if (dibs_test::no_fork_with_threads) {  // the proxy's threads run while the holder is forked
+    WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
     return;
   }
   if (!dibs_test::is_root()) {
@@ -427,8 +427,8 @@ TEST_CASE("a partition: a holder on another host cut off from the server loses i
 }
 
 TEST_CASE("a pause: a holder on another host stopped past its lease (as by a long GC) finds both lost, and its late writes are refused") {
-  if (dibs_test::under_tsan) {  // the proxy's threads run while the holder is forked
-    WARN("SKIPPED under ThreadSanitizer: a child of a process with threads may not start threads there");
+  if (dibs_test::no_fork_with_threads) {  // the proxy's threads run while the holder is forked
+    WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
     return;
   }
   if (!dibs_test::is_root()) {
