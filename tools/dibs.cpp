@@ -44,6 +44,8 @@ extern char** environ;
 
 namespace {
 
+char** program_argv = nullptr;  // for dibs-postgres, which gets them as they came
+
 using std::chrono::milliseconds;
 using steady = std::chrono::steady_clock;
 
@@ -519,7 +521,7 @@ constexpr const char* store_table = R"(Stores (STORE):
 #endif
                                     R"(
   postgres:[conninfo or URI][#table]  postgres_store; empty conninfo: the PG* environment)"
-#ifndef DIBS_TOOL_POSTGRES
+#if !defined(DIBS_TOOL_POSTGRES) && !defined(DIBS_TOOL_POSTGRES_HELPER)
                                     " [not built in]"
 #endif
                                     R"(
@@ -553,6 +555,18 @@ int with_store(const std::string& spec, F&& f) {
       fail(ex::noinput, fmt::format("dibs: store '{}': the directory of '{}' does not exist (create it first)", spec, rest));
     dibs::sqlite_store s{rest, dibs::sqlite_store_options{.table = table}};
     return f(s);
+  }
+#endif
+#if !defined(DIBS_TOOL_POSTGRES) && defined(DIBS_TOOL_POSTGRES_HELPER)
+  // libpq and what it loads (TLS, Kerberos, LDAP) cost more than the rest
+  // of a dibs invocation: the postgres: scheme lives in dibs-postgres, the
+  // same program built with it, beside this one.
+  if (scheme == "postgres") {
+    if (signals_blocked) ::pthread_sigmask(SIG_SETMASK, &original_mask, nullptr);
+    const auto helper = std::filesystem::read_symlink("/proc/self/exe").parent_path() / DIBS_TOOL_POSTGRES_HELPER;
+    ::execv(helper.c_str(), program_argv);
+    fail(ex::unavailable, fmt::format("dibs: store '{}' needs {}, which cannot be run: {} (is it installed beside dibs?)",
+                                      spec, helper.string(), std::strerror(errno)));
   }
 #endif
 #ifdef DIBS_TOOL_POSTGRES
@@ -830,6 +844,7 @@ int cmd_status(status_args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  program_argv = argv;
   // Everything after the first "--" is COMMAND (or, for log, TEXT), taken
   // verbatim: CLI11 never sees it.
   std::vector<std::string> after;
