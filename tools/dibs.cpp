@@ -416,6 +416,16 @@ int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
     }
     return false;  // closed: COMMAND runs (or the child gave up)
   });
+  if (!holding) {
+    // COMMAND may have ended before its token was read (SIGCHLD and the
+    // pipe came in one poll): the pipe still holds it, and its write end is
+    // closed, so this read does not block.
+    dibs::version t = 0;
+    if (::read(pfd, &t, sizeof t) == static_cast<ssize_t>(sizeof t)) {
+      holding = true;
+      token = version = t;
+    }
+  }
   ::close(pipefd[0]);
   if (holding) {
     try {
@@ -817,6 +827,10 @@ int cmd_status(status_args& a) {
   }
   if (!std::filesystem::exists(a.target))
     fail(ex::noinput, fmt::format("dibs status: '{}' does not exist (a lock file, or a store such as dir:/path)", a.target));
+  if (std::filesystem::is_regular_file(a.target) && std::filesystem::file_size(a.target) == 0)
+    fail(ex::dataerr, fmt::format("dibs status: '{}' is an empty file, not a dibs lease lock (a --kernel or flock(1) "
+                                  "lock file?); the kernel does not say who holds those: try 'fuser -v {}'",
+                                  a.target, a.target));
   dibs::lock_file lk{a.target};
   const auto h = lk.holder();  // reads the record; takes nothing
   if (a.json) {

@@ -131,3 +131,18 @@ echo $$ >> journal
   run dibs status x.lock
   [ "$output" = "x.lock: free" ]
 }
+
+@test "a COMMAND that ends at once leaves the lock free (dibs removes the record even then)" {
+  for i in $(seq 1 20); do
+    dibs lock x.lock -- true
+    run dibs status x.lock
+    [ "$output" = "x.lock: free" ]
+  done
+}
+
+@test "dibs status of a kernel lock file says what it cannot tell, and where to look" {
+  dibs lock --kernel k.lock -- true
+  run dibs status k.lock
+  [ "$status" -eq 65 ]
+  [[ "$output" == *"fuser -v k.lock"* ]]
+}
