@@ -27,7 +27,7 @@ load helpers
   echo "took $ms ms" >&3
   [ "$status" -eq 75 ]
   [ "$ms" -ge 900 ]
-  [ "$ms" -le 1800 ]
+  [ "$ms" -le 2500 ]  # the deadline, plus the last run (a loaded machine starts sh slowly)
 }
 
 @test "SIGTERM is forwarded to the running command" {
