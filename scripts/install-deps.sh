@@ -10,6 +10,8 @@ packages=(
   libsqlite3-dev                                   # dibs::sqlite
   libpq-dev postgresql                             # dibs::postgres, and the server its tests start (scripts/pg.sh)
   catch2 libbenchmark-dev                          # tests and benchmarks
+  libcli11-dev                                     # the dibs command's argument parsing (tools/)
+  bats util-linux                                  # the dibs command's tests (tests/cli), flock(1) among them
   liblockfile-bin                                  # dotlockfile(1): dot_lock_test's foreign lock holder
 )
 

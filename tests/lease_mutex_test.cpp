@@ -217,6 +217,25 @@ TEST_CASE("stale recovery: a killed holder at once, a reused pid is not the owne
   dibs_test::wait_exit(live);
 }
 
+TEST_CASE("a holder that exited but is not reaped yet (a zombie) is gone: its lock is broken at once") {
+  temp_dir dir;
+  const auto path = dir.path / "job.lock";
+  const pid_t holder = dibs_test::spawn([&]() -> int {
+    dibs::lock_file lock{path, {.lease = 60s}};
+    lock.lock();
+    ::_exit(0);  // without unlocking
+  });
+  // Not reaped: wait until it is a zombie (state Z in /proc/<pid>/stat).
+  siginfo_t si{};
+  REQUIRE(::waitid(P_PID, static_cast<id_t>(holder), &si, WEXITED | WNOWAIT) == 0);
+  dibs::lock_file lock{path, {.lease = 60s}};
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(lock.try_lock_for(1s));
+  CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
+  lock.unlock();
+  dibs_test::wait_exit(holder);
+}
+
 TEST_CASE("a holder that stops renewing loses the lock after its lease, and is told") {
   temp_dir dir;
   const auto path = dir.path / "paused.lock";

@@ -98,6 +98,14 @@ inline std::optional<std::uint64_t> process_start(long pid) {
   return stat_start(read_first_line(fmt::format("/proc/{}/stat", pid).c_str()));
 }
 
+/// Returns: true if a /proc/<pid>/stat text says the process has exited and
+/// only waits to be reaped (state Z, zombie, or X, dead): it runs no more code.
+inline bool stat_exited(const std::string& stat) {
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return false;
+  return stat[close + 2] == 'Z' || stat[close + 2] == 'X';
+}
+
 /// Returns: the inode of namespace link `name` of this process (0 if unreadable).
 inline std::uint32_t own_namespace(const char* name) {
   struct ::stat st {};
@@ -169,9 +177,12 @@ inline bool provably_gone(const process_identity& p) {
   if (::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH) return true;
   // The pid exists (EPERM says so too). Reused by a later process?
   if (!starts_comparable || !me.proc_own) return false;
-  const auto now = process_start(p.pid);
+  const std::string stat = read_first_line(fmt::format("/proc/{}/stat", p.pid).c_str());
+  const auto now = stat_start(stat);
   if (!now) return ::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH;  // gone meanwhile, or unreadable: alive
-  return *now != p.start;
+  // The same process, exited but not reaped yet (a zombie: its parent has
+  // not waited for it, or it was orphaned and init reaps slowly) is gone too.
+  return *now != p.start || stat_exited(stat);
 }
 
 /// Returns: true only on proof that `o` is gone: it ran on this host in this

@@ -1,0 +1,100 @@
+#!/usr/bin/env bats
+# dibs claim: exactly once under xargs -P4 and SIGKILL chaos; the exit codes.
+load helpers
+
+@test "xargs -P4 dibs claim over 500 keys with SIGKILLs: each key completed once, by exactly one journaled run" {
+  mkdir claims
+  # The handler journals "key token" (one small O_APPEND write: whole).
+  cat > handler <<'SH'
+#!/bin/sh
+echo "$DIBS_KEY $DIBS_TOKEN" >> journal
+sleep 0.02
+SH
+  chmod +x handler
+  # Each run's exit code, journaled by a wrapper around dibs.
+  cat > worker <<'SH'
+#!/bin/sh
+dibs claim -q dir:claims "$1" -- ./handler
+echo "$1 $?" >> codes
+SH
+  chmod +x worker
+  # Passes until every key is done: a key whose dibs was killed is claimable
+  # again at once (its worker is provably gone).
+  total_killed=0
+  for pass in 1 2 3 4 5; do
+    seq -f 'key-%03g' 1 500 | xargs -P4 -n1 ./worker &
+    xpid=$!
+    if [ "$pass" -eq 1 ]; then
+      # dibs runs as a child of a worker, itself a child of xargs.
+      while kill -0 "$xpid" 2>/dev/null && [ "$total_killed" -lt 25 ]; do
+        sleep 0.05
+        workers=$(pgrep -P "$xpid" | paste -sd, -)
+        [ -n "$workers" ] || continue
+        mapfile -t victims < <(pgrep -x dibs -P "$workers")
+        ((${#victims[@]})) || continue
+        if kill -KILL "${victims[RANDOM % ${#victims[@]}]}" 2>/dev/null; then total_killed=$((total_killed + 1)); fi
+      done
+    fi
+    wait "$xpid" || true
+    done_count=$(dibs status --json dir:claims | grep -c '"state": "completed"' || true)
+    [ "$done_count" -eq 500 ] && break
+  done
+  echo "killed $total_killed dibs processes; $pass passes" >&3
+  [ "$total_killed" -gt 5 ]
+  [ "$done_count" -eq 500 ]
+  # Each key's completion names its token; exactly one journal line has it.
+  dibs status --json dir:claims | sed -n 's/.*"key": "\([^"]*\)".*"result": "exit 0, token \([0-9]*\)".*/\1 \2/p' | sort > completed
+  [ "$(wc -l < completed)" -eq 500 ]
+  sort journal | uniq -d > dup_lines
+  [ ! -s dup_lines ]
+  sort journal > journal.sorted
+  [ "$(comm -12 completed journal.sorted | wc -l)" -eq 500 ]
+  # Runs whose dibs was killed may have journaled too, with older tokens: at
+  # most one per kill.
+  extra=$(($(wc -l < journal) - 500))
+  echo "journal: 500 completed runs, $extra runs of killed workers" >&3
+  [ "$extra" -le "$total_killed" ]
+  # Exit codes: 0 (ran and completed), 10 (already completed), 11 (held by
+  # another worker), 137 (this dibs was SIGKILLed); at most one 0 per key.
+  [ -z "$(awk '$2 != 0 && $2 != 10 && $2 != 11 && $2 != 137' codes)" ]
+  [ -z "$(awk '$2 == 0 { print $1 }' codes | sort | uniq -d)" ]
+}
+
+@test "claim exit codes: completed 10, held 11, failed for good 12, damaged 13, nothing under --next 14" {
+  mkdir c
+  run dibs claim dir:c a -- true
+  [ "$status" -eq 0 ]
+  run dibs claim dir:c a -- true
+  [ "$status" -eq 10 ]
+  [[ "$output" == *"already completed"* ]]
+  dibs claim dir:c b -- sleep 1 &
+  sleep 0.3
+  run dibs claim dir:c b -- true
+  [ "$status" -eq 11 ]
+  wait
+  run dibs claim --max-attempts 2 dir:c f -- sh -c 'exit 3'
+  [ "$status" -eq 3 ]
+  run dibs claim --max-attempts 2 dir:c f -- sh -c 'exit 3'
+  [ "$status" -eq 3 ]
+  run dibs claim --max-attempts 2 dir:c f -- true
+  [ "$status" -eq 12 ]
+  [[ "$output" == *"failed for good"* ]]
+  echo garbage > c/d.rec
+  run dibs claim dir:c d -- true
+  [ "$status" -eq 13 ]
+  run dibs claim --next zzz dir:c -- true
+  [ "$status" -eq 14 ]
+  run dibs status dir:c
+  [[ "$output" == *"4 item(s)"* ]]
+}
+
+@test "claim --next hands the key to COMMAND; sqlite: store" {
+  mkdir q
+  run dibs claim --next job- dir:q -- echo
+  [ "$status" -eq 14 ]
+  run dibs claim sqlite:"$PWD/q.db" job-1 -- sh -c 'echo "$DIBS_KEY $DIBS_ATTEMPT"'
+  [ "$status" -eq 0 ]
+  [ "$output" = "job-1 1" ]
+  run dibs claim sqlite:"$PWD/q.db" job-1 -- true
+  [ "$status" -eq 10 ]
+}

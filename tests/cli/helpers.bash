@@ -1,0 +1,27 @@
+# Shared by the dibs command's bats tests. The dibs under test is the one on
+# PATH (ctest puts the build's first).
+
+setup() {
+  cd "$BATS_TEST_TMPDIR"
+}
+
+# Prints the pids of the dibs processes that are children of the given pids
+# (the test's own loops), so a chaos killer never touches another test's.
+dibs_children() {
+  local IFS=,
+  pgrep -x dibs -P "$*" 2>/dev/null || true
+}
+
+# kill_random_dibs N PERIOD PID...: SIGKILLs a random dibs child of the PIDs
+# about every PERIOD seconds, N times; prints how many it killed.
+kill_random_dibs() {
+  local n=$1 period=$2 killed=0
+  shift 2
+  for ((k = 0; k < n; k++)); do
+    sleep "$period"
+    mapfile -t victims < <(dibs_children "$@")
+    ((${#victims[@]})) || continue
+    kill -KILL "${victims[RANDOM % ${#victims[@]}]}" 2>/dev/null && killed=$((killed + 1))
+  done
+  echo "$killed"
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/env bats
+# dibs lock: mutual exclusion under SIGKILL chaos, flock(1) interop, the
+# lock's life tied to COMMAND's.
+load helpers
+
+# The critical section, shell builtins only: checks that nobody else is
+# inside (the marker is empty), marks itself, increments, checks the mark is
+# still its own, journals the increment, clears the mark.
+crit='read o < marker; [ -z "$o" ] || echo "enter $$ saw $o" >> overlaps
+echo $$ > marker
+read n < counter; echo $((n + 1)) > counter
+read o < marker; [ "$o" = $$ ] || echo "leave $$ saw $o" >> overlaps
+echo $$ >> journal
+: > marker'
+
+@test "8 loops x 200 'dibs lock' increments with SIGKILLs of dibs: counter = increments done, no overlap" {
+  echo 0 > counter
+  : > marker
+  : > overlaps
+  : > journal
+  pids=()
+  for l in 1 2 3 4 5 6 7 8; do
+    (
+      acked=0
+      for ((i = 0; i < 200; i++)); do
+        if dibs lock -w 60s counter.lock -- sh -c "$crit"; then acked=$((acked + 1)); fi
+      done
+      echo "$acked" > "acked.$l"
+    ) &
+    pids+=($!)
+  done
+  killed=$(kill_random_dibs 60 0.05 "${pids[@]}")
+  wait "${pids[@]}"
+  echo "killed $killed dibs processes" >&3
+  [ "$killed" -gt 10 ]
+  # COMMAND is never killed with dibs (it holds the lock itself), so every
+  # section that began also finished: the counter counts them exactly.
+  read n < counter
+  lines=$(wc -l < journal)
+  acked=$(cat acked.* | awk '{ s += $1 } END { print s }')
+  echo "counter $n journal $lines acknowledged $acked" >&3
+  [ "$n" -eq "$lines" ]
+  [ "$acked" -le "$n" ]
+  [ "$n" -le 1600 ]
+  [ $((acked + killed)) -ge "$n" ]
+  [ ! -s overlaps ]
+}
+
+@test "a SIGKILLed dibs leaves the lock with COMMAND until it ends, then the next taker breaks it at once" {
+  dibs lock x.lock -- sleep 1 &
+  sleep 0.3
+  kill -KILL $!
+  run dibs lock -n x.lock -- true
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"is held by pid"* ]]
+  # Once COMMAND has ended (and been reaped) its pid is gone: the lock is
+  # broken on that proof, long before the 10 s lease would run out.
+  start=$SECONDS
+  run dibs lock -w 8s x.lock -- sh -c 'echo "token $DIBS_TOKEN"'
+  echo "$output" >&3
+  [ "$status" -eq 0 ]
+  [[ "$output" =~ token\ [0-9]+ ]]
+  [ $((SECONDS - start)) -le 4 ]
+}
+
+@test "COMMAND's status is dibs's; -E sets the conflict code; a signal-killed COMMAND gives 128+N" {
+  run dibs lock x.lock -- sh -c 'exit 7'
+  [ "$status" -eq 7 ]
+  run dibs lock x.lock -- sh -c 'kill -TERM $$'
+  [ "$status" -eq 143 ]
+  dibs lock x.lock -- sleep 1 &
+  sleep 0.3
+  run dibs lock -n -E 42 x.lock -- true
+  [ "$status" -eq 42 ]
+  run dibs lock -w 200ms x.lock -- true
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"--wait ran out"* ]]
+  wait
+}
+
+@test "SIGTERM to dibs lock is forwarded to COMMAND" {
+  dibs lock x.lock -- sh -c 'trap "echo got > t; exit 3" TERM; sleep 5 & wait' &
+  pid=$!
+  sleep 0.5
+  kill -TERM $pid
+  rc=0
+  wait $pid || rc=$?
+  [ "$rc" -eq 3 ]
+  [ "$(cat t)" = got ]
+}
+
+@test "--kernel and flock(1) exclude each other, both ways" {
+  flock x.lock sleep 1 &
+  sleep 0.3
+  run dibs lock --kernel -n x.lock -- true
+  [ "$status" -eq 1 ]
+  wait
+  run dibs lock --kernel -n x.lock -- true
+  [ "$status" -eq 0 ]
+
+  dibs lock --kernel x.lock -- sleep 1 &
+  sleep 0.3
+  run flock -n x.lock true
+  [ "$status" -eq 1 ]
+  wait
+  run flock -n x.lock true
+  [ "$status" -eq 0 ]
+}
+
+@test "--kernel: as with flock(1), COMMAND keeps the lock if dibs is SIGKILLed" {
+  dibs lock --kernel x.lock -- sleep 1 &
+  sleep 0.3
+  kill -KILL $!
+  run flock -n x.lock true
+  [ "$status" -eq 1 ]
+  sleep 1.2
+  run flock -n x.lock true
+  [ "$status" -eq 0 ]
+}
+
+@test "dibs status of a lock file: table and --json while held, free after" {
+  dibs lock x.lock -- sleep 1 &
+  sleep 0.3
+  run dibs status x.lock
+  [ "$status" -eq 0 ]
+  [[ "${lines[0]}" == *HOST*PID*SINCE*LEASE*LEFT*TOKEN* ]]
+  run dibs status --json x.lock
+  [ "$status" -eq 0 ]
+  [[ "$output" == *'"held": true'*'"token": '* ]]
+  wait
+  run dibs status x.lock
+  [ "$output" = "x.lock: free" ]
+}
+
+@test "a COMMAND that ends at once leaves the lock free (dibs removes the record even then)" {
+  for i in $(seq 1 20); do
+    dibs lock x.lock -- true
+    run dibs status x.lock
+    [ "$output" = "x.lock: free" ]
+  done
+}
+
+@test "dibs status of a kernel lock file says what it cannot tell, and where to look" {
+  dibs lock --kernel k.lock -- true
+  run dibs status k.lock
+  [ "$status" -eq 65 ]
+  [[ "$output" == *"fuser -v k.lock"* ]]
+}

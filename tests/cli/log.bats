@@ -1,0 +1,57 @@
+#!/usr/bin/env bats
+# dibs log: many writers, long lines, SIGKILLs: every acknowledged line once,
+# none torn.
+load helpers
+
+# The I-th line of job J is "job J line I", and every 25th has 5,000 x's more
+# (over 4 KiB: written by its own writer, not through a slot).
+pad=$(printf '%5000s' '' | tr ' ' x)
+line() {
+  if (($2 % 25 == 0)); then l="job $1 line $2 $pad"; else l="job $1 line $2"; fi
+}
+
+@test "8 jobs x 1,000 lines through dibs log, some over 4 KiB, with SIGKILLs: acknowledged lines once, none torn" {
+  pids=()
+  for j in 1 2 3 4 5 6 7 8; do
+    (
+      for ((i = 1; i <= 1000; i++)); do
+        line "$j" "$i"
+        if dibs log out.log "$l"; then printf '%s\n' "$l" >> "acked.$j"; fi
+      done
+    ) &
+    pids+=($!)
+  done
+  # Two more jobs write 1,000 lines each through standard input, and are
+  # SIGKILLed midway (their lines are acknowledged by nobody).
+  stdin_jobs=()
+  for j in 9 10; do
+    (for ((i = 1; i <= 1000; i++)); do line "$j" "$i"; printf '%s\n' "$l"; sleep 0.002; done) | dibs log out.log &
+    stdin_jobs+=($!)
+  done
+  killed=$(kill_random_dibs 150 0.02 "${pids[@]}")
+  kill -KILL "${stdin_jobs[@]}"  # still writing: they take over 2 s
+  wait
+  echo "killed $killed per-line dibs processes and 2 reading standard input" >&3
+  [ "$killed" -gt 10 ]
+  # Every line is one of ours, whole: exactly the text of line J I.
+  run awk '{ if (!($1 == "job" && $3 == "line" && NF >= 4 && ($4 % 25 == 0 ? length($5) == 5000 : NF == 4))) { print "torn or foreign: " substr($0, 1, 80); bad = 1 } } END { exit bad }' out.log
+  echo "$output" >&3
+  [ "$status" -eq 0 ]
+  # None twice.
+  [ -z "$(sort out.log | uniq -d | head -c 200)" ]
+  # Every acknowledged line present.
+  cat acked.* | sort > acked
+  sort out.log > present
+  missing=$(comm -23 acked present | wc -l)
+  echo "$(wc -l < acked) acknowledged, $(wc -l < present) present, $missing missing" >&3
+  [ "$missing" -eq 0 ]
+  [ "$(wc -l < acked)" -ge 7000 ]
+}
+
+@test "dibs log: TEXT words joined, standard input line by line, rotation by size" {
+  dibs log a.log hello world
+  printf 'one\ntwo\n' | dibs log a.log
+  [ "$(cat a.log)" = "$(printf 'hello world\none\ntwo')" ]
+  for i in $(seq 1 40); do dibs log --rotate-size 100 --keep 2 r.log "line $i of the rotating log"; done
+  [ -f r.log.1 ] && [ -f r.log.2 ] && [ ! -f r.log.3 ]
+}

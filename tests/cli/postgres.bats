@@ -1,0 +1,33 @@
+#!/usr/bin/env bats
+# dibs claim and status on PostgreSQL (the postgres: scheme, run by
+# dibs-postgres), on the tests' throwaway server (DIBS_PG_DIR, set by ctest).
+load helpers
+
+@test "postgres: claim, exit codes, --next and status, on a table of this test's own" {
+  [ -n "${DIBS_PG_DIR:-}" ] || skip "no DIBS_PG_DIR: run through ctest, which starts the server"
+  table="cli_$$_$RANDOM"
+  store="postgres:$(cat "$DIBS_PG_DIR/conninfo")#$table"
+  run dibs claim "$store" job-1 -- sh -c 'echo "$DIBS_KEY $DIBS_TOKEN"'
+  echo "$output" >&3
+  [ "$status" -eq 0 ]
+  [[ "$output" =~ ^job-1\ [0-9]+$ ]]
+  run dibs claim "$store" job-1 -- true
+  [ "$status" -eq 10 ]
+  run dibs claim --max-attempts 1 "$store" job-2 -- sh -c 'exit 4'
+  [ "$status" -eq 4 ]
+  run dibs claim "$store" job-2 -- true
+  [ "$status" -eq 12 ]
+  run dibs claim --next job- "$store" -- echo
+  [ "$status" -eq 14 ]
+  run dibs status --json "$store"
+  [[ "$output" == *'"key": "job-1", "state": "completed"'* ]]
+  [[ "$output" == *'"key": "job-2", "state": "failed"'* ]]
+}
+
+@test "postgres: a server that cannot be reached is 69, and says so" {
+  run dibs claim "postgres:host=127.0.0.1 port=1 connect_timeout=2" k -- touch ran
+  echo "$output" >&3
+  [ "$status" -eq 69 ]
+  [[ "$output" == *"cannot connect"* ]]
+  [ ! -e ran ]
+}

@@ -1,0 +1,1027 @@
+// dibs: the command for shell scripts. lock, log, claim, retry and status
+// over the dibs library (docs/guide-shell.md has the whole story; exit codes
+// are listed once, in exit_codes below, and printed by `dibs --help`).
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <dibs/backoff.hpp>
+#include <dibs/error.hpp>
+#include <dibs/file_mutex.hpp>
+#include <dibs/file_store.hpp>
+#include <dibs/lease_mutex.hpp>
+#include <dibs/marker_claim.hpp>
+#include <dibs/shared_log.hpp>
+#ifdef DIBS_TOOL_SQLITE
+#include <dibs/sqlite_store.hpp>
+#endif
+#ifdef DIBS_TOOL_POSTGRES
+#include <dibs/postgres_store.hpp>
+#endif
+
+extern char** environ;
+
+namespace {
+
+char** program_argv = nullptr;  // for dibs-postgres, which gets them as they came
+
+using std::chrono::milliseconds;
+using steady = std::chrono::steady_clock;
+
+// The exit codes, in one place: `dibs --help` prints this table, and the
+// guide copies it.
+namespace ex {
+constexpr int ok = 0;
+constexpr int conflict = 1;        // lock: held by another (-n, or --wait ran out); see --conflict-exit-code
+constexpr int completed = 10;      // claim: the item is already completed
+constexpr int taken = 11;          // claim: another worker holds the item (or its record is busy)
+constexpr int failed = 12;         // claim: the item failed for good (max attempts reached earlier)
+constexpr int damaged = 13;        // claim: the item's record is damaged or not a claim
+constexpr int empty = 14;          // claim --next: nothing claimable under the prefix
+constexpr int claim_lost = 15;     // claim: COMMAND succeeded but the claim was taken over before completion
+constexpr int usage = 64;          // EX_USAGE: bad arguments, unknown store scheme, no COMMAND
+constexpr int dataerr = 65;        // EX_DATAERR: the file at the path is not a dibs record
+constexpr int noinput = 66;        // EX_NOINPUT: a missing file or directory
+constexpr int unavailable = 69;    // EX_UNAVAILABLE: a store server cannot be reached
+constexpr int software = 70;       // EX_SOFTWARE: an internal error (a bug: please report it)
+constexpr int ioerr = 74;          // EX_IOERR: an I/O error
+constexpr int tempfail = 75;       // EX_TEMPFAIL: a transient failure (timed out, busy); try again
+constexpr int noperm = 77;         // EX_NOPERM: permission denied
+constexpr int cannot_exec = 126;   // COMMAND found but not executable
+constexpr int not_found = 127;     // COMMAND not found
+}  // namespace ex
+
+constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
+  0        success; with a COMMAND: COMMAND's own exit status
+  1        lock: the lock is held by another (-n, or --wait ran out); change with -E
+  10       claim: the item is already completed (nothing run)
+  11       claim: another worker holds the item (nothing run)
+  12       claim: the item failed for good earlier (nothing run)
+  13       claim: the item's record is damaged or not a dibs claim (nothing run)
+  14       claim --next: nothing claimable under the prefix
+  15       claim: COMMAND exited 0 but the claim was taken over first (not completed)
+  64       usage: bad arguments, unknown store scheme, no COMMAND
+  65       the file at the path is not a dibs record (another tool's file?)
+  66       a missing file or directory
+  69       a store server cannot be reached
+  70       internal error (please report it)
+  74       I/O error
+  75       transient failure (timed out, busy): try again later
+  77       permission denied
+  126/127  COMMAND not executable / not found
+  128+N    COMMAND (or, for retry, the wait) ended by signal N
+)";
+
+// An error that ends the program with `code` after printing `msg`.
+struct failure {
+  int code;
+  std::string msg;
+};
+
+[[noreturn]] void fail(int code, std::string msg) { throw failure{code, std::move(msg)}; }
+
+// Returns: the exit code for a library error, and a hint of what to do.
+std::pair<int, const char*> classify(const std::system_error& e) {
+  const auto& c = e.code();
+  if (c == dibs::errc::corrupt_record)
+    return {ex::dataerr, "it is not a dibs record: is the path right, or was the file made by another tool?"};
+  if (c == dibs::errc::invalid_argument || c == std::errc::invalid_argument) return {ex::usage, "see --help"};
+  if (c == dibs::errc::connection_lost) return {ex::unavailable, "is the server up and the connection string right?"};
+  if (c == std::errc::no_such_file_or_directory || c == std::errc::not_a_directory) return {ex::noinput, nullptr};
+  if (c == std::errc::permission_denied || c == std::errc::operation_not_permitted ||
+      c == std::errc::read_only_file_system)
+    return {ex::noperm, "is it writable by this user?"};
+  if (dibs::is_transient(c)) return {ex::tempfail, "try again later"};
+  if (c.category() == std::system_category() || c.category() == std::generic_category())
+    return {ex::ioerr, nullptr};
+  return {ex::unavailable, nullptr};
+}
+
+// Durations as flock(1) and timeout(1) take them: a bare number is seconds
+// (fractions allowed); suffixes ms, s, m, h.
+milliseconds parse_duration(const std::string& what, const std::string& s) {
+  std::size_t end = 0;
+  double n = 0;
+  try {
+    n = std::stod(s, &end);
+  } catch (...) {
+    end = 0;
+  }
+  const std::string unit = s.substr(end);
+  double scale = unit.empty() || unit == "s" ? 1000.0 : unit == "ms" ? 1.0 : unit == "m" ? 60'000.0 : unit == "h" ? 3'600'000.0 : -1.0;
+  if (end == 0 || scale < 0 || !(n >= 0) || n > 1e9)
+    fail(ex::usage, fmt::format("{}: '{}' is not a duration; write e.g. 10s, 500ms, 2m, 1h or 1.5 (seconds)", what, s));
+  return milliseconds{static_cast<milliseconds::rep>(n * scale + 0.5)};
+}
+
+// Sizes: a bare number of bytes, or with K, M, G (powers of 1024).
+std::uint64_t parse_size(const std::string& what, const std::string& s) {
+  std::size_t end = 0;
+  unsigned long long n = 0;
+  try {
+    n = std::stoull(s, &end);
+  } catch (...) {
+    end = 0;
+  }
+  const std::string unit = s.substr(end);
+  const std::uint64_t scale = unit.empty() ? 1 : unit == "K" || unit == "k" ? 1024 : unit == "M" ? 1024 * 1024
+                              : unit == "G"                                 ? 1024ull * 1024 * 1024
+                                                                            : 0;
+  if (end == 0 || scale == 0 || s[0] == '-') fail(ex::usage, fmt::format("{}: '{}' is not a size; write e.g. 1048576, 512K, 10M or 1G", what, s));
+  return n * scale;
+}
+
+// ---------------------------------------------------------------------------
+// Running COMMAND as a child, forwarding signals, with an optional tick.
+
+int status_code(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return ex::software;
+}
+
+// Signals dibs forwards to its COMMAND (and SIGCHLD, to learn its end): all
+// blocked and read from a signalfd, so nothing races with the wait.
+sigset_t forwarded_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&set, s);
+  return set;
+}
+
+// The mask dibs was started with, for COMMAND.
+sigset_t original_mask;
+bool signals_blocked = false;
+
+// Blocks the forwarded signals in this thread and in every thread started
+// after it (a library's renewal thread must not take SIGCHLD away from the
+// signalfd): call it before anything that may start a thread.
+void block_forwarded() {
+  if (signals_blocked) return;
+  const sigset_t set = forwarded_set();
+  if (::pthread_sigmask(SIG_BLOCK, &set, &original_mask) != 0) fail(ex::software, "dibs: pthread_sigmask failed");
+  signals_blocked = true;
+}
+
+// Signals dibs forwards to its COMMAND (and SIGCHLD, to learn its end): all
+// blocked and read from a signalfd, so nothing races with the wait.
+class signal_gate {
+public:
+  signal_gate() {
+    block_forwarded();
+    const sigset_t set = forwarded_set();
+    fd_ = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (fd_ < 0) fail(ex::software, fmt::format("dibs: signalfd failed: {}", std::strerror(errno)));
+  }
+  ~signal_gate() { ::close(fd_); }
+  signal_gate(const signal_gate&) = delete;
+  signal_gate& operator=(const signal_gate&) = delete;
+  int fd() const { return fd_; }
+  // For a forked child, before exec: the mask dibs was started with.
+  void restore_in_child() const { ::sigprocmask(SIG_SETMASK, &original_mask, nullptr); }
+  // Returns: the next pending signal, or 0.
+  int next() const {
+    signalfd_siginfo si{};
+    if (::read(fd_, &si, sizeof si) != static_cast<ssize_t>(sizeof si)) return 0;
+    return static_cast<int>(si.ssi_signo);
+  }
+
+private:
+  int fd_ = -1;
+};
+
+// argv/envp for execvpe, built before fork (a child of a process with
+// threads may not allocate).
+struct exec_args {
+  std::vector<std::string> argv_s, env_s;
+  std::vector<char*> argv, envp;
+  exec_args(const std::vector<std::string>& cmd, const std::vector<std::pair<std::string, std::string>>& set,
+            const std::vector<std::string>& unset = {}) : argv_s(cmd) {
+    for (char** e = environ; *e; ++e) {
+      std::string_view kv{*e};
+      const auto name = kv.substr(0, kv.find('='));
+      bool drop = false;
+      for (const auto& [k, v] : set) drop = drop || name == k;
+      for (const auto& k : unset) drop = drop || name == k;
+      if (!drop) env_s.emplace_back(kv);
+    }
+    for (const auto& [k, v] : set) env_s.push_back(k + "=" + v);
+    for (auto& s : argv_s) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    for (auto& s : env_s) envp.push_back(s.data());
+    envp.push_back(nullptr);
+  }
+};
+
+// In a forked child: exec COMMAND, or say why not and _exit 126/127.
+[[noreturn]] void exec_or_die(exec_args& a) {
+  ::execvpe(a.argv[0], a.argv.data(), a.envp.data());
+  const int e = errno;
+  const std::string msg = fmt::format("dibs: cannot run '{}': {}{}\n", a.argv[0], std::strerror(e),
+                                      e == ENOENT ? " (is it on PATH?)" : "");
+  (void)!::write(2, msg.data(), msg.size());
+  ::_exit(e == ENOENT ? ex::not_found : ex::cannot_exec);
+}
+
+// Waits for `pid`, forwarding signals to it; calls `tick` every `period`
+// (if set) and `on_fd` when `extra_fd` is readable. Returns: its wait status.
+template <class Tick, class OnFd>
+int supervise(const signal_gate& g, pid_t pid, std::optional<milliseconds> period, Tick&& tick, int extra_fd, OnFd&& on_fd) {
+  auto next_tick = steady::now() + period.value_or(milliseconds{0});
+  for (;;) {
+    pollfd fds[2] = {{g.fd(), POLLIN, 0}, {extra_fd, POLLIN, 0}};
+    int timeout = -1;
+    if (period) {
+      const auto left = std::chrono::duration_cast<milliseconds>(next_tick - steady::now()).count();
+      timeout = static_cast<int>(std::max<long long>(0, left));
+    }
+    const int n = ::poll(fds, extra_fd >= 0 ? 2 : 1, timeout);
+    if (n < 0 && errno != EINTR) fail(ex::software, fmt::format("dibs: poll failed: {}", std::strerror(errno)));
+    if (n > 0 && (fds[0].revents & POLLIN)) {
+      for (int s; (s = g.next()) != 0;) {
+        if (s != SIGCHLD) {
+          ::kill(pid, s);
+          continue;
+        }
+      }
+      int status = 0;
+      const pid_t r = ::waitpid(pid, &status, WNOHANG);
+      if (r == pid) return status;
+    }
+    if (n > 0 && extra_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) {
+      if (!on_fd()) extra_fd = -1;
+    }
+    if (period && steady::now() >= next_tick) {
+      tick();
+      next_tick = steady::now() + *period;
+    }
+  }
+}
+
+// Runs COMMAND to its end, forwarding signals. `pdeath`: the signal COMMAND
+// gets if dibs dies first (0: none).
+int run_command(exec_args& a, int pdeath, std::optional<milliseconds> period = {}, std::function<void()> tick = {}) {
+  signal_gate g;
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) fail(ex::software, fmt::format("dibs: fork failed: {}", std::strerror(errno)));
+  if (pid == 0) {
+    if (pdeath != 0) {
+      ::prctl(PR_SET_PDEATHSIG, pdeath);
+      if (::getppid() != parent) ::_exit(128 + pdeath);  // dibs died before prctl
+    }
+    g.restore_in_child();
+    exec_or_die(a);
+  }
+  return status_code(supervise(g, pid, period, [&] { if (tick) tick(); }, -1, [] { return false; }));
+}
+
+// ---------------------------------------------------------------------------
+// dibs lock
+
+struct lock_args {
+  std::string path;
+  std::vector<std::string> command;
+  bool nonblock = false;
+  std::string wait;
+  int conflict_code = ex::conflict;
+  bool kernel = false;
+  std::string lease = "10s";
+};
+
+// The lease lock's own store, as lock_file makes it: the lock file is the
+// record itself, written in place.
+dibs::file_store_options lock_store_options() {
+  return dibs::file_store_options{.mode = 0644, .suffix = "", .key_is_file_name = true, .in_place = true};
+}
+
+std::string conflict_message(const std::string& path, const std::optional<dibs::lock_holder>& h, bool waited) {
+  return fmt::format("dibs lock: '{}' is held{}{}; {}", path, h ? fmt::format(" by {}", *h) : std::string{},
+                     waited ? " (--wait ran out)" : "",
+                     "wait longer (-w), or see who holds it with 'dibs status " + path + "'");
+}
+
+// The lease lock. The lock is taken by the child that becomes COMMAND
+// (fork, lock, exec), so the record names COMMAND's own pid and start time:
+// the lock lasts exactly as long as COMMAND, however dibs ends. dibs, the
+// parent, renews the lease every third of it and removes the record when
+// COMMAND has ended. If dibs is killed, COMMAND keeps the lock until it
+// exits (then the next taker breaks it on proof at once: the pid is gone),
+// or for one lease after dibs's last renewal, whichever comes first.
+int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
+  const milliseconds lease = parse_duration("--lease", a.lease);
+  if (lease < milliseconds{300}) fail(ex::usage, "dibs lock: --lease must be at least 300ms");
+  // Checks the path and opens the directory now, so that the parent reports
+  // a bad one before anything runs.
+  const auto dir = dibs::detail::lock_dir(a.path);
+  dibs::file_store store{dir, lock_store_options()};
+  const std::string key = std::filesystem::path(a.path).filename().string();
+
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) fail(ex::software, "dibs lock: pipe failed");
+  signal_gate g;
+  const pid_t pid = ::fork();
+  if (pid < 0) fail(ex::software, fmt::format("dibs lock: fork failed: {}", std::strerror(errno)));
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    g.restore_in_child();
+    int code = ex::software;
+    try {
+      dibs::lock_file lk{a.path, dibs::lease_options{.lease = lease, .renew = false}};
+      const bool got = a.nonblock || (wait && wait->count() == 0) ? lk.try_lock()
+                       : wait                                     ? lk.try_lock_for(*wait)
+                                                                  : (lk.lock(), true);
+      if (!got) {
+        std::optional<dibs::lock_holder> h;
+        try {
+          h = lk.holder();
+        } catch (...) {
+        }
+        std::cerr << conflict_message(a.path, h, !a.nonblock && wait) << '\n';
+        std::cerr.flush();
+        ::_exit(a.conflict_code);
+      }
+      const dibs::version token = lk.token();
+      ::setenv("DIBS_TOKEN", std::to_string(token).c_str(), 1);
+      if (::write(pipefd[1], &token, sizeof token) != static_cast<ssize_t>(sizeof token)) ::_exit(ex::software);
+      exec_args ea{a.command, {}};
+      exec_or_die(ea);  // the lock_file is never destroyed here: the hold is COMMAND's
+    } catch (const std::system_error& e) {
+      const auto [c, hint] = classify(e);
+      std::cerr << "dibs lock: " << e.what() << (hint ? fmt::format(" ({})", hint) : "") << '\n';
+      code = c;
+    } catch (const std::exception& e) {
+      std::cerr << "dibs lock: " << e.what() << '\n';
+    }
+    std::cerr.flush();
+    ::_exit(code);
+  }
+  ::close(pipefd[1]);
+
+  bool holding = false;
+  dibs::version token = 0, version = 0;
+  auto renew = [&] {
+    if (!holding) return;
+    try {
+      const auto r = store.read(key);
+      if (r && r->version == version) {
+        if (auto o = dibs::detail::parse_owner(r->value)) {
+          o->written_ms = dibs::detail::wall_ms();
+          const std::string value = std::string(dibs::detail::lease_magic) + fmt::format("token {}\n", token) +
+                                    dibs::detail::format_owner(*o);
+          if (auto v = store.replace(key, version, value)) {
+            version = *v;
+            return;
+          }
+        }
+      }
+      holding = false;
+      std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}): it was taken over; stopping COMMAND with "
+                               "SIGTERM\n",
+                               a.path, token);
+      ::kill(pid, SIGTERM);
+    } catch (const std::system_error& e) {
+      // A failed renewal is tried again at the next tick; the lease covers it.
+      std::cerr << "dibs lock: renewal failed (will retry): " << e.what() << '\n';
+    }
+  };
+  int pfd = pipefd[0];
+  const int status = supervise(g, pid, lease / 3, renew, pfd, [&] {
+    dibs::version t = 0;
+    if (::read(pfd, &t, sizeof t) == static_cast<ssize_t>(sizeof t)) {
+      holding = true;
+      token = version = t;
+      return true;
+    }
+    return false;  // closed: COMMAND runs (or the child gave up)
+  });
+  if (!holding) {
+    // COMMAND may have ended before its token was read (SIGCHLD and the
+    // pipe came in one poll): the pipe still holds it, and its write end is
+    // closed, so this read does not block.
+    dibs::version t = 0;
+    if (::read(pfd, &t, sizeof t) == static_cast<ssize_t>(sizeof t)) {
+      holding = true;
+      token = version = t;
+    }
+  }
+  ::close(pipefd[0]);
+  if (holding) {
+    try {
+      (void)store.erase(key, version);  // a compare-and-set: a lock taken over is left to its new holder
+    } catch (const std::system_error& e) {
+      std::cerr << "dibs lock: could not remove the lock record of '" << a.path << "': " << e.what()
+                << " (it is stale now: the next taker breaks it)\n";
+    }
+  }
+  return status_code(status);
+}
+
+// The kernel lock (--kernel): flock(2) through dibs::file_mutex, which
+// flock(1) sees. As flock(1) does by default, COMMAND inherits a descriptor
+// of the locked file: if dibs is killed, the lock stays with COMMAND (and
+// whatever it passes the descriptor on to) until they end. dibs unlocks
+// when COMMAND ends.
+int lock_kernel(const lock_args& a, std::optional<milliseconds> wait) {
+  dibs::file_mutex m{a.path};
+  const bool got = a.nonblock || (wait && wait->count() == 0) ? m.try_lock()
+                   : wait                                     ? m.try_lock_for(*wait)
+                                                              : (m.lock(), true);
+  if (!got) {
+    std::cerr << fmt::format("dibs lock: '{}' is locked by another process (a kernel lock{}); see who with 'fuser -v {}'\n",
+                             a.path, !a.nonblock && wait ? ", --wait ran out" : "", a.path);
+    return a.conflict_code;
+  }
+  const int inherited = ::fcntl(m.native_handle(), F_DUPFD, 3);  // no FD_CLOEXEC: COMMAND keeps it
+  if (inherited < 0) fail(ex::software, fmt::format("dibs lock: dup failed: {}", std::strerror(errno)));
+  exec_args ea{a.command, {{"DIBS_LOCK_FD", std::to_string(inherited)}}, {"DIBS_TOKEN"}};
+  int code = 0;
+  {
+    signal_gate g;
+    const pid_t pid = ::fork();
+    if (pid < 0) fail(ex::software, "dibs lock: fork failed");
+    if (pid == 0) {
+      g.restore_in_child();
+      exec_or_die(ea);
+    }
+    ::close(inherited);
+    code = status_code(supervise(g, pid, std::nullopt, [] {}, -1, [] { return false; }));
+  }
+  m.unlock();
+  return code;
+}
+
+int cmd_lock(lock_args& a) {
+  if (a.command.empty())
+    fail(ex::usage, fmt::format("dibs lock: no COMMAND to run; write: dibs lock {} -- COMMAND [ARGS...]", a.path));
+  std::optional<milliseconds> wait;
+  if (!a.wait.empty()) wait = parse_duration("dibs lock -w", a.wait);
+  return a.kernel ? lock_kernel(a, wait) : lock_lease(a, wait);
+}
+
+// ---------------------------------------------------------------------------
+// dibs log
+
+struct log_args {
+  std::string path;
+  std::vector<std::string> text;
+  std::string rotate_size = "0";
+  std::uint64_t keep = 0;
+  std::string sync = "none";
+  std::string timeout = "10s";
+};
+
+int cmd_log(log_args& a) {
+  dibs::shared_log_options o;
+  o.rotate_size = parse_size("dibs log --rotate-size", a.rotate_size);
+  o.keep = a.keep;
+  o.sync = a.sync == "none"     ? dibs::durability::none
+           : a.sync == "record" ? dibs::durability::per_record
+           : a.sync == "batch"  ? dibs::durability::per_batch
+                                : (fail(ex::usage, fmt::format("dibs log --sync: '{}' is not one of none, record, batch", a.sync)),
+                                  dibs::durability::none);
+  o.lock_timeout = parse_duration("dibs log --timeout", a.timeout);
+  dibs::shared_log log{a.path, o};
+  if (!a.text.empty()) {
+    std::string record;
+    for (const auto& t : a.text) {
+      if (!record.empty()) record += ' ';
+      record += t;
+    }
+    log.append(record);
+    return ex::ok;
+  }
+  // Each line of standard input is one record, appended before the next is
+  // read: a line is in the log once dibs has read the one after it (or ended).
+  std::string line;
+  while (std::getline(std::cin, line)) log.append(line);
+  if (std::cin.bad()) fail(ex::ioerr, "dibs log: cannot read standard input");
+  return ex::ok;
+}
+
+// ---------------------------------------------------------------------------
+// Stores by URL-like name.
+
+constexpr const char* store_table = R"(Stores (STORE):
+  dir:/path/to/dir                 file_store: one file per item in an existing directory
+  sqlite:/path/file.db[#table]     sqlite_store (table dibs_records unless #table))"
+#ifndef DIBS_TOOL_SQLITE
+                                    " [not built in]"
+#endif
+                                    R"(
+  postgres:[conninfo or URI][#table]  postgres_store; empty conninfo: the PG* environment)"
+#if !defined(DIBS_TOOL_POSTGRES) && !defined(DIBS_TOOL_POSTGRES_HELPER)
+                                    " [not built in]"
+#endif
+                                    R"(
+                                   e.g. postgres:host=db1 dbname=jobs, postgres:postgresql://db1/jobs#queue
+)";
+
+template <class F>
+int with_store(const std::string& spec, F&& f) {
+  const auto colon = spec.find(':');
+  const std::string scheme = colon == std::string::npos ? std::string{} : spec.substr(0, colon);
+  std::string rest = colon == std::string::npos ? spec : spec.substr(colon + 1);
+  auto split_table = [&](const char* dflt) {
+    const auto hash = rest.rfind('#');
+    std::string table = dflt;
+    if (hash != std::string::npos) {
+      table = rest.substr(hash + 1);
+      rest.resize(hash);
+    }
+    return table;
+  };
+  if (scheme == "dir") {
+    if (rest.empty()) fail(ex::usage, "dibs: store 'dir:' names no directory; write dir:/path/to/dir");
+    dibs::file_store s{rest};
+    return f(s);
+  }
+#ifdef DIBS_TOOL_SQLITE
+  if (scheme == "sqlite") {
+    const std::string table = split_table("dibs_records");
+    if (rest.empty()) fail(ex::usage, "dibs: store 'sqlite:' names no file; write sqlite:/path/file.db");
+    if (!std::filesystem::is_directory(std::filesystem::absolute(rest).parent_path()))
+      fail(ex::noinput, fmt::format("dibs: store '{}': the directory of '{}' does not exist (create it first)", spec, rest));
+    dibs::sqlite_store s{rest, dibs::sqlite_store_options{.table = table}};
+    return f(s);
+  }
+#endif
+#if !defined(DIBS_TOOL_POSTGRES) && defined(DIBS_TOOL_POSTGRES_HELPER)
+  // libpq and what it loads (TLS, Kerberos, LDAP) cost more than the rest
+  // of a dibs invocation: the postgres: scheme lives in dibs-postgres, the
+  // same program built with it, beside this one.
+  if (scheme == "postgres") {
+    if (signals_blocked) ::pthread_sigmask(SIG_SETMASK, &original_mask, nullptr);
+    const auto helper = std::filesystem::read_symlink("/proc/self/exe").parent_path() / DIBS_TOOL_POSTGRES_HELPER;
+    ::execv(helper.c_str(), program_argv);
+    fail(ex::unavailable, fmt::format("dibs: store '{}' needs {}, which cannot be run: {} (is it installed beside dibs?)",
+                                      spec, helper.string(), std::strerror(errno)));
+  }
+#endif
+#ifdef DIBS_TOOL_POSTGRES
+  if (scheme == "postgres") {
+    const std::string table = split_table("dibs_records");
+    dibs::postgres_store_options o;
+    o.table = table;
+    dibs::postgres_store s{rest, o};
+    return f(s);
+  }
+#endif
+  (void)split_table;
+  fail(ex::usage, fmt::format("dibs: unknown store '{}': {}\n{}", spec,
+                              scheme.empty() ? "it has no scheme" : "scheme '" + scheme + "' is not built in or does not exist",
+                              store_table));
+}
+
+// ---------------------------------------------------------------------------
+// dibs claim
+
+struct claim_args {
+  std::string store;
+  std::string key;
+  std::string next;
+  bool has_next = false;
+  std::vector<std::string> command;
+  std::string lease = "60s";
+  std::uint32_t max_attempts = 5;
+  bool quiet = false;
+};
+
+int cmd_claim(claim_args& a) {
+  if (a.command.empty()) fail(ex::usage, "dibs claim: no COMMAND to run; write: dibs claim STORE KEY -- COMMAND [ARGS...]");
+  if (!a.has_next && a.key.empty()) fail(ex::usage, "dibs claim: no KEY; write: dibs claim STORE KEY -- COMMAND, or --next PREFIX");
+  if (a.has_next && !a.key.empty())
+    fail(ex::usage, fmt::format("dibs claim: both a KEY ('{}') and --next given; give one", a.key));
+  if (a.max_attempts == 0) fail(ex::usage, "dibs claim --max-attempts: must be at least 1");
+  dibs::claim_options o;
+  o.lease = parse_duration("dibs claim --lease", a.lease);
+  o.max_attempts = a.max_attempts;
+  block_forwarded();  // before marker_claim starts its renewal thread
+  auto say = [&](const std::string& m) {
+    if (!a.quiet) std::cerr << m << '\n';
+  };
+  return with_store(a.store, [&](auto& store) -> int {
+    using S = std::remove_reference_t<decltype(store)>;
+    std::string damaged_what;
+    o.on_damaged = [&](std::string_view, std::string_view what) { damaged_what = what; };
+    dibs::marker_claim<S> claims{store, o};
+    std::optional<typename dibs::marker_claim<S>::claim> c;
+    if (a.has_next) {
+      c = claims.claim_next(a.next);
+      if (!c) {
+        say(fmt::format("dibs claim: nothing claimable under prefix '{}' in {}", a.next, a.store));
+        return ex::empty;
+      }
+    } else {
+      c = claims.try_claim(a.key);
+      if (!c) {
+        const auto s = claims.status(a.key);
+        switch (s.state) {
+          case dibs::claim_state::completed: say(fmt::format("dibs claim: '{}' is already completed", a.key)); return ex::completed;
+          case dibs::claim_state::failed:
+            say(fmt::format("dibs claim: '{}' failed for good after {} attempts ({}); see 'dibs status {}'", a.key,
+                            s.attempts, s.error, a.store));
+            return ex::failed;
+          case dibs::claim_state::damaged:
+            say(fmt::format("dibs claim: the record of '{}' is damaged: {}", a.key, s.error.empty() ? damaged_what : s.error));
+            return ex::damaged;
+          default: say(fmt::format("dibs claim: '{}' is held by another worker: {}", a.key, s)); return ex::taken;
+        }
+      }
+    }
+    const std::string key = c->key();
+    std::vector<std::string> cmd = a.command;
+    if (a.has_next) cmd.push_back(key);
+    exec_args ea{cmd,
+                 {{"DIBS_TOKEN", std::to_string(c->token())},
+                  {"DIBS_KEY", key},
+                  {"DIBS_ATTEMPT", std::to_string(c->attempts())}}};
+    // If dibs dies, its claim is recovered by the next worker at once (its
+    // pid is gone): COMMAND is stopped then too, so that it does not go on
+    // beside the next worker's run. The token tells the two apart anyway.
+    const int code = run_command(ea, SIGKILL);
+    if (code == 0) {
+      try {
+        c->complete(fmt::format("exit 0, token {}", c->token()));
+      } catch (const std::system_error& e) {
+        if (e.code() != dibs::errc::lease_lost) throw;
+        std::cerr << "dibs claim: " << e.what() << '\n';
+        return ex::claim_lost;
+      }
+      return ex::ok;
+    }
+    const bool last = c->attempts() >= a.max_attempts;
+    (void)c->release(fmt::format("COMMAND exited {}", code));
+    if (last) say(fmt::format("dibs claim: '{}' failed for good: attempt {} of {} exited {}", key, a.max_attempts, a.max_attempts, code));
+    return code;
+  });
+}
+
+// ---------------------------------------------------------------------------
+// dibs retry
+
+struct retry_args {
+  std::vector<std::string> command;
+  std::uint32_t attempts = 5;
+  std::string deadline;
+  std::string initial = "100ms";
+  std::string cap = "10s";
+  double multiplier = 2.0;
+  std::string jitter = "full";
+  std::vector<int> codes{75};
+  bool verbose = false;
+};
+
+int cmd_retry(retry_args& a) {
+  if (a.command.empty()) fail(ex::usage, "dibs retry: no COMMAND to run; write: dibs retry [options] -- COMMAND [ARGS...]");
+  if (a.attempts == 0) fail(ex::usage, "dibs retry --attempts: must be at least 1");
+  const dibs::jitter j = a.jitter == "none"           ? dibs::jitter::none
+                         : a.jitter == "full"         ? dibs::jitter::full
+                         : a.jitter == "equal"        ? dibs::jitter::equal
+                         : a.jitter == "decorrelated" ? dibs::jitter::decorrelated
+                                                      : (fail(ex::usage, fmt::format("dibs retry --jitter: '{}' is not one of "
+                                                                                     "none, full, equal, decorrelated",
+                                                                                     a.jitter)),
+                                                         dibs::jitter::none);
+  std::optional<dibs::exponential_backoff> backoff;
+  try {
+    backoff.emplace(parse_duration("--initial", a.initial), a.multiplier, parse_duration("--cap", a.cap), j);
+  } catch (const std::invalid_argument& e) {
+    fail(ex::usage, fmt::format("dibs retry: {}", e.what()));
+  }
+  const auto start = steady::now();
+  std::optional<steady::time_point> end;
+  if (!a.deadline.empty()) end = start + parse_duration("dibs retry --deadline", a.deadline);
+  std::mt19937_64 rng{std::random_device{}()};
+  dibs::exponential_backoff::duration previous{0};
+  exec_args ea{a.command, {}};
+  for (std::uint32_t n = 0;; ++n) {
+    const int code = run_command(ea, 0);
+    const bool transient = std::find(a.codes.begin(), a.codes.end(), code) != a.codes.end();
+    if (!transient) return code;
+    if (n + 1 >= a.attempts) {
+      if (a.verbose) std::cerr << fmt::format("dibs retry: giving up: attempt {} of {} exited {}\n", n + 1, a.attempts, code);
+      return code;
+    }
+    auto delay = backoff->delay(n, previous, std::uniform_real_distribution<double>{0.0, 1.0}(rng));
+    previous = delay;
+    if (end) {
+      const auto left = *end - steady::now();
+      if (left <= steady::duration::zero()) {
+        if (a.verbose) std::cerr << fmt::format("dibs retry: giving up: the deadline passed after attempt {} (exit {})\n", n + 1, code);
+        return code;
+      }
+      delay = std::min<dibs::exponential_backoff::duration>(delay, std::chrono::duration_cast<dibs::exponential_backoff::duration>(left));
+    }
+    if (a.verbose)
+      std::cerr << fmt::format("dibs retry: attempt {} exited {}; next in {} ms\n", n + 1, code,
+                               std::chrono::duration_cast<milliseconds>(delay).count());
+    // Sleep, but a signal meant for COMMAND ends the wait: dibs ends as the
+    // signal would have ended COMMAND.
+    {
+      signal_gate g;
+      pollfd p{g.fd(), POLLIN, 0};
+      const auto until = steady::now() + delay;
+      for (;;) {
+        const auto left = std::chrono::duration_cast<milliseconds>(until - steady::now()).count();
+        if (left <= 0) break;
+        if (::poll(&p, 1, static_cast<int>(left) + 1) > 0) {
+          const int s = g.next();
+          if (s != 0 && s != SIGCHLD) return 128 + s;
+        }
+      }
+    }
+    if (end && steady::now() >= *end) {
+      if (a.verbose) std::cerr << "dibs retry: giving up: the deadline passed\n";
+      return code;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// dibs status
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      out += fmt::format("\\u{:04x}", c);
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+std::int64_t unix_ms(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<milliseconds>(t.time_since_epoch()).count();
+}
+
+struct status_args {
+  std::string target;
+  std::string prefix;
+  bool json = false;
+};
+
+bool is_store_spec(const std::string& t) {
+  for (const char* s : {"dir:", "sqlite:", "postgres:"})
+    if (t.rfind(s, 0) == 0) return true;
+  return false;
+}
+
+int cmd_status(status_args& a) {
+  if (is_store_spec(a.target)) {
+    return with_store(a.target, [&](auto& store) -> int {
+      using S = std::remove_reference_t<decltype(store)>;
+      dibs::marker_claim<S> claims{store};
+      const auto items = claims.list(a.prefix);
+      if (a.json) {
+        std::string out = "[";
+        for (const auto& it : items) {
+          const auto& s = it.status;
+          out += fmt::format("{}\n  {{\"key\": {}, \"state\": \"{}\", \"attempts\": {}, \"version\": {}, \"changed_ms\": {}",
+                             out.size() > 1 ? "," : "", json_string(it.key), dibs::to_string(s.state), s.attempts,
+                             s.version, unix_ms(s.changed));
+          if (s.owner) out += fmt::format(", \"host\": {}, \"pid\": {}", json_string(s.owner->host), s.owner->pid);
+          if (!s.error.empty()) out += fmt::format(", \"error\": {}", json_string(s.error));
+          if (!s.result.empty()) out += fmt::format(", \"result\": {}", json_string(s.result));
+          out += "}";
+        }
+        fmt::print("{}\n]\n", out);
+        return ex::ok;
+      }
+      std::map<std::string, int> counts;
+      for (const auto& it : items) ++counts[dibs::to_string(it.status.state)];
+      fmt::print("{:<32} {}\n", "KEY", "STATE");
+      for (const auto& it : items) fmt::print("{:<32} {}\n", it.key, it.status);
+      std::string sum;
+      for (const auto& [state, n] : counts) sum += fmt::format("{}{} {}", sum.empty() ? "" : ", ", n, state);
+      fmt::print("{} item(s){}{}\n", items.size(), sum.empty() ? "" : ": ", sum);
+      return ex::ok;
+    });
+  }
+  if (!std::filesystem::exists(a.target))
+    fail(ex::noinput, fmt::format("dibs status: '{}' does not exist (a lock file, or a store such as dir:/path)", a.target));
+  if (std::filesystem::is_regular_file(a.target) && std::filesystem::file_size(a.target) == 0)
+    fail(ex::dataerr, fmt::format("dibs status: '{}' is an empty file, not a dibs lease lock (a --kernel or flock(1) "
+                                  "lock file?); the kernel does not say who holds those: try 'fuser -v {}'",
+                                  a.target, a.target));
+  dibs::lock_file lk{a.target};
+  const auto h = lk.holder();  // reads the record; takes nothing
+  if (a.json) {
+    if (!h) {
+      fmt::print("{{\"path\": {}, \"held\": false}}\n", json_string(a.target));
+    } else {
+      fmt::print("{{\"path\": {}, \"held\": true, \"host\": {}, \"pid\": {}, \"since_ms\": {}, \"lease_ms\": {}, "
+                 "\"lease_left_ms\": {}, \"token\": {}}}\n",
+                 json_string(a.target), json_string(h->host), h->pid, h->since ? unix_ms(*h->since) : 0,
+                 h->lease.count(), h->lease_left ? std::to_string(h->lease_left->count()) : "null", h->token);
+    }
+    return ex::ok;
+  }
+  if (!h) {
+    fmt::print("{}: free\n", a.target);
+    return ex::ok;
+  }
+  fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {}\n", "HOST", "PID", "SINCE", "LEASE", "LEFT", "TOKEN");
+  fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {}\n", h->host, h->pid,
+             h->since ? dibs::detail::format_wall(*h->since) : "?", dibs::detail::format_span(h->lease),
+             h->lease_left ? dibs::detail::format_span(*h->lease_left) : "?", h->token);
+  return ex::ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  program_argv = argv;
+  // Everything after the first "--" is COMMAND (or, for log, TEXT), taken
+  // verbatim: CLI11 never sees it.
+  std::vector<std::string> after;
+  int cli_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view{argv[i]} == "--") {
+      cli_argc = i;
+      for (int k = i + 1; k < argc; ++k) after.emplace_back(argv[k]);
+      break;
+    }
+  }
+
+  CLI::App app{"dibs: locks, a shared log, exactly-once claims and retries for shell scripts", "dibs"};
+  app.require_subcommand(1);
+  app.footer(std::string("\n") + exit_code_table + "\n" + store_table +
+             "\nSee 'dibs SUBCOMMAND --help' and docs/guide-shell.md.");
+
+  lock_args la;
+  auto* lock = app.add_subcommand("lock", "Run COMMAND holding a lock on PATH (as flock(1))");
+  lock->add_option("path", la.path, "The lock file")->required();
+  lock->add_option("command", la.command, "COMMAND [ARGS...] (after --)");
+  lock->add_flag("-n,--nonblock", la.nonblock, "Fail (exit 1, or -E) rather than wait if the lock is held");
+  lock->add_option("-w,--wait,--timeout", la.wait, "Wait at most DURATION (10s, 500ms, 2m; a bare number is seconds)");
+  lock->add_option("-E,--conflict-exit-code", la.conflict_code, "Exit code when the lock is not had (default 1)");
+  lock->add_flag("--kernel", la.kernel,
+                 "A kernel lock (flock(2), interoperates with flock(1)) instead of the lease lock; COMMAND inherits "
+                 "its descriptor (DIBS_LOCK_FD), as with flock(1)'s default");
+  lock->add_option("--lease", la.lease, "Lease lock: how long a lock is respected after dibs stops renewing it")
+      ->capture_default_str();
+  lock->footer(R"(
+The default lock is dibs's lease lock (dibs::lock_file): the lock file is a
+readable record (host, pid, since, token); a lock whose holder died is broken
+at once on proof, and COMMAND gets its fencing token in DIBS_TOKEN. The lock
+is held by COMMAND's own process: it lasts until COMMAND ends, even if dibs
+is killed. --kernel uses flock(2) instead (no token).
+
+Examples:
+  dibs lock /run/lock/nightly.lock -- ./nightly.sh
+  dibs lock -n -E 0 /run/lock/backup.lock -- rsync -a src/ dst/   # skip if running
+  dibs lock -w 30s counter.lock -- sh -c 'n=$(cat n); echo $((n+1)) > n'
+  dibs lock --kernel /var/lock/x.lock -- make   # excludes 'flock /var/lock/x.lock ...'
+)");
+
+  log_args lg;
+  auto* logc = app.add_subcommand("log", "Append TEXT, or each line of standard input, to a log shared by many writers");
+  logc->add_option("path", lg.path, "The log file")->required();
+  logc->add_option("text", lg.text, "TEXT... (joined by spaces); none: read lines from standard input");
+  logc->add_option("--rotate-size", lg.rotate_size, "Rotate to PATH.1, PATH.2, ... at this size (bytes, or 10M, 512K); 0: never")
+      ->capture_default_str();
+  logc->add_option("--keep", lg.keep, "Rotated files to keep (0: all)")->capture_default_str();
+  logc->add_option("--sync", lg.sync, "Durability: none (the kernel's), record (fdatasync each), batch")->capture_default_str();
+  logc->add_option("--timeout", lg.timeout, "Give up (exit 75, nothing written) if the log stays locked this long")
+      ->capture_default_str();
+  logc->footer(R"(
+Every line is appended whole and once, never torn or interleaved with another
+writer's (dibs or C++ dibs::shared_log). Exit 0: every line is in the log.
+Every writer of the log must go through dibs (not '>>').
+
+Examples:
+  dibs log /var/log/batch.log "job $JOB done"
+  ./job.sh 2>&1 | dibs log --rotate-size 10M --keep 5 /var/log/batch.log
+)");
+
+  claim_args ca;
+  auto* claim = app.add_subcommand("claim", "Run COMMAND only if KEY is claimed now; completed on exit 0");
+  claim->add_option("store", ca.store, "STORE, e.g. dir:/srv/claims (see below)")->required();
+  claim->add_option("key", ca.key, "The item's KEY");
+  claim->add_option("--next", ca.next, "Claim the next claimable item whose key starts with PREFIX; its key is passed as COMMAND's last argument");
+  claim->add_option("--lease", ca.lease, "How long a claim is respected once its worker stops renewing")->capture_default_str();
+  claim->add_option("--max-attempts", ca.max_attempts, "Failed runs before the item fails for good")->capture_default_str();
+  claim->add_flag("-q,--quiet", ca.quiet, "No message for the 'nothing run' exits (10-14)");
+  claim->footer(std::string(R"(
+COMMAND runs with DIBS_KEY, DIBS_TOKEN (the claim's fencing token, larger for
+every new claim of the key) and DIBS_ATTEMPT. Exit 0: the item is marked
+completed. Any other status: the item is given back (claimable again) and
+dibs exits with that status; after --max-attempts runs it is failed for good.
+If dibs is killed, COMMAND is killed too and the item is claimable again at
+once (the worker is provably gone).
+
+)") + store_table + R"(
+Examples:
+  dibs claim dir:/srv/claims invoice-17 -- ./send-invoice 17
+  ls inbox | xargs -P4 -I{} dibs claim -q dir:/srv/claims {} -- ./handle inbox/{}
+  dibs claim --next mail/ sqlite:/srv/q.db -- ./handle-mail    # key as last argument
+)");
+
+  retry_args ra;
+  auto* retry = app.add_subcommand("retry", "Re-run COMMAND with backoff while it exits with a transient code");
+  retry->add_option("command", ra.command, "COMMAND [ARGS...] (after --)");
+  retry->add_option("-a,--attempts", ra.attempts, "Runs at most")->capture_default_str();
+  retry->add_option("-d,--deadline", ra.deadline, "Start no run after this long (sleeps are cut to it)");
+  retry->add_option("--initial", ra.initial, "First delay")->capture_default_str();
+  retry->add_option("--cap", ra.cap, "Largest delay")->capture_default_str();
+  retry->add_option("--multiplier", ra.multiplier, "Growth of the delay")->capture_default_str();
+  retry->add_option("--jitter", ra.jitter, "none, full, equal or decorrelated")->capture_default_str();
+  retry->add_option("--on", ra.codes, "Exit codes that are retried (repeat or comma-separate)")
+      ->delimiter(',')
+      ->capture_default_str();
+  retry->add_flag("-v,--verbose", ra.verbose, "Say each retry on standard error");
+  retry->footer(R"(
+Exits with COMMAND's last status. Signals (INT, TERM, HUP, QUIT, USR1, USR2)
+are forwarded to COMMAND; one that comes during a sleep ends dibs with 128+N.
+A run is never cut short: use timeout(1) inside for that.
+
+Examples:
+  dibs retry -- curl -fsS https://example.org/ping   # retries curl's exit 75
+  dibs retry --on 75,7 --attempts 8 --deadline 2m --cap 30s -- ./upload.sh
+)");
+
+  status_args sa;
+  auto* status = app.add_subcommand("status", "Who holds a lock file, or the items of a claim store by state");
+  status->add_option("target", sa.target, "A lock file, or a STORE (dir:..., sqlite:..., postgres:...)")->required();
+  status->add_option("--prefix", sa.prefix, "Only items whose key starts with PREFIX");
+  status->add_flag("--json", sa.json, "JSON for programs instead of a table");
+  status->footer(R"(
+Reads only: takes no lock, changes nothing.
+
+Examples:
+  dibs status /run/lock/nightly.lock
+  dibs status --json dir:/srv/claims | jq '.[] | select(.state == "failed")'
+)");
+
+  try {
+    try {
+      app.parse(cli_argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+      return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+      return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+      const auto* sub = app.get_subcommands().empty() ? nullptr : app.get_subcommands().front();
+      std::cerr << "dibs" << (sub ? " " + sub->get_name() : std::string{}) << ": " << e.what() << "\nRun 'dibs"
+                << (sub ? " " + sub->get_name() : std::string{}) << " --help' for usage.\n";
+      return ex::usage;
+    }
+    if (lock->parsed()) {
+      la.command.insert(la.command.end(), after.begin(), after.end());
+      return cmd_lock(la);
+    }
+    if (logc->parsed()) {
+      lg.text.insert(lg.text.end(), after.begin(), after.end());
+      return cmd_log(lg);
+    }
+    if (claim->parsed()) {
+      ca.command = after;
+      ca.has_next = claim->count("--next") > 0;
+      return cmd_claim(ca);
+    }
+    if (retry->parsed()) {
+      ra.command.insert(ra.command.end(), after.begin(), after.end());
+      return cmd_retry(ra);
+    }
+    if (status->parsed()) return cmd_status(sa);
+  } catch (const failure& f) {
+    std::cerr << f.msg << '\n';
+    return f.code;
+  } catch (const std::system_error& e) {
+    const auto [code, hint] = classify(e);
+    std::cerr << "dibs: " << e.what() << (hint ? fmt::format(" ({})", hint) : "") << '\n';
+    return code;
+  } catch (const std::exception& e) {
+    std::cerr << "dibs: " << e.what() << '\n';
+    return ex::software;
+  }
+  return ex::usage;
+}
