@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 
 #include <atomic>
@@ -234,6 +235,46 @@ TEST_CASE("a holder that exited but is not reaped yet (a zombie) is gone: its lo
   CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
   lock.unlock();
   dibs_test::wait_exit(holder);
+}
+
+TEST_CASE("a holder whose first thread ended while another runs on is alive, though /proc says Z for it") {
+  temp_dir dir;
+  const auto path = dir.path / "job.lock";
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t holder = dibs_test::spawn([&]() -> int {
+    static dibs::lock_file* lock = new dibs::lock_file{path, {.lease = 60s, .renew = false}};
+    lock->lock();
+    static int fd = ready[1];
+    pthread_t t;
+    ::pthread_create(&t, nullptr, [](void*) -> void* {
+      (void)::write(fd, "h", 1);
+      ::sleep(30);  // the process lives on in this thread
+      return nullptr;
+    }, nullptr);
+    // The first thread ends (the exit system call ends only the calling
+    // thread; pthread_exit would unwind through the test framework), and
+    // /proc/<pid>/stat says Z.
+    ::syscall(SYS_exit, 0);
+    return 0;
+  });
+  char c;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  // Wait until /proc shows the first thread as exited.
+  for (int i = 0; i < 500; ++i) {
+    std::ifstream stat(fmt::format("/proc/{}/stat", holder));
+    std::string text((std::istreambuf_iterator<char>(stat)), {});
+    if (dibs::detail::stat_exited(text)) break;
+    std::this_thread::sleep_for(2ms);
+  }
+  dibs::lock_file lock{path, {.lease = 60s}};
+  CHECK_FALSE(lock.try_lock_for(300ms));  // alive: its lock stands
+  ::kill(holder, SIGKILL);
+  dibs_test::wait_exit(holder);
+  CHECK(lock.try_lock_for(2s));  // gone: broken on proof
+  lock.unlock();
+  ::close(ready[0]);
+  ::close(ready[1]);
 }
 
 TEST_CASE("a holder that stops renewing loses the lock after its lease, and is told") {

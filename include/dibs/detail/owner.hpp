@@ -19,6 +19,7 @@
 // second holder.
 #pragma once
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -98,12 +100,30 @@ inline std::optional<std::uint64_t> process_start(long pid) {
   return stat_start(read_first_line(fmt::format("/proc/{}/stat", pid).c_str()));
 }
 
-/// Returns: true if a /proc/<pid>/stat text says the process has exited and
-/// only waits to be reaped (state Z, zombie, or X, dead): it runs no more code.
+/// Returns: true if a /proc/<pid>/stat (or task/<tid>/stat) text says the
+/// task has exited (state Z, zombie, or X, dead).
 inline bool stat_exited(const std::string& stat) {
   const auto close = stat.rfind(')');
   if (close == std::string::npos || close + 2 >= stat.size()) return false;
   return stat[close + 2] == 'Z' || stat[close + 2] == 'X';
+}
+
+/// Returns: true if process `pid` has exited and only waits to be reaped:
+/// every one of its threads has exited. Its first thread alone says Z also
+/// when it ended with pthread_exit while other threads run on, so each
+/// thread is read; whatever cannot be read counts as running.
+inline bool all_threads_exited(long pid) {
+  const std::string dir = fmt::format("/proc/{}/task", pid);
+  std::unique_ptr<DIR, int (*)(DIR*)> d{::opendir(dir.c_str()), ::closedir};
+  if (!d) return false;
+  bool any = false;
+  while (const dirent* e = ::readdir(d.get())) {
+    if (e->d_name[0] == '.') continue;
+    const std::string stat = read_first_line(fmt::format("{}/{}/stat", dir, e->d_name).c_str());
+    if (!stat_exited(stat)) return false;
+    any = true;
+  }
+  return any;
 }
 
 /// Returns: the inode of namespace link `name` of this process (0 if unreadable).
@@ -181,8 +201,10 @@ inline bool provably_gone(const process_identity& p) {
   const auto now = stat_start(stat);
   if (!now) return ::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH;  // gone meanwhile, or unreadable: alive
   // The same process, exited but not reaped yet (a zombie: its parent has
-  // not waited for it, or it was orphaned and init reaps slowly) is gone too.
-  return *now != p.start || stat_exited(stat);
+  // not waited for it, or it was orphaned and init reaps slowly) is gone
+  // too: all its threads, not just its first (which says Z also when it
+  // ended with pthread_exit and the others run on).
+  return *now != p.start || (stat_exited(stat) && all_threads_exited(p.pid));
 }
 
 /// Returns: true only on proof that `o` is gone: it ran on this host in this
