@@ -31,8 +31,10 @@
 //   - a wrong password, a missing role or database, a permission denied, a
 //     constraint: not transient; the message names the server and the table.
 // A timed operation (dibs::time_limit) cancels its statement at the deadline
-// (PQcancel) and says errc::timed_out only if the server confirms it was
-// cancelled (nothing changed); a statement that completed meanwhile counts.
+// (PQcancel), but never before 250 ms (a statement's own work on a loaded
+// machine must not count as waiting), and says errc::timed_out only if the
+// server confirms it was cancelled (nothing changed); a statement that
+// completed meanwhile counts.
 //
 // The server's clock: read_aged(key) also says how long ago, by the server's
 // clock, the record was last written, so a lease held through this store is
@@ -535,6 +537,7 @@ private:
   // own, so a statement of the application's that waits (a row lock held by
   // an open transaction, a table lock) never holds a lease's renewal up.
   enum class stmt { read, read_aged, create, replace, erase, keys, take, take_all };
+  static constexpr std::chrono::milliseconds min_statement{250};
   using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
   static constexpr std::string_view schema_comment = "dibs-store 1";
 
@@ -773,7 +776,11 @@ private:
                                formats.data(), 1))
       lost(ses, false, what);  // nothing was sent
     bool cancelled = false;
-    auto limit = t;  // after a cancel: how long the server may take to answer it
+    // A deadline is for waiting on what others hold (a row lock of a stopped
+    // session), not for the statement's own work: on a loaded machine a few
+    // round trips can take more than a "try"'s 20 ms, so a statement always
+    // has at least min_statement before it is cancelled.
+    auto limit = t == dibs::time_limit::max() ? t : std::max(t, std::chrono::steady_clock::now() + min_statement);
     for (;;) {
       if (::PQconsumeInput(conn_) == 0) lost(ses, write, what);
       if (!::PQisBusy(conn_)) break;
