@@ -342,24 +342,6 @@ inline constexpr bool under_tsan = true;
 #else
 inline constexpr bool under_tsan = false;
 #endif
-
-/// True in an AddressSanitizer build. Its allocator is not fork-safe: a
-/// child forked while another thread is inside malloc can hang in its first
-/// allocation (seen with the PostgreSQL proxy's threads).
-#if defined(__SANITIZE_ADDRESS__)
-inline constexpr bool under_asan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-inline constexpr bool under_asan = true;
-#else
-inline constexpr bool under_asan = false;
-#endif
-#else
-inline constexpr bool under_asan = false;
-#endif
-
-/// True where a test must not fork while threads run (TSan, ASan).
-inline constexpr bool no_fork_with_threads = under_tsan || under_asan;
 #else
 inline constexpr bool under_tsan = false;
 #endif
