@@ -23,6 +23,38 @@
 
 namespace dibs_test {
 
+/// Writes an item's effect to `journal` unless the journal holds one with a
+/// token at least as large (fencing), through the policies' way into a store:
+/// transient failures retried, an unknown outcome read back (the token makes
+/// each write recognisable). Returns: false if the token was refused as stale.
+template <class Journal>
+bool write_fenced_effect(Journal& journal, const std::string& k, dibs::version token) {
+  const auto t = dibs::time_limit::max();
+  for (;;) {
+    auto r = dibs::detail::store_read(journal, k, t);
+    if (!r) {
+      if (dibs::detail::store_create(journal, k, std::to_string(token), t)) return true;
+    } else {
+      if (std::stoull(r->value) >= token) return false;
+      if (dibs::detail::store_replace(journal, k, r->version, std::to_string(token), t)) return true;
+    }
+  }
+}
+
+/// Effects: `kills` times, after 20-150 ms, SIGKILLs a random one of `pids`
+/// and puts start() in its place (seeded: the same schedule every run).
+template <class Start>
+void kill_and_replace(std::vector<pid_t>& pids, int kills, unsigned seed, Start start) {
+  std::mt19937 rng(seed);
+  for (int k = 0; k < kills; ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds{std::uniform_int_distribution<int>{20, 150}(rng)});
+    const std::size_t victim = std::uniform_int_distribution<std::size_t>{0, pids.size() - 1}(rng);
+    ::kill(pids[victim], SIGKILL);
+    wait_exit(pids[victim]);
+    pids[victim] = start();
+  }
+}
+
 /// open_items() and open_journal() return a new store object (each worker
 /// process opens its own after fork).
 /// `during(done)`, if given, runs in the parent beside the workers until
@@ -37,20 +69,6 @@ void check_exactly_once_under_crashes(OpenItems open_items, OpenJournal open_jou
   using namespace std::chrono_literals;
   // Keys as a mailbox has them: Message-IDs, with '/', '%' and '+'.
   auto key = [](int i) { return fmt::format("<item/{:04}+%{}@mail.example.com>", i, i % 7); };
-  // Through the policies' way into a store: transient failures retried, an
-  // unknown outcome read back (the token makes each write recognisable).
-  auto write_effect = [&](auto& journal, const std::string& k, dibs::version token) {
-    const auto t = dibs::time_limit::max();
-    for (;;) {
-      auto r = dibs::detail::store_read(journal, k, t);
-      if (!r) {
-        if (dibs::detail::store_create(journal, k, std::to_string(token), t)) return true;
-      } else {
-        if (std::stoull(r->value) >= token) return false;  // a stale token: refused
-        if (dibs::detail::store_replace(journal, k, r->version, std::to_string(token), t)) return true;
-      }
-    }
-  };
   auto start_worker = [&](int seed) {
     return spawn([&, seed]() -> int {
       // Opened again while the store is away for a moment (a server restarting).
@@ -67,7 +85,7 @@ void check_exactly_once_under_crashes(OpenItems open_items, OpenJournal open_jou
           try {
             if (auto c = claims.try_claim(k)) {
               claimed_any = true;
-              if (!write_effect(journal, k, c->token())) return 4;
+              if (!write_fenced_effect(journal, k, c->token())) return 4;
               c->complete(std::to_string(c->token()));
             } else if (claims.status(k).state != dibs::claim_state::completed) {
               all_done = false;
@@ -96,14 +114,7 @@ void check_exactly_once_under_crashes(OpenItems open_items, OpenJournal open_jou
   std::thread beside;
   if constexpr (!std::is_same_v<During, decltype(&nothing_during)>)
     beside = std::thread([&] { during([&] { return finished.load(); }); });
-  std::mt19937 rng(99);
-  for (int k = 0; k < kills; ++k) {
-    std::this_thread::sleep_for(std::chrono::milliseconds{std::uniform_int_distribution<int>{20, 150}(rng)});
-    const std::size_t victim = std::uniform_int_distribution<std::size_t>{0, pids.size() - 1}(rng);
-    ::kill(pids[victim], SIGKILL);
-    wait_exit(pids[victim]);
-    pids[victim] = start_worker(seed++);
-  }
+  kill_and_replace(pids, kills, 99, [&] { return start_worker(seed++); });
   int failed = 0;
   for (pid_t p : pids) failed += wait_exit(p) != 0;
   finished = true;
@@ -163,15 +174,7 @@ void check_claim_next_exactly_once(OpenItems open_items, OpenJournal open_journa
             std::this_thread::sleep_for(std::chrono::milliseconds{std::uniform_int_distribution<int>{2, 10}(rng)});
             continue;
           }
-          const auto t = forever;
-          const std::string k = c->key();
-          for (;;) {  // the effect, fenced by the token
-            auto r = dibs::detail::store_read(journal, k, t);
-            if (r && std::stoull(r->value) >= c->token()) return 4;  // a stale claim: must never happen here
-            if (!r ? dibs::detail::store_create(journal, k, std::to_string(c->token()), t).has_value()
-                   : dibs::detail::store_replace(journal, k, r->version, std::to_string(c->token()), t).has_value())
-              break;
-          }
+          if (!write_fenced_effect(journal, c->key(), c->token())) return 4;  // a stale claim: must never happen
           c->complete(std::to_string(c->token()));
         } catch (const std::system_error& e) {
           if (!dibs::is_transient(e.code()) && e.code() != dibs::errc::outcome_unknown) throw;
@@ -184,14 +187,7 @@ void check_claim_next_exactly_once(OpenItems open_items, OpenJournal open_journa
   std::vector<pid_t> pids;
   int seed = 1000;
   for (int i = 0; i < workers; ++i) pids.push_back(start_worker(seed++));
-  std::mt19937 rng(7);
-  for (int k = 0; k < kills; ++k) {
-    std::this_thread::sleep_for(std::chrono::milliseconds{std::uniform_int_distribution<int>{20, 150}(rng)});
-    const std::size_t victim = std::uniform_int_distribution<std::size_t>{0, pids.size() - 1}(rng);
-    ::kill(pids[victim], SIGKILL);
-    wait_exit(pids[victim]);
-    pids[victim] = start_worker(seed++);
-  }
+  kill_and_replace(pids, kills, 7, [&] { return start_worker(seed++); });
   auto store = open_items();
   dibs::marker_claim<Store> claims{store};
   const auto deadline = std::chrono::steady_clock::now() + 120s;
