@@ -1,0 +1,544 @@
+// dibs/imap_store.hpp: a dibs::shared_store whose records are messages in a
+// folder of an IMAP mailbox, for workers that share nothing but a mail
+// server (Dovecot, or any server with UIDPLUS).
+//
+//   dibs::imap_store store{dibs::imap::options::from_env()};   // folder "dibs"
+//   dibs::marker_claim<dibs::imap_store> claims{store};
+//
+// CMake target dibs::imap (the core's dependencies only; dibs/imap.hpp is
+// the client).
+//
+// The protocol (docs/stores.md says why it is correct):
+//   - every write is a new message APPENDed to the folder: "create",
+//     "replace <base>" or "erase <base>", with the key and the new value.
+//     The server gives each message of a folder a UID larger than every UID
+//     before it (RFC 3501 2.3.1.1) and says which (APPENDUID, RFC 4315);
+//   - a key's state is what its messages say when replayed in UID order: a
+//     create counts if the key is absent at that point, a replace or erase
+//     if the version it names is current then. Every other message is a lost
+//     race and changes nothing. Every reader replays the same messages in
+//     the same order, so every reader sees the same winner: the APPEND order
+//     is the order of the writes;
+//   - a write's version is its message's UID, with the folder's UIDVALIDITY
+//     above it: versions grow with every change, also across erase and
+//     re-create, and never repeat;
+//   - the writer learns whether its write counted by reading the key's
+//     messages up to its own after the APPEND (pipelined with it: one round
+//     trip);
+//   - old messages are removed without changing what any replay says: the
+//     keyword $DibsBase on a message that counted says "replay from here";
+//     only after it is set are the messages below it expunged. A lost
+//     race's message is expunged by its writer (it never changed anything).
+// Nothing here relies on CONDSTORE's conditional STORE, on flags as locks,
+// or on MOVE: on Dovecot those let two racing clients both succeed.
+//
+// Messages in the folder without the X-Dibs-Record header (a person filed a
+// mail there) are never read, changed or removed. The folder is created if
+// absent; one that is read-only for the user is refused when the store is
+// opened.
+//
+// Failures: the server unreachable, restarting, or the connection lost:
+// transient (the next operation reconnects); a write whose reply was lost:
+// errc::outcome_unknown (the policies read back); a refused login: not
+// transient, naming user and server; the folder deleted and re-created
+// under the store (a new UIDVALIDITY): std::ESTALE, not
+// transient: every record in it is gone. Thread-safe (one connection, used
+// by one thread at a time); open a new store in a child after fork().
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <dibs/error.hpp>
+#include <dibs/imap.hpp>
+#include <dibs/store.hpp>
+
+namespace dibs {
+
+namespace imap::detail {
+
+inline std::string base64(std::string_view in) {
+  static constexpr char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  for (std::size_t i = 0; i < in.size(); i += 3) {
+    std::uint32_t n = static_cast<std::uint32_t>(static_cast<unsigned char>(in[i])) << 16;
+    if (i + 1 < in.size()) n |= static_cast<std::uint32_t>(static_cast<unsigned char>(in[i + 1])) << 8;
+    if (i + 2 < in.size()) n |= static_cast<unsigned char>(in[i + 2]);
+    out += abc[(n >> 18) & 63];
+    out += abc[(n >> 12) & 63];
+    out += i + 1 < in.size() ? abc[(n >> 6) & 63] : '=';
+    out += i + 2 < in.size() ? abc[n & 63] : '=';
+  }
+  return out;
+}
+
+// Returns: the bytes of `in` (whitespace skipped), or nullopt if it is not base64.
+inline std::optional<std::string> unbase64(std::string_view in) {
+  std::string out;
+  std::uint32_t n = 0;
+  int bits = 0;
+  for (const char c : in) {
+    int v;
+    if (c >= 'A' && c <= 'Z') v = c - 'A';
+    else if (c >= 'a' && c <= 'z') v = c - 'a' + 26;
+    else if (c >= '0' && c <= '9') v = c - '0' + 52;
+    else if (c == '+') v = 62;
+    else if (c == '/') v = 63;
+    else if (c == '=' || c == '\r' || c == '\n' || c == ' ') continue;
+    else return std::nullopt;
+    n = (n << 6) | static_cast<std::uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((n >> bits) & 0xff);
+    }
+  }
+  return out;
+}
+
+// The key's search tag: "k" and 16 hex digits of a 64-bit FNV-1a hash and a
+// ".": no hex digit is a "k" or ".", so a substring search finds exactly the
+// messages of keys with this hash (a collision only costs a message read
+// and dropped: the key itself is in the body).
+inline std::string key_tag(std::string_view key) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const char c : key) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return fmt::format("k{:016x}.", h);
+}
+
+// Parses an IMAP sequence set of UIDs ("3:5,9").
+inline std::set<std::uint32_t> parse_uid_set(std::string_view s) {
+  std::set<std::uint32_t> out;
+  while (!s.empty()) {
+    const auto comma = s.find(',');
+    const auto part = s.substr(0, comma);
+    const auto colon = part.find(':');
+    const auto a = static_cast<std::uint32_t>(std::stoul(std::string(part.substr(0, colon))));
+    const auto b = colon == std::string_view::npos ? a
+                                                   : static_cast<std::uint32_t>(std::stoul(std::string(part.substr(colon + 1))));
+    for (auto u = std::min(a, b); u <= std::max(a, b) && out.size() < 10'000'000; ++u) out.insert(u);
+    s = comma == std::string_view::npos ? std::string_view{} : s.substr(comma + 1);
+  }
+  return out;
+}
+
+// Returns: an INTERNALDATE ("03-Dec-2026 19:30:00 +0000") as seconds since
+// the epoch, or 0 if it cannot be read.
+inline std::int64_t parse_date(std::string_view d) {
+  static constexpr std::string_view months = "JanFebMarAprMayJunJulAugSepOctNovDec";
+  while (d.starts_with(' ')) d.remove_prefix(1);
+  int day = 0, year = 0, h = 0, mi = 0, sec = 0, zone = 0;
+  char mon[4] = {}, sign = '+';
+  if (std::sscanf(std::string(d).c_str(), "%d-%3s-%d %d:%d:%d %c%d", &day, mon, &year, &h, &mi, &sec, &sign, &zone) != 8)
+    return 0;
+  const auto at = months.find(std::string_view(mon, 3));
+  if (at == std::string_view::npos) return 0;
+  std::tm t{};
+  t.tm_mday = day;
+  t.tm_mon = static_cast<int>(at / 3);
+  t.tm_year = year - 1900;
+  t.tm_hour = h;
+  t.tm_min = mi;
+  t.tm_sec = sec;
+  const std::int64_t offset = (zone / 100 * 3600 + zone % 100 * 60) * (sign == '-' ? -1 : 1);
+  return static_cast<std::int64_t>(::timegm(&t)) - offset;
+}
+
+inline std::string uid_set(const std::vector<std::uint32_t>& uids) {
+  std::string s;
+  for (const auto u : uids) s += (s.empty() ? "" : ",") + std::to_string(u);
+  return s;
+}
+
+}  // namespace imap::detail
+
+/// What an imap_store is called, where it keeps its records, and how it
+/// tidies them.
+struct imap_store_options {
+  /// The folder dibs owns (created if absent). Give each application its own.
+  std::string folder = "dibs";
+  /// A key's messages are compacted (all but the current one expunged) once
+  /// it has this many older than compact_grace.
+  int compact_after = 4;
+  /// How old (by the server's clock) a message must be before compaction
+  /// may remove it: longer than a writer takes to learn whether its write
+  /// counted (a writer whose message is removed before that learns
+  /// errc::outcome_unknown instead; nothing is wrong, but it costs a read).
+  std::chrono::seconds compact_grace{60};
+};
+
+class imap_store {
+public:
+  /// The keyword marking a message from which a key's replay starts.
+  static constexpr std::string_view base_keyword = "$DibsBase";
+
+  /// Connects, logs in, creates the folder if absent and selects it.
+  /// Throws: std::system_error naming server, user and folder if any of
+  /// that fails (a wrong password, the folder read-only, ...).
+  explicit imap_store(imap::options server, imap_store_options o = {})
+      : opts_(std::move(o)), session_(std::move(server)) {
+    if (opts_.folder.empty())
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              "dibs::imap_store: the folder name is empty; name the folder dibs keeps its records in");
+    std::lock_guard lock{mutex_};
+    select();
+  }
+
+  /// Sends the tidying owed by the last writes (best effort).
+  ~imap_store() {
+    try {
+      std::lock_guard lock{mutex_};
+      if (!owed_.empty() && session_.connected()) run({}, true);
+    } catch (...) {
+    }
+  }
+  imap_store(const imap_store&) = delete;
+  imap_store& operator=(const imap_store&) = delete;
+
+  const std::string& folder() const noexcept { return opts_.folder; }
+  /// Returns: "user@host:port folder 'name'", for messages.
+  std::string where() const { return fmt::format("{} folder '{}'", session_.where(), opts_.folder); }
+  std::uint32_t uid_validity() const noexcept { return uid_validity_; }
+
+  std::optional<record> read(std::string_view key) {
+    validate_key(key, "dibs::imap_store::read");
+    std::lock_guard lock{mutex_};
+    const auto s = state_of(key, fetch_key(key), std::numeric_limits<std::uint32_t>::max());
+    if (!s.present) return std::nullopt;
+    return record{s.value, version_of(s.uid)};
+  }
+
+  std::optional<dibs::version> create(std::string_view key, std::string_view value) {
+    validate_key(key, "dibs::imap_store::create");
+    validate_value(key, value);
+    return write(key, op::create, 0, value);
+  }
+
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
+    validate_key(key, "dibs::imap_store::replace");
+    validate_value(key, value);
+    return write(key, op::replace, expected, value);
+  }
+
+  bool erase(std::string_view key, dibs::version expected) {
+    validate_key(key, "dibs::imap_store::erase");
+    return write(key, op::erase, expected, {}).has_value();
+  }
+
+  /// Returns: the keys that hold a record and start with `prefix`.
+  std::vector<std::string> keys(std::string_view prefix = {}) {
+    std::lock_guard lock{mutex_};
+    auto all = fetch("UID SEARCH RETURN (SAVE ALL) HEADER X-Dibs-Record \"\"");
+    std::map<std::string, std::vector<message>> by_key;
+    for (auto& m : all)
+      if (std::string_view(m.key).starts_with(prefix)) by_key[m.key].push_back(std::move(m));
+    std::vector<std::string> out;
+    for (auto& [k, msgs] : by_key)
+      if (state_of(k, std::move(msgs), std::numeric_limits<std::uint32_t>::max()).present) out.push_back(k);
+    return out;
+  }
+
+  /// The store's session (for tests that break the connection).
+  imap::session& session() noexcept { return session_; }
+
+private:
+  enum class op { create, replace, erase };
+
+  struct message {
+    std::uint32_t uid = 0;
+    imap_store::op op = op::create;
+    std::uint32_t base = 0;  // the UID a replace or erase names
+    bool is_base = false;    // carries $DibsBase
+    std::int64_t arrived = 0;  // INTERNALDATE, seconds since the epoch by the server's clock
+    std::string key;
+    std::string value;
+  };
+
+  struct state {
+    bool present = false;
+    std::uint32_t uid = 0;  // the message that made it (0: none seen)
+    std::string value;
+  };
+
+  dibs::version version_of(std::uint32_t uid) const noexcept {
+    return (static_cast<dibs::version>(uid_validity_) << 32) | uid;
+  }
+
+  [[noreturn]] void corrupt(std::uint32_t uid, std::string_view why) const {
+    throw std::system_error(make_error_code(errc::corrupt_record),
+                            fmt::format("dibs::imap_store: message UID {} in {} has an X-Dibs-Record header but {}; "
+                                        "it was not written by dibs (or was changed): move it out of the folder",
+                                        uid, where(), why));
+  }
+
+  void select() {
+    auto created = session_.run(fmt::format("CREATE {}", imap::quote(opts_.folder)));
+    if (!created.ok() && !imap::detail::iequals(created.code, "ALREADYEXISTS") &&
+        created.text.find("xists") == std::string::npos)
+      session_.check(created, fmt::format("creating the folder '{}' for dibs's records", opts_.folder));
+    const auto r = session_.run(fmt::format("SELECT {}", imap::quote(opts_.folder)));
+    session_.check(r, fmt::format("selecting dibs's folder '{}'", opts_.folder));
+    if (imap::detail::istarts_with(r.code, "READ-ONLY"))
+      throw std::system_error(std::make_error_code(std::errc::permission_denied),
+                              fmt::format("dibs::imap_store: {} is read-only for this user; dibs needs to add and "
+                                          "remove messages there (give the user the rights, or name another folder)",
+                                          where()));
+    std::uint32_t validity = 0;
+    for (const auto& u : r.untagged) {
+      const auto at = u.find("[UIDVALIDITY ");
+      if (at != std::string::npos) validity = static_cast<std::uint32_t>(std::stoul(u.substr(at + 13)));
+    }
+    for (const auto& [cap, why] : {std::pair{"UIDPLUS", "to learn the UID of each record it appends"},
+                                   std::pair{"ESEARCH", "to read a key's records in one round trip"},
+                                   std::pair{"SEARCHRES", "to read a key's records in one round trip"}})
+      if (!session_.has(cap))
+        throw std::system_error(std::make_error_code(std::errc::not_supported),
+                                fmt::format("dibs::imap_store: the server of {} lacks {}, which dibs needs {}",
+                                            where(), cap, why));
+    if (uid_validity_ != 0 && validity != uid_validity_) {
+      const auto before = uid_validity_;
+      throw std::system_error(std::error_code(ESTALE, std::generic_category()),
+                              fmt::format("dibs::imap_store: {} was deleted and re-created (UIDVALIDITY {} -> {}): "
+                                          "every record in it is gone, and claims held in it are void; open a new "
+                                          "store to start over",
+                                          where(), before, validity));
+    }
+    uid_validity_ = validity;
+    selected_ = true;
+  }
+
+  // The session, connected and with the folder selected.
+  void ready() {
+    if (!session_.connected() || !selected_) {
+      selected_ = false;
+      select();
+    }
+  }
+
+  // Runs commands on the selected folder; expunges owed by earlier writes go
+  // first. A failure after sending writes is errc::outcome_unknown.
+  std::vector<imap::reply> run(std::vector<std::string> commands, bool writes) {
+    ready();
+    const auto owed = owed_.size();
+    commands.insert(commands.begin(), owed_.begin(), owed_.end());
+    try {
+      auto replies = writes || owed ? session_.run_write(commands) : session_.run(commands);
+      owed_.clear();
+      replies.erase(replies.begin(), replies.begin() + static_cast<std::ptrdiff_t>(owed));
+      return replies;
+    } catch (const std::system_error& e) {
+      if (!session_.connected()) selected_ = false;
+      if (!writes && detail::outcome_unknown(e))  // only the tidying was in doubt: harmless either way
+        throw std::system_error(make_error_code(errc::connection_lost), e.what());
+      throw;
+    }
+  }
+
+  static std::vector<message> parse_fetch(const std::vector<std::string>& untagged, const imap_store& self) {
+    std::vector<message> out;
+    for (const auto& line : untagged) {
+      const auto v = imap::parse(line);
+      if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != imap::value::kind::list) continue;
+      message m;
+      std::string header, text;
+      bool have_text = false;
+      const auto& items = v[2].items;
+      for (std::size_t i = 0; i + 1 < items.size(); i += 2) {
+        const auto& name = items[i];
+        const auto& val = items[i + 1];
+        if (name.is("INTERNALDATE")) m.arrived = imap::detail::parse_date(val.text);
+        else if (name.is("UID")) m.uid = static_cast<std::uint32_t>(val.number().value_or(0));
+        else if (name.is("FLAGS"))
+          for (const auto& f : val.items) m.is_base = m.is_base || f.is(base_keyword);
+        else if (imap::detail::istarts_with(name.text, "BODY[HEADER")) header = val.text;
+        else if (imap::detail::istarts_with(name.text, "BODY[TEXT")) text = val.text, have_text = true;
+      }
+      if (m.uid == 0 || !have_text) continue;
+      // X-Dibs-Record: 1 k<hash>. create | replace <base> | erase <base>
+      const auto colon = header.find(':');
+      const auto fields = imap::parse(colon == std::string::npos ? "" : header.substr(colon + 1));
+      if (fields.size() < 3 || !fields[0].is("1")) self.corrupt(m.uid, "an X-Dibs-Record header dibs cannot read");
+      if (fields[2].is("create")) m.op = op::create;
+      else if (fields[2].is("replace")) m.op = op::replace;
+      else if (fields[2].is("erase")) m.op = op::erase;
+      else self.corrupt(m.uid, "an unknown operation in its X-Dibs-Record header");
+      if (m.op != op::create) {
+        if (fields.size() < 4 || !fields[3].number()) self.corrupt(m.uid, "no base UID in its X-Dibs-Record header");
+        m.base = static_cast<std::uint32_t>(*fields[3].number());
+      }
+      // Body: "key <base64>\r\nvalue\r\n<base64 lines>"
+      const auto nl = text.find("\r\n");
+      if (!text.starts_with("key ") || nl == std::string::npos) self.corrupt(m.uid, "a body that is not a dibs record");
+      auto key = imap::detail::unbase64(std::string_view(text).substr(4, nl - 4));
+      const auto rest = std::string_view(text).substr(nl + 2);
+      if (!key || !rest.starts_with("value\r\n")) self.corrupt(m.uid, "a body that is not a dibs record");
+      auto value = imap::detail::unbase64(rest.substr(7));
+      if (!value) self.corrupt(m.uid, "a value that is not base64");
+      m.key = std::move(*key);
+      m.value = std::move(*value);
+      out.push_back(std::move(m));
+    }
+    std::sort(out.begin(), out.end(), [](const message& a, const message& b) { return a.uid < b.uid; });
+    return out;
+  }
+
+  static constexpr std::string_view fetch_items =
+      "(UID FLAGS INTERNALDATE BODY.PEEK[HEADER.FIELDS (X-Dibs-Record)] BODY.PEEK[TEXT])";
+
+  // The messages a search finds, read in the same round trip (SEARCHRES,
+  // RFC 5182); again if some vanished between search and fetch (compacted
+  // by another writer).
+  std::vector<message> fetch(std::string_view search) {
+    for (int attempt = 0;; ++attempt) {
+      // NOOP first: the search then sees every change other sessions committed.
+      auto replies = run({"NOOP", std::string(search), fmt::format("UID FETCH $ {}", fetch_items)}, false);
+      session_.check(replies[1], fmt::format("searching {}", where()));
+      std::set<std::uint32_t> found;
+      for (const auto& u : replies[1].untagged) {
+        const auto at = u.find(" ALL ");
+        if (imap::detail::istarts_with(u, "ESEARCH") && at != std::string::npos)
+          found = imap::detail::parse_uid_set(std::string_view(u).substr(at + 5));
+      }
+      if (found.empty()) return {};
+      session_.check(replies[2], fmt::format("reading records in {}", where()));
+      auto msgs = parse_fetch(replies[2].untagged, *this);
+      std::size_t seen = 0;
+      for (const auto& m : msgs) seen += found.count(m.uid);
+      if (seen == found.size() || attempt >= 20) return msgs;
+    }
+  }
+
+  std::vector<message> fetch_key(std::string_view key) {
+    return fetch(search_for(key));
+  }
+
+  static std::string search_for(std::string_view key) {
+    return fmt::format("UID SEARCH RETURN (SAVE ALL) HEADER X-Dibs-Record \"{}\"", imap::detail::key_tag(key));
+  }
+
+  // The key's state after its messages up to and including UID `upto`:
+  // replayed from the last message marked $DibsBase (or from nothing).
+  static state state_of(std::string_view key, std::vector<message> msgs, std::uint32_t upto) {
+    state s;
+    std::erase_if(msgs, [&](const message& m) { return m.key != key || m.uid > upto; });
+    std::size_t from = 0;
+    for (std::size_t i = msgs.size(); i-- > 0;)
+      if (msgs[i].is_base) {
+        s = {msgs[i].op != op::erase, msgs[i].uid, msgs[i].value};
+        from = i + 1;
+        break;
+      }
+    for (std::size_t i = from; i < msgs.size(); ++i) {
+      const auto& m = msgs[i];
+      if (m.op == op::create ? s.present : !s.present || s.uid != m.base) continue;  // a lost race
+      s = {m.op != op::erase, m.uid, m.value};
+    }
+    return s;
+  }
+
+  std::string message_text(std::string_view key, op o, std::uint32_t base, std::string_view value) {
+    std::string shown;
+    for (const char c : detail::show_key(key).substr(0, 60)) shown += (c >= 0x20 && c < 0x7f) ? c : '?';
+    const auto name = o == op::create ? "create" : o == op::replace ? "replace" : "erase";
+    std::string text = fmt::format(
+        "From: dibs <dibs@dibs.invalid>\r\nSubject: dibs {} {}\r\nMessage-ID: <{:016x}{:016x}@dibs.invalid>\r\n"
+        "X-Dibs-Record: 1 {} {}{}{}\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=us-ascii\r\n\r\n"
+        "key {}\r\nvalue\r\n",
+        name, shown, rng_(), rng_(), imap::detail::key_tag(key), name, o == op::create ? "" : " ",
+        o == op::create ? std::string{} : std::to_string(base), imap::detail::base64(key));
+    const auto b64 = imap::detail::base64(value);
+    for (std::size_t i = 0; i < b64.size(); i += 76) text.append(b64, i, 76).append("\r\n");
+    return text;
+  }
+
+  std::optional<dibs::version> write(std::string_view key, op o, dibs::version expected, std::string_view value) {
+    std::lock_guard lock{mutex_};
+    ready();
+    std::uint32_t base = 0;
+    if (o != op::create) {
+      // A version of another incarnation of the folder, or none at all, is
+      // never current: a lost race, without writing anything.
+      if ((expected >> 32) != uid_validity_ || (expected & 0xffffffffu) == 0) return std::nullopt;
+      base = static_cast<std::uint32_t>(expected & 0xffffffffu);
+    }
+    const auto text = message_text(key, o, base, value);
+    // The APPEND alone: a server may run commands pipelined behind it
+    // before it has committed (Dovecot does).
+    const auto appended = run({fmt::format("APPEND {} (\\Seen) {{{}+}}\r\n{}", imap::quote(opts_.folder), text.size(),
+                                           text)},
+                              true);
+    const auto& head = appended;
+    session_.check(head.front(), fmt::format("appending a record of key '{}' to {}", detail::show_key(key), where()));
+    // APPENDUID <uidvalidity> <uid>
+    const auto fields = imap::parse(head.front().code);
+    if (fields.size() < 3 || !fields[0].is("APPENDUID") || !fields[1].number() || !fields[2].number())
+      throw std::system_error(std::make_error_code(std::errc::not_supported),
+                              fmt::format("dibs::imap_store: the server of {} did not say which UID it gave the "
+                                          "record (no APPENDUID): it lacks UIDPLUS",
+                                          where()));
+    if (static_cast<std::uint32_t>(*fields[1].number()) != uid_validity_) {
+      selected_ = false;
+      ready();  // throws: the folder was re-created
+    }
+    const auto uid = static_cast<std::uint32_t>(*fields[2].number());
+    const auto msgs = fetch_key(key);
+    auto mine = [&] { return std::any_of(msgs.begin(), msgs.end(), [&](const message& m) { return m.uid == uid; }); };
+    const bool above = std::any_of(msgs.begin(), msgs.end(), [&](const message& m) {
+      return m.key == key && m.is_base && m.uid > uid;
+    });
+    if (!mine() || above)
+      throw std::system_error(make_error_code(errc::outcome_unknown),
+                              fmt::format("dibs::imap_store: the record of key '{}' (UID {}) in {} was compacted "
+                                          "away before its writer saw whether it counted",
+                                          detail::show_key(key), uid, where()));
+    const auto before = state_of(key, msgs, uid - 1);
+    const bool counts = o == op::create ? !before.present : before.present && before.uid == base;
+    if (!counts) {
+      owed_.push_back(fmt::format("UID EXPUNGE {}", uid));  // changed nothing: tidied with the next command
+      return std::nullopt;
+    }
+    // Compaction: the messages before this one that are old enough. The
+    // keyword goes first, in its own round trip: the expunge must never be
+    // seen without it.
+    std::int64_t now = 0;
+    for (const auto& m : msgs)
+      if (m.uid == uid) now = m.arrived;
+    std::vector<std::uint32_t> old;
+    for (const auto& m : msgs)
+      if (m.key == key && m.uid < uid && m.arrived + opts_.compact_grace.count() <= now) old.push_back(m.uid);
+    if (!old.empty() && static_cast<int>(old.size()) + 1 >= opts_.compact_after) {
+      const auto marked = run({fmt::format("UID STORE {} +FLAGS.SILENT ({})", uid, base_keyword)}, true);
+      if (marked.front().ok()) owed_.push_back(fmt::format("UID EXPUNGE {}", imap::detail::uid_set(old)));
+    }
+    return version_of(uid);
+  }
+
+  imap_store_options opts_;
+  imap::session session_;
+  std::mutex mutex_;
+  bool selected_ = false;
+  std::uint32_t uid_validity_ = 0;
+  std::vector<std::string> owed_;
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+static_assert(shared_store<imap_store>);
+static_assert(listable_store<imap_store>);
+
+}  // namespace dibs
