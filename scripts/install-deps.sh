@@ -13,6 +13,7 @@ packages=(
   libcli11-dev                                     # the dibs command's argument parsing (tools/)
   bats util-linux                                  # the dibs command's tests (tests/cli), flock(1) among them
   liblockfile-bin                                  # dotlockfile(1): dot_lock_test's foreign lock holder
+  dovecot-imapd                                    # dibs::imap: the server its tests start (scripts/imap.sh)
 )
 
 missing=()
