@@ -202,6 +202,16 @@ struct reply {
   bool ok() const noexcept { return status == "OK"; }
 };
 
+/// Returns: the untagged lines of every reply of a pipelined batch. A
+/// server may run pipelined commands side by side (Dovecot does), so what
+/// it says untagged comes while another command is still open: read a
+/// batch's FETCH responses here, not from one reply.
+inline std::vector<std::string> untagged_of(const std::vector<reply>& replies) {
+  std::vector<std::string> all;
+  for (const auto& r : replies) all.insert(all.end(), r.untagged.begin(), r.untagged.end());
+  return all;
+}
+
 /// One connection to an IMAP server, logged in.
 class session {
 public:

@@ -417,7 +417,7 @@ private:
       }
       if (found.empty()) return {};
       session_.check(replies[2], fmt::format("reading records in {}", where()));
-      auto msgs = parse_fetch(replies[2].untagged, *this);
+      auto msgs = parse_fetch(imap::untagged_of(replies), *this);
       std::size_t seen = 0;
       for (const auto& m : msgs) seen += found.count(m.uid);
       if (seen == found.size() || attempt >= 20) return msgs;

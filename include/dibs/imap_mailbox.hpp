@@ -1,0 +1,397 @@
+// dibs/imap_mailbox.hpp: workers watching one shared IMAP mailbox (INBOX,
+// say) claim each message in it exactly once, and a person sees in any mail
+// client which message is being handled, done or failed.
+//
+//   dibs::imap_store store{server};                 // the claims: folder "dibs"
+//   dibs::imap_mailbox inbox{server, store};        // the messages: INBOX
+//   while (auto mail = inbox.next(std::chrono::minutes{1})) {
+//     handle(mail->raw());
+//     mail->complete("order 17");
+//   }
+//
+// The authority is the claim in the store (marker_claim<imap_store>), keyed
+// by the message: "mail/<mailbox>/uid/<UIDVALIDITY>/<UID>" (each delivered
+// copy is one item), or with key_by::message_id "mail/<mailbox>/id/<Message-ID>"
+// (a message delivered twice, or moved away and back, is one item; a
+// message without a Message-ID is then keyed by its UID, and on_note says
+// so). The keywords on the message are a view, set after the store decided,
+// never read to decide anything:
+//
+//   $Processing   a worker holds the claim
+//   $Completed    the claim was completed (complete())
+//   $Failed       the claim failed (given back on its last attempt)
+//
+// A worker that dies leaves $Processing behind; its claim is recovered by
+// the rules of marker_claim (its process is gone, or its lease ran out), the
+// next worker takes the message, and the keywords follow. A view left
+// wrong by a crash between the store's decision and the keyword is
+// repaired when a watcher next scans the mailbox.
+//
+// next() waits for new mail with IDLE (RFC 2177), not by polling, and looks
+// again at least every third of the claims' lease for claims of workers
+// that are gone. Failures of the server (restarting, unreachable) are
+// waited out inside next() until its wait ends; a refused login, a mailbox
+// that does not exist or is read-only throw, naming server and mailbox.
+// One thread uses an imap_mailbox at a time; it needs its own connection
+// (given by `server`) beside the store's.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <dibs/imap.hpp>
+#include <dibs/imap_store.hpp>
+#include <dibs/marker_claim.hpp>
+
+namespace dibs {
+
+struct imap_mailbox_options {
+  /// The shared mailbox the messages arrive in.
+  std::string mailbox = "INBOX";
+  /// What a claim is keyed by: the delivered copy (its UID) or the message
+  /// (its Message-ID).
+  enum class key_by { uid, message_id } key = key_by::uid;
+  /// The keywords that show the state on the message.
+  std::string processing_keyword = "$Processing";
+  std::string completed_keyword = "$Completed";
+  std::string failed_keyword = "$Failed";
+  /// The claims' lease, attempts, renewal (marker_claim).
+  claim_options claims{};
+  /// Told about what costs nothing but a person may want to know (a
+  /// message without Message-ID, a keyword that could not be set). Unset:
+  /// one line on stderr.
+  std::function<void(std::string_view)> on_note{};
+};
+
+class imap_mailbox {
+public:
+  using claims_type = marker_claim<imap_store>;
+
+  /// A message this worker holds the claim on.
+  class mail {
+  public:
+    mail(mail&&) noexcept = default;
+    mail& operator=(mail&&) noexcept = default;
+
+    std::uint32_t uid() const noexcept { return uid_; }
+    const std::string& key() const noexcept { return claim_.key(); }
+    const std::string& message_id() const noexcept { return message_id_; }
+    /// The whole message as the server keeps it (RFC 5322 text).
+    const std::string& raw() const noexcept { return raw_; }
+    /// The claim's fencing token (see marker_claim::claim::token).
+    dibs::version token() const noexcept { return claim_.token(); }
+    std::uint32_t attempts() const noexcept { return claim_.attempts(); }
+    /// Returns: true if the claim was lost (see marker_claim::claim::lost).
+    bool lost() const noexcept { return claim_.lost(); }
+
+    /// Effects: completes the claim (the authority), then shows $Completed
+    /// on the message. Throws: as marker_claim::claim::complete; a keyword
+    /// that cannot be set is only noted (the view is repaired later).
+    void complete(std::string_view result = {}) {
+      claim_.complete(result);
+      box_->show(uid_, box_->opts_.completed_keyword);
+    }
+
+    /// Effects: gives the message back with `error` (it is failed on its
+    /// last attempt, and shows $Failed). Returns: false if the claim was
+    /// taken over.
+    bool release(std::string_view error) {
+      const auto key_copy = claim_.key();
+      const bool ok = claim_.release(error);
+      const auto st = box_->claims_.status(key_copy);
+      box_->show(uid_, st.state == claim_state::failed ? box_->opts_.failed_keyword : std::string{});
+      return ok;
+    }
+
+  private:
+    friend class imap_mailbox;
+    mail(imap_mailbox* box, claims_type::claim c, std::uint32_t uid, std::string id, std::string raw)
+        : box_(box), claim_(std::move(c)), uid_(uid), message_id_(std::move(id)), raw_(std::move(raw)) {}
+    imap_mailbox* box_;
+    claims_type::claim claim_;
+    std::uint32_t uid_;
+    std::string message_id_;
+    std::string raw_;
+  };
+
+  /// One message of the mailbox and what the store says of it (status()).
+  struct entry {
+    std::uint32_t uid = 0;
+    std::string key;
+    std::vector<std::string> keywords;  ///< the flags shown on the message
+    claim_status status;                ///< the authority
+  };
+
+  /// Connects (a connection of its own) and selects the mailbox.
+  /// Requires: `store` outlives this object. Throws: a refused login, the
+  /// mailbox missing or read-only, naming server and mailbox.
+  imap_mailbox(imap::options server, imap_store& store, imap_mailbox_options o = {})
+      : opts_(std::move(o)), session_(std::move(server)), store_(store), claims_(store, opts_.claims) {
+    select();
+  }
+  imap_mailbox(const imap_mailbox&) = delete;
+  imap_mailbox& operator=(const imap_mailbox&) = delete;
+
+  /// Returns: "user@host:port mailbox 'INBOX'", for messages.
+  std::string where() const { return fmt::format("{} mailbox '{}'", session_.where(), opts_.mailbox); }
+  claims_type& claims() noexcept { return claims_; }
+
+  /// Returns: a claim on a message nobody has handled (or whose worker is
+  /// gone), waiting for one with IDLE up to `wait`; nothing if none came.
+  std::optional<mail> next(std::chrono::milliseconds wait) {
+    const auto end = std::chrono::steady_clock::now() + wait;
+    const auto recheck = std::max(std::chrono::milliseconds{200}, opts_.claims.lease / 3);
+    for (;;) {
+      try {
+        if (auto m = scan_and_claim()) return m;
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return std::nullopt;
+        if (!held_.empty() || pending_.empty()) session_.idle(std::min(left, recheck));
+      } catch (const std::system_error& e) {
+        if (!is_transient(e.code()) && e.code() != make_error_code(errc::outcome_unknown)) throw;
+        selected_ = false;
+        if (std::chrono::steady_clock::now() >= end) return std::nullopt;
+        std::this_thread::sleep_for(std::chrono::milliseconds{200});
+      }
+    }
+  }
+
+  /// Returns: every message of the mailbox with its keywords and what the
+  /// store says of it, in UID order (for a listing, or a check that the
+  /// view agrees with the store).
+  std::vector<entry> status() {
+    ready();
+    const auto r = session_.run({"NOOP", fmt::format("UID FETCH 1:* {}", fetch_items)});
+    auto states = states_now();
+    std::vector<entry> out;
+    for (auto& [uid, m] : parse(imap::untagged_of(r))) {
+      entry e{uid, m.key, m.flags, {}};
+      if (const auto it = states.find(m.key); it != states.end()) e.status = it->second;
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
+
+private:
+  struct seen {
+    std::string key;
+    std::string message_id;
+    std::vector<std::string> flags;
+  };
+  static constexpr std::string_view fetch_items = "(UID FLAGS BODY.PEEK[HEADER.FIELDS (MESSAGE-ID)])";
+
+  void note(std::string_view what) {
+    if (opts_.on_note) opts_.on_note(what);
+    else std::fprintf(stderr, "dibs::imap_mailbox: %.*s\n", static_cast<int>(what.size()), what.data());
+  }
+
+  void select() {
+    const auto r = session_.run(fmt::format("SELECT {}", imap::quote(opts_.mailbox)));
+    if (!r.ok() && std::error_code(session_code(r)) == std::make_error_code(std::errc::no_such_file_or_directory))
+      throw std::system_error(std::make_error_code(std::errc::no_such_file_or_directory),
+                              fmt::format("dibs::imap_mailbox: {} does not exist (the server said: {}); create it or "
+                                          "name the mailbox the mail arrives in",
+                                          where(), r.text));
+    session_.check(r, fmt::format("selecting {}", where()));
+    if (imap::detail::istarts_with(r.code, "READ-ONLY"))
+      throw std::system_error(std::make_error_code(std::errc::permission_denied),
+                              fmt::format("dibs::imap_mailbox: {} is read-only for this user; dibs shows the state "
+                                          "of each message with keywords there, so it needs the right to set them",
+                                          where()));
+    std::uint32_t validity = 0;
+    for (const auto& u : r.untagged)
+      if (const auto at = u.find("[UIDVALIDITY "); at != std::string::npos)
+        validity = static_cast<std::uint32_t>(std::stoul(u.substr(at + 13)));
+    if (validity != validity_) {  // a new mailbox (or the first look): every UID is new
+      known_.clear();
+      pending_.clear();
+      held_.clear();
+      last_uid_ = 0;
+      validity_ = validity;
+    }
+    selected_ = true;
+  }
+
+  static std::error_code session_code(const imap::reply& r) {
+    if (imap::detail::iequals(r.code, "NONEXISTENT") || imap::detail::iequals(r.code, "TRYCREATE"))
+      return std::make_error_code(std::errc::no_such_file_or_directory);
+    return {};
+  }
+
+  void ready() {
+    if (!session_.connected() || !selected_) select();
+  }
+
+  std::string key_of(std::uint32_t uid, const std::string& message_id) {
+    const auto uid_key = fmt::format("mail/{}/uid/{}/{}", opts_.mailbox, validity_, uid);
+    if (opts_.key == imap_mailbox_options::key_by::uid) return uid_key;
+    if (message_id.empty()) {
+      note(fmt::format("message UID {} in {} has no Message-ID: it is keyed by its UID ({})", uid, where(), uid_key));
+      return uid_key;
+    }
+    return fmt::format("mail/{}/id/{}", opts_.mailbox, message_id);
+  }
+
+  std::map<std::uint32_t, seen> parse(const std::vector<std::string>& untagged) {
+    std::map<std::uint32_t, seen> out;
+    for (const auto& line : untagged) {
+      const auto v = imap::parse(line);
+      if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != imap::value::kind::list) continue;
+      std::uint32_t uid = 0;
+      seen s;
+      std::string header;
+      const auto& items = v[2].items;
+      for (std::size_t i = 0; i + 1 < items.size(); i += 2) {
+        if (items[i].is("UID")) uid = static_cast<std::uint32_t>(items[i + 1].number().value_or(0));
+        else if (items[i].is("FLAGS"))
+          for (const auto& f : items[i + 1].items) s.flags.push_back(f.text);
+        else if (imap::detail::istarts_with(items[i].text, "BODY[HEADER")) header = items[i + 1].text;
+      }
+      if (uid == 0) continue;
+      // "Message-ID: <a@b>\r\n\r\n", possibly folded
+      if (const auto colon = header.find(':'); colon != std::string::npos) {
+        for (const char c : header.substr(colon + 1))
+          if (c != ' ' && c != '\t' && c != '\r' && c != '\n') s.message_id += c;
+      }
+      s.key = key_of(uid, s.message_id);
+      out.emplace(uid, std::move(s));
+    }
+    return out;
+  }
+
+  std::map<std::string, claim_status> states_now() {
+    std::map<std::string, claim_status> states;
+    for (auto& item : claims_.list(fmt::format("mail/{}/", opts_.mailbox))) states[item.key] = item.status;
+    return states;
+  }
+
+  bool has_flag(const seen& s, std::string_view flag) const {
+    return std::any_of(s.flags.begin(), s.flags.end(), [&](const std::string& f) { return imap::detail::iequals(f, flag); });
+  }
+
+  // Learns the messages that arrived since the last look; on the first
+  // look, what the store says of every message.
+  void refresh() {
+    ready();
+    const bool first = last_uid_ == 0;
+    const auto r = session_.run({"NOOP", fmt::format("UID FETCH {}:* {}", last_uid_ + 1, fetch_items)});
+    auto fresh = parse(imap::untagged_of(r));
+    std::erase_if(fresh, [&](const auto& e) { return e.first <= last_uid_; });
+    if (fresh.empty()) return;
+    std::map<std::string, claim_status> states;
+    if (first) states = states_now();
+    for (auto& [uid, s] : fresh) {
+      last_uid_ = std::max(last_uid_, uid);
+      const auto it = states.find(s.key);
+      const auto state = it == states.end() ? claim_state::absent : it->second.state;
+      if (state == claim_state::completed || state == claim_state::failed) {
+        settle(uid, s, state);
+        continue;
+      }
+      known_.emplace(uid, std::move(s));
+      pending_.insert(uid);
+    }
+  }
+
+  // The item is done: its keywords are made to agree with the store.
+  void settle(std::uint32_t uid, const seen& s, claim_state state) {
+    const auto& want = state == claim_state::completed ? opts_.completed_keyword : opts_.failed_keyword;
+    if (!has_flag(s, want) || has_flag(s, opts_.processing_keyword)) show(uid, want);
+    pending_.erase(uid);
+    held_.erase(uid);
+    known_.erase(uid);
+  }
+
+  // Shows `keyword` on the message (and removes the other two); empty:
+  // none of them.
+  void show(std::uint32_t uid, const std::string& keyword) {
+    std::vector<std::string> others;
+    for (const auto* k : {&opts_.processing_keyword, &opts_.completed_keyword, &opts_.failed_keyword})
+      if (*k != keyword) others.push_back(*k);
+    std::vector<std::string> commands{
+        fmt::format("UID STORE {} -FLAGS.SILENT ({} {})", uid, others[0], others[1])};
+    if (!keyword.empty()) commands.push_back(fmt::format("UID STORE {} +FLAGS.SILENT ({})", uid, keyword));
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      try {
+        ready();
+        for (const auto& r : session_.run(commands)) session_.check(r, fmt::format("showing {} on UID {}", keyword, uid));
+        return;
+      } catch (const std::system_error& e) {
+        selected_ = false;
+        if (attempt == 1) note(fmt::format("could not show '{}' on message UID {} in {} ({}); it is shown when a "
+                                           "watcher next scans the mailbox",
+                                           keyword, uid, where(), e.what()));
+      }
+    }
+  }
+
+  std::optional<mail> scan_and_claim() {
+    refresh();
+    std::vector<std::uint32_t> order(pending_.begin(), pending_.end());
+    std::shuffle(order.begin(), order.end(), rng_);  // workers spread over the backlog
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto uid : order) {
+      const auto held = held_.find(uid);
+      if (held != held_.end() && held->second > now) continue;  // someone else's, looked at lately
+      const auto& s = known_.at(uid);
+      auto c = claims_.try_claim(s.key);
+      if (!c) {
+        const auto st = claims_.status(s.key);
+        if (st.state == claim_state::completed || st.state == claim_state::failed) settle(uid, s, st.state);
+        else held_[uid] = now + std::max(std::chrono::milliseconds{200}, opts_.claims.lease / 3);
+        continue;
+      }
+      show(uid, opts_.processing_keyword);
+      ready();
+      const auto body = session_.run(fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid));
+      std::string raw;
+      bool found = false;
+      for (const auto& line : body.untagged) {
+        const auto v = imap::parse(line);
+        if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != imap::value::kind::list) continue;
+        const auto& items = v[2].items;
+        for (std::size_t i = 0; i + 1 < items.size(); i += 2)
+          if (imap::detail::istarts_with(items[i].text, "BODY[")) raw = items[i + 1].text, found = true;
+      }
+      const auto id = s.message_id;
+      pending_.erase(uid);
+      held_.erase(uid);
+      known_.erase(uid);
+      if (!found) {  // expunged meanwhile (by a person): nothing to handle, and nothing hidden
+        note(fmt::format("message UID {} in {} was expunged before it was handled", uid, where()));
+        c->complete("expunged before it was handled");
+        continue;
+      }
+      return mail{this, std::move(*c), uid, id, std::move(raw)};
+    }
+    return std::nullopt;
+  }
+
+  imap_mailbox_options opts_;
+  imap::session session_;
+  imap_store& store_;
+  claims_type claims_;
+  bool selected_ = false;
+  std::uint32_t validity_ = 0;
+  std::uint32_t last_uid_ = 0;
+  std::map<std::uint32_t, seen> known_;
+  std::set<std::uint32_t> pending_;
+  std::map<std::uint32_t, std::chrono::steady_clock::time_point> held_;
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+}  // namespace dibs
