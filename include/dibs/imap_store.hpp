@@ -1,6 +1,6 @@
 // dibs/imap_store.hpp: a dibs::shared_store whose records are messages in a
 // folder of an IMAP mailbox, for workers that share nothing but a mail
-// server (Dovecot, or any server with UIDPLUS).
+// server (Dovecot, or any server with UIDPLUS and QRESYNC).
 //
 //   dibs::imap_store store{dibs::imap::options::from_env()};   // folder "dibs"
 //   dibs::marker_claim<dibs::imap_store> claims{store};
@@ -23,12 +23,26 @@
 //     above it: versions grow with every change, also across erase and
 //     re-create, and never repeat;
 //   - the writer learns whether its write counted by reading the key's
-//     messages up to its own after the APPEND (pipelined with it: one round
-//     trip);
+//     messages up to its own after the APPEND has completed: by then its
+//     session sees every message with a smaller UID (they were committed
+//     before it);
+//   - each store keeps a mirror of the folder's records, brought up to date
+//     with every operation by one "UID FETCH <last seen + 1>:*" (what others
+//     appended since) and the server's reports of what others expunged
+//     (QRESYNC's VANISHED, RFC 7162) and marked: a read is one round trip
+//     that carries only what is new, and a write is the APPEND and that
+//     read, whatever the size of the folder;
 //   - old messages are removed without changing what any replay says: the
 //     keyword $DibsBase on a message that counted says "replay from here";
-//     only after it is set are the messages below it expunged. A lost
-//     race's message is expunged by its writer (it never changed anything).
+//     only after it is set are the messages below it expunged, and only
+//     those older than compact_grace, so a writer still waiting to learn
+//     whether its write counted finds its message (one that does not says
+//     errc::outcome_unknown, and the policies read back). A lost race's
+//     message is expunged by its writer (it never changed anything).
+// A read may lag behind a write another client completed a moment before
+// (by the time the server takes to show it to this session); every
+// decision is made by APPEND order, never by what a read said, so a stale
+// read only makes a later write lose its race.
 // Nothing here relies on CONDSTORE's conditional STORE, on flags as locks,
 // or on MOVE: on Dovecot those let two racing clients both succeed.
 //
@@ -37,11 +51,14 @@
 // absent; one that is read-only for the user is refused when the store is
 // opened.
 //
+// The server must have UIDPLUS (RFC 4315) and QRESYNC (RFC 7162);
+// Dovecot has both (dibs is tested against Dovecot 2.3).
+//
 // Failures: the server unreachable, restarting, or the connection lost:
 // transient (the next operation reconnects); a write whose reply was lost:
 // errc::outcome_unknown (the policies read back); a refused login: not
 // transient, naming user and server; the folder deleted and re-created
-// under the store (a new UIDVALIDITY): std::ESTALE, not
+// under the store (a new UIDVALIDITY): ESTALE (generic_category), not
 // transient: every record in it is gone. Thread-safe (one connection, used
 // by one thread at a time); open a new store in a child after fork().
 #pragma once
@@ -188,16 +205,17 @@ public:
   /// The keyword marking a message from which a key's replay starts.
   static constexpr std::string_view base_keyword = "$DibsBase";
 
-  /// Connects, logs in, creates the folder if absent and selects it.
-  /// Throws: std::system_error naming server, user and folder if any of
-  /// that fails (a wrong password, the folder read-only, ...).
+  /// Connects, logs in, creates the folder if absent, selects it and reads
+  /// the records in it. Throws: std::system_error naming server, user and
+  /// folder if any of that fails (a wrong password, the folder read-only,
+  /// a server without UIDPLUS or QRESYNC).
   explicit imap_store(imap::options server, imap_store_options o = {})
       : opts_(std::move(o)), session_(std::move(server)) {
     if (opts_.folder.empty())
       throw std::system_error(make_error_code(errc::invalid_argument),
                               "dibs::imap_store: the folder name is empty; name the folder dibs keeps its records in");
     std::lock_guard lock{mutex_};
-    select();
+    ready();
   }
 
   /// Sends the tidying owed by the last writes (best effort).
@@ -219,7 +237,8 @@ public:
   std::optional<record> read(std::string_view key) {
     validate_key(key, "dibs::imap_store::read");
     std::lock_guard lock{mutex_};
-    const auto s = state_of(key, fetch_key(key), std::numeric_limits<std::uint32_t>::max());
+    sync({});
+    const auto s = state_of(key, std::numeric_limits<std::uint32_t>::max());
     if (!s.present) return std::nullopt;
     return record{s.value, version_of(s.uid)};
   }
@@ -244,13 +263,11 @@ public:
   /// Returns: the keys that hold a record and start with `prefix`.
   std::vector<std::string> keys(std::string_view prefix = {}) {
     std::lock_guard lock{mutex_};
-    auto all = fetch("UID SEARCH RETURN (SAVE ALL) HEADER X-Dibs-Record \"\"");
-    std::map<std::string, std::vector<message>> by_key;
-    for (auto& m : all)
-      if (std::string_view(m.key).starts_with(prefix)) by_key[m.key].push_back(std::move(m));
+    sync({});
     std::vector<std::string> out;
-    for (auto& [k, msgs] : by_key)
-      if (state_of(k, std::move(msgs), std::numeric_limits<std::uint32_t>::max()).present) out.push_back(k);
+    for (const auto& [k, uids] : by_key_)
+      if (std::string_view(k).starts_with(prefix) && state_of(k, std::numeric_limits<std::uint32_t>::max()).present)
+        out.push_back(k);
     return out;
   }
 
@@ -261,10 +278,9 @@ private:
   enum class op { create, replace, erase };
 
   struct message {
-    std::uint32_t uid = 0;
     imap_store::op op = op::create;
-    std::uint32_t base = 0;  // the UID a replace or erase names
-    bool is_base = false;    // carries $DibsBase
+    std::uint32_t base = 0;    // the UID a replace or erase names
+    bool is_base = false;      // carries $DibsBase
     std::int64_t arrived = 0;  // INTERNALDATE, seconds since the epoch by the server's clock
     std::string key;
     std::string value;
@@ -280,17 +296,30 @@ private:
     return (static_cast<dibs::version>(uid_validity_) << 32) | uid;
   }
 
-  [[noreturn]] void corrupt(std::uint32_t uid, std::string_view why) const {
-    throw std::system_error(make_error_code(errc::corrupt_record),
-                            fmt::format("dibs::imap_store: message UID {} in {} has an X-Dibs-Record header but {}; "
-                                        "it was not written by dibs (or was changed): move it out of the folder",
-                                        uid, where(), why));
-  }
+  static constexpr std::string_view fetch_items =
+      "(UID FLAGS INTERNALDATE BODY.PEEK[HEADER.FIELDS (X-Dibs-Record)] BODY.PEEK[TEXT])";
 
-  void select() {
-    auto created = session_.run(fmt::format("CREATE {}", imap::quote(opts_.folder)));
-    if (!created.ok() && !imap::detail::iequals(created.code, "ALREADYEXISTS") &&
-        created.text.find("xists") == std::string::npos)
+  // Logs in if needed, selects the folder with QRESYNC (RFC 7162: expunges
+  // are then reported by UID, as VANISHED, and flag changes with their
+  // UID), and reads every record in it into the mirror.
+  void ready() {
+    if (session_.connected() && selected_) return;
+    selected_ = false;
+    mirror_.clear();
+    by_key_.clear();
+    damaged_.clear();
+    owed_.clear();
+    max_uid_ = 0;
+    if (!session_.connected()) session_.run("NOOP");  // connects and logs in
+    for (const auto& [cap, why] : {std::pair{"UIDPLUS", "to learn the UID of each record it appends"},
+                                   std::pair{"QRESYNC", "to learn which records other clients removed"}})
+      if (!session_.has(cap))
+        throw std::system_error(std::make_error_code(std::errc::not_supported),
+                                fmt::format("dibs::imap_store: the server of {} lacks {}, which dibs needs {}",
+                                            where(), cap, why));
+    session_.check(session_.run("ENABLE QRESYNC"), "enabling QRESYNC");
+    const auto created = session_.run(fmt::format("CREATE {}", imap::quote(opts_.folder)));
+    if (!created.ok() && !imap::detail::iequals(created.code, "ALREADYEXISTS"))
       session_.check(created, fmt::format("creating the folder '{}' for dibs's records", opts_.folder));
     const auto r = session_.run(fmt::format("SELECT {}", imap::quote(opts_.folder)));
     session_.check(r, fmt::format("selecting dibs's folder '{}'", opts_.folder));
@@ -300,35 +329,20 @@ private:
                                           "remove messages there (give the user the rights, or name another folder)",
                                           where()));
     std::uint32_t validity = 0;
-    for (const auto& u : r.untagged) {
-      const auto at = u.find("[UIDVALIDITY ");
-      if (at != std::string::npos) validity = static_cast<std::uint32_t>(std::stoul(u.substr(at + 13)));
-    }
-    for (const auto& [cap, why] : {std::pair{"UIDPLUS", "to learn the UID of each record it appends"},
-                                   std::pair{"ESEARCH", "to read a key's records in one round trip"},
-                                   std::pair{"SEARCHRES", "to read a key's records in one round trip"}})
-      if (!session_.has(cap))
-        throw std::system_error(std::make_error_code(std::errc::not_supported),
-                                fmt::format("dibs::imap_store: the server of {} lacks {}, which dibs needs {}",
-                                            where(), cap, why));
+    for (const auto& u : r.untagged)
+      if (const auto at = u.find("[UIDVALIDITY "); at != std::string::npos)
+        validity = static_cast<std::uint32_t>(std::stoul(u.substr(at + 13)));
     if (uid_validity_ != 0 && validity != uid_validity_) {
-      const auto before = uid_validity_;
+      session_.drop();
       throw std::system_error(std::error_code(ESTALE, std::generic_category()),
                               fmt::format("dibs::imap_store: {} was deleted and re-created (UIDVALIDITY {} -> {}): "
                                           "every record in it is gone, and claims held in it are void; open a new "
                                           "store to start over",
-                                          where(), before, validity));
+                                          where(), uid_validity_, validity));
     }
     uid_validity_ = validity;
     selected_ = true;
-  }
-
-  // The session, connected and with the folder selected.
-  void ready() {
-    if (!session_.connected() || !selected_) {
-      selected_ = false;
-      select();
-    }
+    sync({});
   }
 
   // Runs commands on the selected folder; expunges owed by earlier writes go
@@ -340,6 +354,7 @@ private:
     try {
       auto replies = writes || owed ? session_.run_write(commands) : session_.run(commands);
       owed_.clear();
+      absorb(replies);
       replies.erase(replies.begin(), replies.begin() + static_cast<std::ptrdiff_t>(owed));
       return replies;
     } catch (const std::system_error& e) {
@@ -350,104 +365,130 @@ private:
     }
   }
 
-  static std::vector<message> parse_fetch(const std::vector<std::string>& untagged, const imap_store& self) {
-    std::vector<message> out;
-    for (const auto& line : untagged) {
-      const auto v = imap::parse(line);
-      if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != imap::value::kind::list) continue;
-      message m;
-      std::string header, text;
-      bool have_text = false;
-      const auto& items = v[2].items;
-      for (std::size_t i = 0; i + 1 < items.size(); i += 2) {
-        const auto& name = items[i];
-        const auto& val = items[i + 1];
-        if (name.is("INTERNALDATE")) m.arrived = imap::detail::parse_date(val.text);
-        else if (name.is("UID")) m.uid = static_cast<std::uint32_t>(val.number().value_or(0));
-        else if (name.is("FLAGS"))
-          for (const auto& f : val.items) m.is_base = m.is_base || f.is(base_keyword);
-        else if (imap::detail::istarts_with(name.text, "BODY[HEADER")) header = val.text;
-        else if (imap::detail::istarts_with(name.text, "BODY[TEXT")) text = val.text, have_text = true;
+  // Brings the mirror up to date: the records appended since the last look,
+  // and what other clients expunged or marked meanwhile (reported with any
+  // command's reply).
+  void sync(std::vector<std::string> before) {
+    before.push_back(fmt::format("UID FETCH {}:* {}", max_uid_ + 1, fetch_items));
+    const auto replies = run(std::move(before), false);
+    session_.check(replies.back(), fmt::format("reading records in {}", where()));
+  }
+
+  // Takes in what the server said: new records, flags, expunges.
+  void absorb(const std::vector<imap::reply>& replies) {
+    for (const auto& r : replies)
+      for (const auto& line : r.untagged) {
+        if (imap::detail::istarts_with(line, "VANISHED")) {
+          auto set = std::string_view(line).substr(8);
+          while (set.starts_with(' ')) set.remove_prefix(1);
+          if (imap::detail::istarts_with(set, "(EARLIER)")) set.remove_prefix(9);
+          while (set.starts_with(' ')) set.remove_prefix(1);
+          for (const auto uid : imap::detail::parse_uid_set(set)) forget(uid);
+          continue;
+        }
+        const auto v = imap::parse(line);
+        if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != imap::value::kind::list) continue;
+        take(v[2].items);
       }
-      if (m.uid == 0 || !have_text) continue;
-      // X-Dibs-Record: 1 k<hash>. create | replace <base> | erase <base>
-      const auto colon = header.find(':');
-      const auto fields = imap::parse(colon == std::string::npos ? "" : header.substr(colon + 1));
-      if (fields.size() < 3 || !fields[0].is("1")) self.corrupt(m.uid, "an X-Dibs-Record header dibs cannot read");
-      if (fields[2].is("create")) m.op = op::create;
-      else if (fields[2].is("replace")) m.op = op::replace;
-      else if (fields[2].is("erase")) m.op = op::erase;
-      else self.corrupt(m.uid, "an unknown operation in its X-Dibs-Record header");
-      if (m.op != op::create) {
-        if (fields.size() < 4 || !fields[3].number()) self.corrupt(m.uid, "no base UID in its X-Dibs-Record header");
-        m.base = static_cast<std::uint32_t>(*fields[3].number());
-      }
-      // Body: "key <base64>\r\nvalue\r\n<base64 lines>"
-      const auto nl = text.find("\r\n");
-      if (!text.starts_with("key ") || nl == std::string::npos) self.corrupt(m.uid, "a body that is not a dibs record");
-      auto key = imap::detail::unbase64(std::string_view(text).substr(4, nl - 4));
-      const auto rest = std::string_view(text).substr(nl + 2);
-      if (!key || !rest.starts_with("value\r\n")) self.corrupt(m.uid, "a body that is not a dibs record");
-      auto value = imap::detail::unbase64(rest.substr(7));
-      if (!value) self.corrupt(m.uid, "a value that is not base64");
-      m.key = std::move(*key);
-      m.value = std::move(*value);
-      out.push_back(std::move(m));
+  }
+
+  void forget(std::uint32_t uid) {
+    const auto it = mirror_.find(uid);
+    if (it == mirror_.end()) {
+      damaged_.erase(uid);
+      return;
     }
-    std::sort(out.begin(), out.end(), [](const message& a, const message& b) { return a.uid < b.uid; });
-    return out;
+    auto& uids = by_key_[it->second.key];
+    std::erase(uids, uid);
+    if (uids.empty()) by_key_.erase(it->second.key);
+    mirror_.erase(it);
   }
 
-  static constexpr std::string_view fetch_items =
-      "(UID FLAGS INTERNALDATE BODY.PEEK[HEADER.FIELDS (X-Dibs-Record)] BODY.PEEK[TEXT])";
-
-  // The messages a search finds, read in the same round trip (SEARCHRES,
-  // RFC 5182); again if some vanished between search and fetch (compacted
-  // by another writer).
-  std::vector<message> fetch(std::string_view search) {
-    for (int attempt = 0;; ++attempt) {
-      // NOOP first: the search then sees every change other sessions committed.
-      auto replies = run({"NOOP", std::string(search), fmt::format("UID FETCH $ {}", fetch_items)}, false);
-      session_.check(replies[1], fmt::format("searching {}", where()));
-      std::set<std::uint32_t> found;
-      for (const auto& u : replies[1].untagged) {
-        const auto at = u.find(" ALL ");
-        if (imap::detail::istarts_with(u, "ESEARCH") && at != std::string::npos)
-          found = imap::detail::parse_uid_set(std::string_view(u).substr(at + 5));
-      }
-      if (found.empty()) return {};
-      session_.check(replies[2], fmt::format("reading records in {}", where()));
-      auto msgs = parse_fetch(imap::untagged_of(replies), *this);
-      std::size_t seen = 0;
-      for (const auto& m : msgs) seen += found.count(m.uid);
-      if (seen == found.size() || attempt >= 20) return msgs;
+  void take(const std::vector<imap::value>& items) {
+    std::uint32_t uid = 0;
+    std::optional<bool> is_base;
+    std::int64_t arrived = 0;
+    std::optional<std::string> header, text;
+    for (std::size_t i = 0; i + 1 < items.size(); i += 2) {
+      const auto& name = items[i];
+      const auto& val = items[i + 1];
+      if (name.is("UID")) uid = static_cast<std::uint32_t>(val.number().value_or(0));
+      else if (name.is("INTERNALDATE")) arrived = imap::detail::parse_date(val.text);
+      else if (name.is("FLAGS")) {
+        is_base = false;
+        for (const auto& f : val.items) *is_base = *is_base || f.is(base_keyword);
+      } else if (imap::detail::istarts_with(name.text, "BODY[HEADER")) header = val.text;
+      else if (imap::detail::istarts_with(name.text, "BODY[TEXT")) text = val.text;
     }
-  }
-
-  std::vector<message> fetch_key(std::string_view key) {
-    return fetch(search_for(key));
-  }
-
-  static std::string search_for(std::string_view key) {
-    return fmt::format("UID SEARCH RETURN (SAVE ALL) HEADER X-Dibs-Record \"{}\"", imap::detail::key_tag(key));
+    if (uid == 0) return;
+    if (!text) {  // a change of flags
+      if (const auto it = mirror_.find(uid); it != mirror_.end() && is_base) it->second.is_base = *is_base;
+      return;
+    }
+    if (uid <= max_uid_ && (mirror_.count(uid) || damaged_.count(uid))) return;
+    max_uid_ = std::max(max_uid_, uid);
+    if (!header || header->find(':') == std::string::npos) return;  // not a record: a person's mail; left alone
+    message m;
+    m.is_base = is_base.value_or(false);
+    m.arrived = arrived;
+    // X-Dibs-Record: 1 k<hash>. create | replace <base> | erase <base>
+    const auto fields = imap::parse(header->substr(header->find(':') + 1));
+    const std::string tag = fields.size() >= 2 ? fields[1].text : std::string{};
+    auto damaged = [&](std::string_view why) { damaged_[uid] = {tag, std::string(why)}; };
+    if (fields.size() < 3 || !fields[0].is("1")) return damaged("an X-Dibs-Record header dibs cannot read");
+    if (fields[2].is("create")) m.op = op::create;
+    else if (fields[2].is("replace")) m.op = op::replace;
+    else if (fields[2].is("erase")) m.op = op::erase;
+    else return damaged("an unknown operation in its X-Dibs-Record header");
+    if (m.op != op::create) {
+      if (fields.size() < 4 || !fields[3].number()) return damaged("no base UID in its X-Dibs-Record header");
+      m.base = static_cast<std::uint32_t>(*fields[3].number());
+    }
+    // Body: "key <base64>\r\nvalue\r\n<base64 lines>"
+    const auto nl = text->find("\r\n");
+    if (!text->starts_with("key ") || nl == std::string::npos) return damaged("a body that is not a dibs record");
+    auto key = imap::detail::unbase64(std::string_view(*text).substr(4, nl - 4));
+    const auto rest = std::string_view(*text).substr(nl + 2);
+    if (!key || !rest.starts_with("value\r\n") || imap::detail::key_tag(*key) != tag)
+      return damaged("a body that is not a dibs record of its key");
+    auto value = imap::detail::unbase64(rest.substr(7));
+    if (!value) return damaged("a value that is not base64");
+    m.key = std::move(*key);
+    m.value = std::move(*value);
+    by_key_[m.key].push_back(uid);
+    std::sort(by_key_[m.key].begin(), by_key_[m.key].end());
+    mirror_.emplace(uid, std::move(m));
   }
 
   // The key's state after its messages up to and including UID `upto`:
   // replayed from the last message marked $DibsBase (or from nothing).
-  static state state_of(std::string_view key, std::vector<message> msgs, std::uint32_t upto) {
+  state state_of(std::string_view key, std::uint32_t upto) const {
+    const auto tag = imap::detail::key_tag(key);
+    for (const auto& [uid, bad] : damaged_)
+      if (bad.first == tag && uid <= upto)
+        throw std::system_error(make_error_code(errc::corrupt_record),
+                                fmt::format("dibs::imap_store: message UID {} in {} says it is a record of key '{}' "
+                                            "but has {}; it was not written by dibs (or was changed): move it out of "
+                                            "the folder",
+                                            uid, where(), detail::show_key(key), bad.second));
     state s;
-    std::erase_if(msgs, [&](const message& m) { return m.key != key || m.uid > upto; });
+    const auto it = by_key_.find(std::string(key));
+    if (it == by_key_.end()) return s;
+    std::vector<const message*> msgs;
+    std::vector<std::uint32_t> uids;
+    for (const auto uid : it->second)
+      if (uid <= upto) uids.push_back(uid), msgs.push_back(&mirror_.at(uid));
     std::size_t from = 0;
     for (std::size_t i = msgs.size(); i-- > 0;)
-      if (msgs[i].is_base) {
-        s = {msgs[i].op != op::erase, msgs[i].uid, msgs[i].value};
+      if (msgs[i]->is_base) {
+        s = {msgs[i]->op != op::erase, uids[i], msgs[i]->value};
         from = i + 1;
         break;
       }
     for (std::size_t i = from; i < msgs.size(); ++i) {
-      const auto& m = msgs[i];
+      const auto& m = *msgs[i];
       if (m.op == op::create ? s.present : !s.present || s.uid != m.base) continue;  // a lost race
-      s = {m.op != op::erase, m.uid, m.value};
+      s = {m.op != op::erase, uids[i], m.value};
     }
     return s;
   }
@@ -467,6 +508,7 @@ private:
     return text;
   }
 
+
   std::optional<dibs::version> write(std::string_view key, op o, dibs::version expected, std::string_view value) {
     std::lock_guard lock{mutex_};
     ready();
@@ -479,14 +521,15 @@ private:
     }
     const auto text = message_text(key, o, base, value);
     // The APPEND alone: a server may run commands pipelined behind it
-    // before it has committed (Dovecot does).
-    const auto appended = run({fmt::format("APPEND {} (\\Seen) {{{}+}}\r\n{}", imap::quote(opts_.folder), text.size(),
-                                           text)},
+    // before it has committed (Dovecot does). When it has, this session
+    // sees every record with a smaller UID (they were committed before).
+    const auto appended = run({fmt::format("APPEND {} (\\Seen) {{{}+}}\r\n{}", imap::quote(opts_.folder),
+                                           text.size(), text)},
                               true);
-    const auto& head = appended;
-    session_.check(head.front(), fmt::format("appending a record of key '{}' to {}", detail::show_key(key), where()));
+    session_.check(appended.front(),
+                   fmt::format("appending a record of key '{}' to {}", detail::show_key(key), where()));
     // APPENDUID <uidvalidity> <uid>
-    const auto fields = imap::parse(head.front().code);
+    const auto fields = imap::parse(appended.front().code);
     if (fields.size() < 3 || !fields[0].is("APPENDUID") || !fields[1].number() || !fields[2].number())
       throw std::system_error(std::make_error_code(std::errc::not_supported),
                               fmt::format("dibs::imap_store: the server of {} did not say which UID it gave the "
@@ -497,17 +540,24 @@ private:
       ready();  // throws: the folder was re-created
     }
     const auto uid = static_cast<std::uint32_t>(*fields[2].number());
-    const auto msgs = fetch_key(key);
-    auto mine = [&] { return std::any_of(msgs.begin(), msgs.end(), [&](const message& m) { return m.uid == uid; }); };
-    const bool above = std::any_of(msgs.begin(), msgs.end(), [&](const message& m) {
-      return m.key == key && m.is_base && m.uid > uid;
+    try {
+      sync({});
+      if (!mirror_.count(uid)) sync({"NOOP"});
+    } catch (const std::system_error& e) {
+      if (is_transient(e.code()) || detail::outcome_unknown(e))
+        throw std::system_error(make_error_code(errc::outcome_unknown), e.what());
+      throw;
+    }
+    const auto& mine = by_key_[std::string(key)];
+    const bool above = std::any_of(mine.begin(), mine.end(), [&](std::uint32_t u) {
+      return u > uid && mirror_.at(u).is_base;
     });
-    if (!mine() || above)
+    if (!mirror_.count(uid) || above)
       throw std::system_error(make_error_code(errc::outcome_unknown),
                               fmt::format("dibs::imap_store: the record of key '{}' (UID {}) in {} was compacted "
                                           "away before its writer saw whether it counted",
                                           detail::show_key(key), uid, where()));
-    const auto before = state_of(key, msgs, uid - 1);
+    const auto before = state_of(key, uid - 1);
     const bool counts = o == op::create ? !before.present : before.present && before.uid == base;
     if (!counts) {
       owed_.push_back(fmt::format("UID EXPUNGE {}", uid));  // changed nothing: tidied with the next command
@@ -516,15 +566,16 @@ private:
     // Compaction: the messages before this one that are old enough. The
     // keyword goes first, in its own round trip: the expunge must never be
     // seen without it.
-    std::int64_t now = 0;
-    for (const auto& m : msgs)
-      if (m.uid == uid) now = m.arrived;
+    const auto now = mirror_.at(uid).arrived;
     std::vector<std::uint32_t> old;
-    for (const auto& m : msgs)
-      if (m.key == key && m.uid < uid && m.arrived + opts_.compact_grace.count() <= now) old.push_back(m.uid);
+    for (const auto u : mine)
+      if (u < uid && mirror_.at(u).arrived + opts_.compact_grace.count() <= now) old.push_back(u);
     if (!old.empty() && static_cast<int>(old.size()) + 1 >= opts_.compact_after) {
       const auto marked = run({fmt::format("UID STORE {} +FLAGS.SILENT ({})", uid, base_keyword)}, true);
-      if (marked.front().ok()) owed_.push_back(fmt::format("UID EXPUNGE {}", imap::detail::uid_set(old)));
+      if (marked.front().ok()) {
+        mirror_.at(uid).is_base = true;
+        owed_.push_back(fmt::format("UID EXPUNGE {}", imap::detail::uid_set(old)));
+      }
     }
     return version_of(uid);
   }
@@ -534,6 +585,10 @@ private:
   std::mutex mutex_;
   bool selected_ = false;
   std::uint32_t uid_validity_ = 0;
+  std::uint32_t max_uid_ = 0;                                       // the highest UID read so far
+  std::map<std::uint32_t, message> mirror_;                         // the records in the folder, by UID
+  std::map<std::string, std::vector<std::uint32_t>> by_key_;        // their UIDs by key, ascending
+  std::map<std::uint32_t, std::pair<std::string, std::string>> damaged_;  // UID -> key tag, what is wrong
   std::vector<std::string> owed_;
   std::mt19937_64 rng_{std::random_device{}()};
 };
