@@ -1,0 +1,135 @@
+// The Dovecot of the tests (started by scripts/imap.sh through the ctest
+// fixture `imap`, its directory in DIBS_IMAP_DIR): connection options, a
+// fresh folder per test, crashing and restarting the server, and a plain
+// session's view of a folder (what a person's mail client would see).
+#pragma once
+
+#include <dibs/imap.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "support.hpp"
+
+namespace dibs_test::imap {
+
+inline std::string dir() {
+  const char* d = std::getenv("DIBS_IMAP_DIR");
+  if (!d) throw std::runtime_error("DIBS_IMAP_DIR is not set: run the IMAP tests through ctest (fixture imap)");
+  return d;
+}
+
+/// Returns: the server of the tests, as DIR/env says (user dibs).
+inline dibs::imap::options options() {
+  std::ifstream in(dir() + "/env");
+  if (!in) throw std::runtime_error("no " + dir() + "/env: was the server started (scripts/imap.sh start)?");
+  dibs::imap::options o;
+  for (std::string line; std::getline(in, line);) {
+    const auto eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    const auto name = line.substr(0, eq), value = line.substr(eq + 1);
+    if (name == "DIBS_IMAP_HOST") o.host = value;
+    else if (name == "DIBS_IMAP_PORT") o.port = value;
+    else if (name == "DIBS_IMAP_USER") o.user = value;
+    else if (name == "DIBS_IMAP_PASSWORD") o.password = value;
+  }
+  o.timeout = std::chrono::seconds{30};
+  return o;
+}
+
+/// Returns: a folder name no test used before ("t-<stem>-<hex>").
+inline std::string fresh_folder(const std::string& stem) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("t-{}-{:x}", stem, rng() & 0xffffffffffull);
+}
+
+/// Runs scripts/imap.sh `cmd` on the tests' server (kill, restart).
+inline void script(const std::string& cmd) {
+  const std::string line = std::string(DIBS_SOURCE_DIR) + "/scripts/imap.sh " + cmd + " " + dir() + " >/dev/null";
+  if (sh(line) != 0) throw std::runtime_error("failed: " + line);
+}
+inline void kill_server() { script("kill"); }
+inline void restart_server() { script("restart"); }
+
+/// Returns: the directory of `folder` of user dibs in the server's sdbox
+/// mail (DIR/home names where the server keeps its files).
+inline std::filesystem::path folder_dir(const std::string& folder) {
+  std::ifstream in(dir() + "/home");
+  std::string home;
+  std::getline(in, home);
+  if (home.empty()) home = dir();
+  return std::filesystem::path(home) / "mail" / "dibs" / "mailboxes" / folder;
+}
+
+/// Returns: the number `item` (MESSAGES, UIDVALIDITY, ...) of STATUS `folder`.
+inline std::uint64_t status(dibs::imap::session& s, const std::string& folder, const std::string& item) {
+  const auto r = s.run(fmt::format("STATUS {} ({})", dibs::imap::quote(folder), item));
+  s.check(r, "STATUS " + folder);
+  for (const auto& u : r.untagged) {
+    const auto v = dibs::imap::parse(u);
+    if (v.size() < 3 || !v[0].is("STATUS")) continue;
+    const auto& items = v.back().items;
+    for (std::size_t i = 0; i + 1 < items.size(); ++i)
+      if (items[i].is(item) && items[i + 1].number()) return *items[i + 1].number();
+  }
+  throw std::runtime_error("no " + item + " in the STATUS reply for " + folder);
+}
+
+/// Returns: the number of messages in `folder`.
+inline std::uint64_t messages(dibs::imap::session& s, const std::string& folder) {
+  return status(s, folder, "MESSAGES");
+}
+
+/// APPENDs `text` (a whole message, CRLF line ends) to `folder`. Returns: its UID.
+inline std::uint32_t append(dibs::imap::session& s, const std::string& folder, const std::string& text) {
+  const auto r = s.run(fmt::format("APPEND {} {{{}+}}\r\n{}", dibs::imap::quote(folder), text.size(), text));
+  s.check(r, "APPEND to " + folder);
+  const auto fields = dibs::imap::parse(r.code);
+  if (fields.size() < 3 || !fields[0].is("APPENDUID") || !fields[2].number())
+    throw std::runtime_error("no APPENDUID in: " + r.code);
+  return static_cast<std::uint32_t>(*fields[2].number());
+}
+
+/// Returns: the UIDs of every message in `folder` (selects it).
+inline std::set<std::uint32_t> all_uids(dibs::imap::session& s, const std::string& folder) {
+  s.check(s.run(fmt::format("SELECT {}", dibs::imap::quote(folder))), "SELECT " + folder);
+  const auto r = s.run("UID SEARCH ALL");
+  s.check(r, "UID SEARCH ALL in " + folder);
+  std::set<std::uint32_t> out;
+  for (const auto& u : r.untagged) {
+    const auto v = dibs::imap::parse(u);
+    if (v.empty() || !v[0].is("SEARCH")) continue;
+    for (std::size_t i = 1; i < v.size(); ++i)
+      if (v[i].number()) out.insert(static_cast<std::uint32_t>(*v[i].number()));
+  }
+  return out;
+}
+
+/// Returns: the Subject header line of message `uid` in the selected folder ("" if none).
+inline std::string subject(dibs::imap::session& s, std::uint32_t uid) {
+  const auto r = s.run(fmt::format("UID FETCH {} (BODY.PEEK[HEADER.FIELDS (SUBJECT)])", uid));
+  s.check(r, "UID FETCH");
+  for (const auto& u : r.untagged) {
+    const auto v = dibs::imap::parse(u);
+    if (v.size() < 3 || !v[1].is("FETCH")) continue;
+    const auto& items = v[2].items;
+    for (std::size_t i = 0; i + 1 < items.size(); ++i)
+      if (dibs::imap::detail::istarts_with(items[i].text, "BODY[HEADER")) {
+        auto text = items[i + 1].text;
+        while (!text.empty() && (text.back() == '\r' || text.back() == '\n')) text.pop_back();
+        return text;
+      }
+  }
+  return {};
+}
+
+}  // namespace dibs_test::imap
