@@ -92,7 +92,7 @@ descendants() {  # PID
     ppid=
     while read -r key val; do
       if [ "$key" = PPid: ]; then ppid=$val; break; fi
-    done <"$f" 2>/dev/null || continue
+    done 2>/dev/null <"$f" || continue
     [ -n "$ppid" ] && kids[$ppid]+=" $p"
   done
   while ((${#queue[@]})); do

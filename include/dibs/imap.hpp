@@ -369,6 +369,8 @@ private:
     if (detail::iequals(code, "UNAVAILABLE") || detail::iequals(code, "INUSE") || detail::iequals(code, "LIMIT"))
       return make_error_code(errc::contended);
     if (detail::iequals(code, "ALREADYEXISTS")) return std::make_error_code(std::errc::file_exists);
+    // The server failed (Dovecot: a file it cannot write; its log says which).
+    if (detail::iequals(code, "SERVERBUG")) return std::make_error_code(std::errc::io_error);
     return make_error_code(errc::invalid_argument);
   }
 

@@ -104,6 +104,7 @@ public:
     void complete(std::string_view result = {}) {
       claim_.complete(result);
       box_->show(uid_, box_->opts_.completed_keyword);
+      box_->done(uid_);
     }
 
     /// Effects: gives the message back with `error` (it is failed on its
@@ -114,6 +115,8 @@ public:
       const bool ok = claim_.release(error);
       const auto st = box_->claims_.status(key_copy);
       box_->show(uid_, st.state == claim_state::failed ? box_->opts_.failed_keyword : std::string{});
+      if (st.state == claim_state::failed) box_->done(uid_);
+      else box_->held_.erase(uid_);  // claimable again, also here
       return ok;
     }
 
@@ -201,7 +204,10 @@ private:
 
   void select() {
     const auto r = session_.run(fmt::format("SELECT {}", imap::quote(opts_.mailbox)));
-    if (!r.ok() && std::error_code(session_code(r)) == std::make_error_code(std::errc::no_such_file_or_directory))
+    // Dovecot 2.3 says "NO Mailbox doesn't exist: X", without [NONEXISTENT].
+    if (!r.ok() && r.status == "NO" &&
+        (session_code(r) == std::make_error_code(std::errc::no_such_file_or_directory) ||
+         r.text.find("exist") != std::string::npos))
       throw std::system_error(std::make_error_code(std::errc::no_such_file_or_directory),
                               fmt::format("dibs::imap_mailbox: {} does not exist (the server said: {}); create it or "
                                           "name the mailbox the mail arrives in",
@@ -307,13 +313,18 @@ private:
     }
   }
 
+  // Forgets a message that is completed or failed.
+  void done(std::uint32_t uid) {
+    pending_.erase(uid);
+    held_.erase(uid);
+    known_.erase(uid);
+  }
+
   // The item is done: its keywords are made to agree with the store.
   void settle(std::uint32_t uid, const seen& s, claim_state state) {
     const auto& want = state == claim_state::completed ? opts_.completed_keyword : opts_.failed_keyword;
     if (!has_flag(s, want) || has_flag(s, opts_.processing_keyword)) show(uid, want);
-    pending_.erase(uid);
-    held_.erase(uid);
-    known_.erase(uid);
+    done(uid);
   }
 
   // Shows `keyword` on the message (and removes the other two); empty:
@@ -368,12 +379,13 @@ private:
           if (imap::detail::istarts_with(items[i].text, "BODY[")) raw = items[i + 1].text, found = true;
       }
       const auto id = s.message_id;
-      pending_.erase(uid);
-      held_.erase(uid);
-      known_.erase(uid);
+      // Still pending here until it is completed or failed: a claim given
+      // back (or dropped) is looked at again after `recheck`.
+      held_[uid] = now + std::max(std::chrono::milliseconds{200}, opts_.claims.lease / 3);
       if (!found) {  // expunged meanwhile (by a person): nothing to handle, and nothing hidden
         note(fmt::format("message UID {} in {} was expunged before it was handled", uid, where()));
         c->complete("expunged before it was handled");
+        done(uid);
         continue;
       }
       return mail{this, std::move(*c), uid, id, std::move(raw)};

@@ -369,9 +369,25 @@ private:
   // and what other clients expunged or marked meanwhile (reported with any
   // command's reply).
   void sync(std::vector<std::string> before) {
-    before.push_back(fmt::format("UID FETCH {}:* {}", max_uid_ + 1, fetch_items));
-    const auto replies = run(std::move(before), false);
-    session_.check(replies.back(), fmt::format("reading records in {}", where()));
+    for (int attempt = 0;; ++attempt) {
+      hole_ = std::numeric_limits<std::uint32_t>::max();
+      before.push_back(fmt::format("UID FETCH {}:* {}", max_uid_ + 1, fetch_items));
+      const auto replies = run(std::move(before), false);
+      before.clear();
+      // Messages expunged while they were fetched: read from the first of
+      // them again (what came after it is in the mirror already).
+      const bool holes = hole_ != std::numeric_limits<std::uint32_t>::max();
+      if (holes) max_uid_ = std::min(max_uid_, hole_ - 1);
+      if (replies.back().ok() && !holes) return;
+      if (attempt == 5) {
+        session_.check(replies.back(), fmt::format("reading records in {}", where()));
+        throw std::system_error(make_error_code(errc::connection_lost),
+                                fmt::format("dibs::imap_store: message UID {} in {} could not be read (it neither "
+                                            "came whole nor vanished)",
+                                            hole_, where()));
+      }
+      before.push_back("NOOP");  // brings the VANISHED of what was expunged
+    }
   }
 
   // Takes in what the server said: new records, flags, expunges.
@@ -425,7 +441,13 @@ private:
       if (const auto it = mirror_.find(uid); it != mirror_.end() && is_base) it->second.is_base = *is_base;
       return;
     }
-    if (uid <= max_uid_ && (mirror_.count(uid) || damaged_.count(uid))) return;
+    if (mirror_.count(uid) || damaged_.count(uid)) return;
+    if ((!header || header->empty()) && text->empty()) {
+      // Expunged by another client while this FETCH ran (Dovecot sends it
+      // empty): read from it again next time; its VANISHED will come.
+      hole_ = std::min(hole_, uid);
+      return;
+    }
     max_uid_ = std::max(max_uid_, uid);
     if (!header || header->find(':') == std::string::npos) return;  // not a record: a person's mail; left alone
     message m;
@@ -509,6 +531,14 @@ private:
   }
 
 
+  // Removes `uids` with the next command: UID EXPUNGE (UIDPLUS) removes
+  // only messages marked \Deleted, and only those of the set.
+  void owe_expunge(const std::vector<std::uint32_t>& uids) {
+    const auto set = imap::detail::uid_set(uids);
+    owed_.push_back(fmt::format("UID STORE {} +FLAGS.SILENT (\\Deleted)", set));
+    owed_.push_back(fmt::format("UID EXPUNGE {}", set));
+  }
+
   std::optional<dibs::version> write(std::string_view key, op o, dibs::version expected, std::string_view value) {
     std::lock_guard lock{mutex_};
     ready();
@@ -526,8 +556,15 @@ private:
     const auto appended = run({fmt::format("APPEND {} (\\Seen) {{{}+}}\r\n{}", imap::quote(opts_.folder),
                                            text.size(), text)},
                               true);
-    session_.check(appended.front(),
-                   fmt::format("appending a record of key '{}' to {}", detail::show_key(key), where()));
+    if (!appended.front().ok()) {
+      // The folder may have been deleted (and re-created) under this
+      // session: Dovecot then refuses the APPEND with [SERVERBUG]. Select
+      // it again, which says so (ESTALE), before reporting the refusal.
+      selected_ = false;
+      ready();
+      session_.check(appended.front(),
+                     fmt::format("appending a record of key '{}' to {}", detail::show_key(key), where()));
+    }
     // APPENDUID <uidvalidity> <uid>
     const auto fields = imap::parse(appended.front().code);
     if (fields.size() < 3 || !fields[0].is("APPENDUID") || !fields[1].number() || !fields[2].number())
@@ -560,7 +597,7 @@ private:
     const auto before = state_of(key, uid - 1);
     const bool counts = o == op::create ? !before.present : before.present && before.uid == base;
     if (!counts) {
-      owed_.push_back(fmt::format("UID EXPUNGE {}", uid));  // changed nothing: tidied with the next command
+      owe_expunge({uid});  // changed nothing: tidied with the next command
       return std::nullopt;
     }
     // Compaction: the messages before this one that are old enough. The
@@ -574,7 +611,7 @@ private:
       const auto marked = run({fmt::format("UID STORE {} +FLAGS.SILENT ({})", uid, base_keyword)}, true);
       if (marked.front().ok()) {
         mirror_.at(uid).is_base = true;
-        owed_.push_back(fmt::format("UID EXPUNGE {}", imap::detail::uid_set(old)));
+        owe_expunge(old);
       }
     }
     return version_of(uid);
@@ -586,6 +623,7 @@ private:
   bool selected_ = false;
   std::uint32_t uid_validity_ = 0;
   std::uint32_t max_uid_ = 0;                                       // the highest UID read so far
+  std::uint32_t hole_ = 0;                                          // the first UID a FETCH sent empty
   std::map<std::uint32_t, message> mirror_;                         // the records in the folder, by UID
   std::map<std::string, std::vector<std::uint32_t>> by_key_;        // their UIDs by key, ascending
   std::map<std::uint32_t, std::pair<std::string, std::string>> damaged_;  // UID -> key tag, what is wrong

@@ -1,0 +1,278 @@
+// dibs::imap_mailbox on a real Dovecot (the ctest fixture `imap`): workers
+// claim each message of a shared mailbox exactly once, with SIGKILLs and a
+// server crash on the way; the keywords people see agree with the store.
+#include <dibs/file_store.hpp>
+#include <dibs/imap_mailbox.hpp>
+
+#include <catch2/catch.hpp>
+
+#include "exactly_once.hpp"
+#include "imap_support.hpp"
+#include "support.hpp"
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string mail_text(int i, bool with_id = true) {
+  return fmt::format("From: shop <orders@shop.example>\r\nTo: team <inbox@shop.example>\r\nSubject: order {}\r\n{}"
+                     "Date: Thu, 03 Dec 2026 12:00:00 +0000\r\n\r\norder {} for 3 widgets\r\n",
+                     i, with_id ? fmt::format("Message-ID: <order-{}/x+y@shop.example>\r\n", i) : std::string{}, i);
+}
+
+void deliver(dibs::imap::session& s, const std::string& mailbox, int from, int to, bool with_id = true) {
+  for (int i = from; i < to; ++i) {
+    const auto text = mail_text(i, with_id);
+    s.check(s.run(fmt::format("APPEND {} {{{}+}}\r\n{}", dibs::imap::quote(mailbox), text.size(), text)), "deliver");
+  }
+}
+
+struct run_result {
+  int messages = 0, completed = 0, effects_match = 0, shown_completed = 0, shown_other = 0, retried = 0;
+};
+
+// Workers (processes) take messages from `mailbox` until a stop file
+// appears; each effect goes to a fenced journal (a file_store), and the
+// completion names its token. `during` runs in the parent meanwhile (kills,
+// a server crash); then the parent waits until every message is completed.
+template <class During>
+run_result run_workers(const std::string& mailbox, const std::string& claims_folder, int workers, int expected,
+                       During during, std::chrono::milliseconds lease = 5s) {
+  dibs_test::temp_dir dir;
+  const auto journal_dir = dir.path / "journal";
+  const auto stop = dir.path / "stop";
+  std::filesystem::create_directories(journal_dir);
+  const auto server = dibs_test::imap::options();
+  auto start_worker = [&]() {
+    return dibs_test::spawn([&]() -> int {
+      const auto forever = dibs::time_limit::max();
+      auto store = dibs::detail::retry_transient(forever, [&] { return std::make_unique<dibs::imap_store>(server, dibs::imap_store_options{.folder = claims_folder}); });
+      auto box = dibs::detail::retry_transient(forever, [&] {
+        return std::make_unique<dibs::imap_mailbox>(server, *store,
+                                                    dibs::imap_mailbox_options{.mailbox = mailbox,
+                                                                               .claims = {.lease = lease, .max_attempts = 20},
+                                                                               .on_note = [](std::string_view) {}});
+      });
+      dibs::file_store journal{journal_dir};
+      while (!std::filesystem::exists(stop)) {
+        try {
+          auto m = box->next(300ms);
+          if (!m) continue;
+          if (m->raw().find("Subject: order") == std::string::npos) return 5;  // not the message delivered
+          if (!dibs_test::write_fenced_effect(journal, m->key(), m->token())) return 4;  // a stale claim: never
+          m->complete(std::to_string(m->token()));
+        } catch (const std::system_error& e) {
+          if (!dibs::is_transient(e.code()) && e.code() != dibs::errc::outcome_unknown) throw;
+          std::this_thread::sleep_for(50ms);
+        }
+      }
+      return 0;
+    });
+  };
+  std::vector<pid_t> pids;
+  for (int i = 0; i < workers; ++i) pids.push_back(start_worker());
+  during(pids, start_worker);
+
+  dibs::imap_store store{server, {.folder = claims_folder}};
+  dibs::imap_mailbox box{server, store, {.mailbox = mailbox, .on_note = [](std::string_view) {}}};
+  std::vector<dibs::imap_mailbox::entry> seen;
+  const auto deadline = std::chrono::steady_clock::now() + 240s;
+  for (;;) {
+    seen = box.status();
+    const auto done = std::count_if(seen.begin(), seen.end(), [](const auto& e) {
+      return e.status.state == dibs::claim_state::completed;
+    });
+    if ((done == expected && static_cast<int>(seen.size()) == expected) || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(300ms);
+  }
+  std::ofstream{stop};
+  int failed = 0;
+  for (const pid_t p : pids) failed += dibs_test::wait_exit(p) != 0;
+  CHECK(failed == 0);
+  // Keywords are set after the store decides: a worker killed in between
+  // leaves them behind, and a watcher's scan repairs them.
+  seen = box.status();
+  run_result r;
+  dibs::file_store journal{journal_dir};
+  std::set<std::string> keys;
+  for (const auto& e : seen) {
+    ++r.messages;
+    keys.insert(e.key);
+    if (e.status.state == dibs::claim_state::completed) ++r.completed;
+    if (e.status.attempts > 1) ++r.retried;
+    const auto effect = journal.read(e.key);
+    if (effect && effect->value == e.status.result) ++r.effects_match;
+    bool completed_shown = false, other_shown = false;
+    for (const auto& k : e.keywords) {
+      completed_shown = completed_shown || k == "$Completed";
+      other_shown = other_shown || k == "$Processing" || k == "$Failed";
+    }
+    r.shown_completed += completed_shown;
+    r.shown_other += other_shown;
+  }
+  CHECK(keys.size() == seen.size());  // one item per message
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("imap_mailbox: 4 workers, 1,000 messages, 12 SIGKILLs: each message handled once, shown $Completed") {
+  if (dibs_test::no_fork_with_threads) {  // workers are forked while the delivery thread runs
+    WARN("skipped under a sanitizer: it forks while threads run");
+    return;
+  }
+  const auto mailbox = dibs_test::imap::fresh_folder("inbox");
+  const auto claims = dibs_test::imap::fresh_folder("claims");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  constexpr int total = 1000;
+  deliver(s, mailbox, 0, total / 2);  // half before the workers start, half while they run (IDLE wakes them)
+  int kills = 0;
+  const auto r = run_workers(mailbox, claims, 4, total, [&](std::vector<pid_t>& pids, auto& start) {
+    std::thread delivery([&] {
+      dibs::imap::session d{dibs_test::imap::options()};
+      deliver(d, mailbox, total / 2, total);
+    });
+    std::mt19937 rng(14);
+    for (; kills < 12; ++kills) {
+      std::this_thread::sleep_for(std::chrono::milliseconds{std::uniform_int_distribution<int>{150, 400}(rng)});
+      const auto victim = std::uniform_int_distribution<std::size_t>{0, pids.size() - 1}(rng);
+      ::kill(pids[victim], SIGKILL);
+      dibs_test::wait_exit(pids[victim]);
+      pids[victim] = start();
+    }
+    delivery.join();
+  });
+  INFO("messages retried after a kill: " << r.retried);
+  CHECK(kills == 12);
+  CHECK(r.messages == total);
+  CHECK(r.completed == total);
+  CHECK(r.effects_match == total);  // each effect once, from the claim that completed it
+  CHECK(r.shown_completed == total);
+  CHECK(r.shown_other == 0);
+}
+
+TEST_CASE("imap_mailbox: the server SIGKILLed and restarted mid-run: nothing lost or doubled, workers reconnect") {
+  const auto mailbox = dibs_test::imap::fresh_folder("crash");
+  const auto claims = dibs_test::imap::fresh_folder("crashclaims");
+  {
+    dibs::imap::session s{dibs_test::imap::options()};
+    s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+    deliver(s, mailbox, 0, 300);
+  }
+  const auto r = run_workers(mailbox, claims, 4, 300, [&](std::vector<pid_t>&, auto&) {
+    std::this_thread::sleep_for(600ms);
+    dibs_test::imap::kill_server();
+    std::this_thread::sleep_for(1s);
+    dibs_test::imap::restart_server();
+  });
+  CHECK(r.messages == 300);  // an acknowledged APPEND survived the crash
+  CHECK(r.completed == 300);
+  CHECK(r.effects_match == 300);
+  CHECK(r.shown_completed == 300);
+  CHECK(r.shown_other == 0);
+}
+
+TEST_CASE("imap_mailbox: keyed by Message-ID, a message without one is keyed by its UID, and said so") {
+  const auto mailbox = dibs_test::imap::fresh_folder("mid");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  deliver(s, mailbox, 0, 3);
+  deliver(s, mailbox, 3, 4, false);  // no Message-ID
+  deliver(s, mailbox, 0, 1);         // order 0 again: the same Message-ID, a second copy
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("midclaims")}};
+  std::vector<std::string> notes;
+  dibs::imap_mailbox box{server, store,
+                         {.mailbox = mailbox,
+                          .key = dibs::imap_mailbox_options::key_by::message_id,
+                          .on_note = [&](std::string_view n) { notes.emplace_back(n); }}};
+  std::map<std::string, int> handled;
+  while (auto m = box.next(300ms)) {
+    ++handled[m->key()];
+    m->complete();
+  }
+  REQUIRE(handled.size() == 4);  // 4 distinct messages; the copy of order 0 is the same item
+  for (const auto& [k, n] : handled) CHECK(n == 1);
+  CHECK(handled.count("mail/" + mailbox + "/id/<order-0/x+y@shop.example>") == 1);
+  const auto uid_keyed = std::count_if(handled.begin(), handled.end(), [](const auto& h) {
+    return h.first.find("/uid/") != std::string::npos;
+  });
+  CHECK(uid_keyed == 1);
+  REQUIRE_FALSE(notes.empty());
+  CHECK(notes.front().find("has no Message-ID") != std::string::npos);
+  // Both copies of order 0 show the item's state.
+  int shown = 0;
+  for (const auto& e : box.status())
+    for (const auto& k : e.keywords) shown += k == "$Completed";
+  CHECK(shown == 5);
+}
+
+TEST_CASE("imap_mailbox: a failed message shows $Failed, a given-back one no keyword, and the store decides") {
+  const auto mailbox = dibs_test::imap::fresh_folder("fail");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  deliver(s, mailbox, 0, 1);
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("failclaims")}};
+  dibs::imap_mailbox box{server, store, {.mailbox = mailbox, .claims = {.max_attempts = 2}}};
+  auto m = box.next(1s);
+  REQUIRE(m);
+  auto keywords = [&] { return box.status().at(0).keywords; };
+  auto has = [](const std::vector<std::string>& ks, std::string_view k) { return std::find(ks.begin(), ks.end(), k) != ks.end(); };
+  CHECK(has(keywords(), "$Processing"));
+  CHECK(m->release("the printer is out of paper"));
+  CHECK_FALSE(has(keywords(), "$Processing"));
+  CHECK_FALSE(has(keywords(), "$Failed"));
+  // A person marks it $Completed by hand: a view, not the authority; dibs still hands it out.
+  s.check(s.run("SELECT " + dibs::imap::quote(mailbox)), "select");
+  s.check(s.run("UID STORE 1 +FLAGS ($Completed)"), "store");
+  auto again = box.next(1s);
+  REQUIRE(again);
+  CHECK(again->attempts() == 2);
+  CHECK(again->release("still out of paper"));
+  const auto st = box.status().at(0);
+  CHECK(st.status.state == dibs::claim_state::failed);
+  CHECK(has(st.keywords, "$Failed"));
+  CHECK_FALSE(has(st.keywords, "$Completed"));
+  CHECK_FALSE(box.next(300ms));  // failed: nobody takes it again
+}
+
+TEST_CASE("imap_mailbox: bad input: a missing mailbox, a wrong password, the server down") {
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("badclaims")}};
+  try {
+    dibs::imap_mailbox box{server, store, {.mailbox = "no-such-mailbox"}};
+    FAIL("a missing mailbox was accepted");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == std::errc::no_such_file_or_directory);
+    CHECK_THAT(e.what(), Catch::Contains("'no-such-mailbox' does not exist"));
+    CHECK_FALSE(dibs::is_transient(e.code()));
+  }
+  auto wrong = server;
+  wrong.password = "not-the-password";
+  try {
+    dibs::imap_mailbox box{wrong, store};
+    FAIL("a wrong password was accepted");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == std::errc::permission_denied);
+    CHECK_THAT(e.what(), Catch::Contains("user 'dibs'"));
+  }
+  auto down = server;
+  down.port = "1";  // nothing listens there
+  try {
+    dibs::imap_mailbox box{down, store};
+    FAIL("a server that is down was reached");
+  } catch (const std::system_error& e) {
+    CHECK(dibs::is_transient(e.code()));
+    CHECK_THAT(e.what(), Catch::Contains("is the IMAP server running"));
+  }
+}
