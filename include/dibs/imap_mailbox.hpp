@@ -143,7 +143,7 @@ public:
   /// Requires: `store` outlives this object. Throws: a refused login, the
   /// mailbox missing or read-only, naming server and mailbox.
   imap_mailbox(imap::options server, imap_store& store, imap_mailbox_options o = {})
-      : opts_(std::move(o)), session_(std::move(server)), store_(store), claims_(store, opts_.claims) {
+      : opts_(std::move(o)), session_(std::move(server)), claims_(store, opts_.claims) {
     select();
   }
   imap_mailbox(const imap_mailbox&) = delete;
@@ -395,7 +395,6 @@ private:
 
   imap_mailbox_options opts_;
   imap::session session_;
-  imap_store& store_;
   claims_type claims_;
   bool selected_ = false;
   std::uint32_t validity_ = 0;
