@@ -24,11 +24,25 @@
 // the checks are the same. scripts/demo.sh --store postgres starts a
 // throwaway server for it.
 //
-//   shared_inbox [--store sqlite|postgres] [--pg CONNINFO] [--workers M] [--messages N] [--kills K] [--rate R]
+// With --store imap the mailbox is a real one on an IMAP server (from
+// $DIBS_IMAP_HOST, _PORT, _USER, _PASSWORD): the delivery process APPENDs
+// each message, an RFC 5322 mail with the order in its body, into a mailbox
+// the run creates (demo-<pid>); each worker watches it with
+// dibs::imap_mailbox (IDLE), its claims in the folder demo-<pid>-claims
+// (marker_claim<imap_store>), and the keywords $Processing/$Completed show
+// the state on each message. The results database and the log stay local
+// (SQLite, in --dir). The checks are the same, and the end also lists the
+// mailbox: every message must show $Completed, the store agreeing.
+// scripts/demo.sh --store imap starts a throwaway Dovecot for it.
+//
+//   shared_inbox [--store sqlite|postgres|imap] [--pg CONNINFO] [--workers M] [--messages N] [--kills K] [--rate R]
 //                [--hold-us U] [--dir D] [--json FILE] [--keep]
 //
 // Workers are this program started again (by exec, with --role worker): a
 // database connection must never be carried across fork().
+#include <dibs/imap.hpp>
+#include <dibs/imap_mailbox.hpp>
+#include <dibs/imap_store.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/postgres_store.hpp>
 #include <dibs/retry.hpp>
@@ -47,12 +61,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -80,7 +96,7 @@ struct args {
   std::string store = "sqlite";
   std::string pg;  // conninfo, for --store postgres
   // Internal: the roles of the processes the demo starts; the name of the
-  // run (its PostgreSQL tables start with it).
+  // run (its PostgreSQL tables start with it; on IMAP, its mailboxes).
   std::string role;
   int id = 0;
   std::string run;
@@ -88,7 +104,7 @@ struct args {
 
 [[noreturn]] void usage(int code) {
   std::fputs(
-      "usage: shared_inbox [--store sqlite|postgres] [--pg CONNINFO] [--workers M] [--messages N]\n"
+      "usage: shared_inbox [--store sqlite|postgres|imap] [--pg CONNINFO] [--workers M] [--messages N]\n"
       "                    [--kills K] [--rate R] [--hold-us U] [--dir D] [--json FILE] [--keep]\n"
       "\n"
       "  A delivery process drops N messages into a SQLite mailbox at R per second\n"
@@ -101,7 +117,10 @@ struct args {
       "  if any message was lost or done twice, or a log line lost or torn.\n"
       "\n"
       "  --store S      where the mailbox, its claims and the results live: sqlite (files\n"
-      "                 in --dir, the default) or postgres (tables on a server)\n"
+      "                 in --dir, the default), postgres (tables on a server) or imap (the\n"
+      "                 messages and claims in mailboxes demo-<pid> and demo-<pid>-claims on\n"
+      "                 the IMAP server of $DIBS_IMAP_HOST, _PORT, _USER, _PASSWORD; the\n"
+      "                 results and the log in --dir)\n"
       "  --pg C         the PostgreSQL server, a libpq connection string (default:\n"
       "                 $DIBS_PG_CONNINFO, else the PG* environment)\n"
       "  --workers M    worker processes (default 4)\n"
@@ -160,8 +179,8 @@ args parse(int argc, char** argv) {
       usage(2);
     }
   }
-  if (a.store != "sqlite" && a.store != "postgres") {
-    std::fprintf(stderr, "shared_inbox: --store must be sqlite or postgres (got '%s')\n", a.store.c_str());
+  if (a.store != "sqlite" && a.store != "postgres" && a.store != "imap") {
+    std::fprintf(stderr, "shared_inbox: --store must be sqlite, postgres or imap (got '%s')\n", a.store.c_str());
     std::exit(2);
   }
   if (a.pg.empty() && std::getenv("DIBS_PG_CONNINFO")) a.pg = std::getenv("DIBS_PG_CONNINFO");
@@ -199,24 +218,17 @@ struct order_row {
 // tables of one run start with its name). Each engine gives the same things:
 // set-up by the parent, a delivery batch, what a worker needs, the checks.
 
-class sqlite_engine {
+// The results database and its statements on a SQLite file: the sqlite and
+// imap engines keep their results there.
+class sqlite_results_engine {
 public:
-  using store = dibs::sqlite_store;
   using results_db = dibs::sqlite::connection;
 
-  explicit sqlite_engine(const args& a) : p_(a.dir) {}
+  explicit sqlite_results_engine(const args& a) : p_(a.dir) {}
   std::string table(std::string_view name) const { return std::string(name); }
-  store open_mailbox() const { return store{p_.mailbox, "mailbox"}; }
   results_db open_results() const { return results_db{p_.results}; }
 
-  void create() const {
-    results_db mail{p_.mailbox};
-    // The message rows carry the claim marker (key, value, version) next to
-    // their own columns: a message reads as unclaimed while value is NULL.
-    mail.exec(
-        "CREATE TABLE mailbox (key TEXT PRIMARY KEY NOT NULL, value BLOB, version INTEGER NOT NULL DEFAULT 0,"
-        " seq INTEGER, body TEXT, delivered_at REAL);"
-        "CREATE INDEX mailbox_seq ON mailbox (seq)");
+  void create_results() const {
     results_db res{p_.results};
     // No unique constraint on orders.message: a message handled twice would
     // show up as two orders, and the demo counts them.
@@ -226,6 +238,67 @@ public:
         "CREATE INDEX orders_message ON orders (message);"
         "CREATE TABLE stock (item TEXT PRIMARY KEY, qty INTEGER NOT NULL)");
     for (const char* item : items) res.exec(fmt::format("INSERT INTO stock VALUES ('{}', {})", item, initial_stock));
+  }
+
+  // What a worker does to the results.
+  class results_access {
+  public:
+    explicit results_access(const sqlite_results_engine& e)
+        : results(e.open_results()),
+          applied_(results.prepare("SELECT max(token) FROM orders WHERE message = ?1")),
+          insert_(results.prepare("INSERT INTO orders VALUES (?1, ?2, ?3, ?4, ?5, ?6)")),
+          take_(results.prepare("UPDATE stock SET qty = qty - ?1 WHERE item = ?2")) {}
+    results_db results;
+
+    std::optional<std::int64_t> applied(const std::string& key) {
+      applied_.bind(1, key);
+      (void)applied_.step();
+      const std::optional<std::int64_t> prior =
+          applied_.column_is_null(0) ? std::nullopt : std::optional{applied_.column_int64(0)};
+      applied_.reset();
+      return prior;
+    }
+    void insert_order(const std::string& key, std::int64_t token, int worker, int attempts, int qty,
+                      const std::string& item) {
+      insert_.bind(1, key).bind(2, token).bind(3, worker).bind(4, attempts).bind(5, qty).bind(6, item);
+      (void)insert_.step();
+    }
+    void take_stock(int qty, const std::string& item) {
+      take_.bind(1, qty).bind(2, item);
+      (void)take_.step();
+    }
+
+  private:
+    dibs::sqlite::statement applied_, insert_, take_;
+  };
+
+  std::vector<order_row> orders(results_db& res) const {
+    std::vector<order_row> out;
+    auto o = res.prepare("SELECT message, token, worker FROM orders");
+    while (o.step()) out.push_back({o.column_text(0), o.column_int64(1), o.column_int64(2)});
+    return out;
+  }
+
+protected:
+  paths p_;
+};
+
+class sqlite_engine : public sqlite_results_engine {
+public:
+  using store = dibs::sqlite_store;
+
+  explicit sqlite_engine(const args& a) : sqlite_results_engine(a) {}
+  store open_mailbox() const { return store{p_.mailbox, "mailbox"}; }
+
+  void create() const {
+    results_db mail{p_.mailbox};
+    // The message rows carry the claim marker (key, value, version) next to
+    // their own columns: a message reads as unclaimed while value is NULL.
+    mail.exec(
+        "CREATE TABLE mailbox (key TEXT PRIMARY KEY NOT NULL, value BLOB, version INTEGER NOT NULL DEFAULT 0,"
+        " seq INTEGER, body TEXT, delivered_at REAL);"
+        "CREATE INDEX mailbox_seq ON mailbox (seq)");
+    create_results();
   }
 
   // The delivery process's side.
@@ -249,17 +322,13 @@ public:
   };
 
   // A worker's side: its claims store, the mailbox reader, the results.
-  class worker_db {
+  class worker_db : public results_access {
   public:
     explicit worker_db(const sqlite_engine& e)
-        : mailbox(e.open_mailbox()),
-          results(e.open_results()),
-          fresh_(mailbox.connection().prepare("SELECT key, body, seq FROM mailbox WHERE seq > ?1 ORDER BY seq LIMIT 500")),
-          applied_(results.prepare("SELECT max(token) FROM orders WHERE message = ?1")),
-          insert_(results.prepare("INSERT INTO orders VALUES (?1, ?2, ?3, ?4, ?5, ?6)")),
-          take_(results.prepare("UPDATE stock SET qty = qty - ?1 WHERE item = ?2")) {}
+        : results_access(e),
+          mailbox(e.open_mailbox()),
+          fresh_(mailbox.connection().prepare("SELECT key, body, seq FROM mailbox WHERE seq > ?1 ORDER BY seq LIMIT 500")) {}
     store mailbox;
-    results_db results;
 
     std::vector<message> fresh(std::int64_t after) {
       std::vector<message> out;
@@ -267,26 +336,9 @@ public:
       while (fresh_.step()) out.push_back({fresh_.column_text(0), fresh_.column_text(1), fresh_.column_int64(2)});
       return out;
     }
-    std::optional<std::int64_t> applied(const std::string& key) {
-      applied_.bind(1, key);
-      (void)applied_.step();
-      const std::optional<std::int64_t> prior =
-          applied_.column_is_null(0) ? std::nullopt : std::optional{applied_.column_int64(0)};
-      applied_.reset();
-      return prior;
-    }
-    void insert_order(const std::string& key, std::int64_t token, int worker, int attempts, int qty,
-                      const std::string& item) {
-      insert_.bind(1, key).bind(2, token).bind(3, worker).bind(4, attempts).bind(5, qty).bind(6, item);
-      (void)insert_.step();
-    }
-    void take_stock(int qty, const std::string& item) {
-      take_.bind(1, qty).bind(2, item);
-      (void)take_.step();
-    }
 
   private:
-    dibs::sqlite::statement fresh_, applied_, insert_, take_;
+    dibs::sqlite::statement fresh_;
   };
 
   // The parent's view, while the demo runs and for the checks.
@@ -295,15 +347,6 @@ public:
     return static_cast<long>(*mail.query_int64("SELECT count(*) FROM mailbox WHERE instr(value, 'state completed') > 0"));
   }
   results_db open_monitor() const { return results_db{p_.mailbox, {.journal_mode = "", .synchronous = ""}}; }
-  std::vector<order_row> orders(results_db& res) const {
-    std::vector<order_row> out;
-    auto o = res.prepare("SELECT message, token, worker FROM orders");
-    while (o.step()) out.push_back({o.column_text(0), o.column_int64(1), o.column_int64(2)});
-    return out;
-  }
-
-private:
-  paths p_;
 };
 
 class postgres_engine {
@@ -337,6 +380,7 @@ public:
     results_db db{conninfo_};
     db.exec(fmt::format("DROP TABLE {}, {}, {}", table("mailbox"), table("orders"), table("stock")));
   }
+  std::string kept() const { return fmt::format("tables kept: {}_*", run_); }
 
   class delivery_db {
   public:
@@ -451,11 +495,58 @@ order_text parse_body(const std::string& body) {
   return o;
 }
 
+// The claims' lease and attempts, in every mode.
+dibs::claim_options claim_policy() { return {.lease = 30s, .max_attempts = 10}; }
+
+// Handling one claimed message: its order written into the results database
+// in a transaction transact retries, its line in the shared log, and then
+// its claim completed. `Results` is the engine's worker-side access to the
+// results database (applied, insert_order, take_stock).
+template <class Results>
+class order_handler {
+public:
+  order_handler(Results& db, const paths& p, int id, std::chrono::microseconds hold)
+      : db_(db), id_(id), hold_(hold), log_(p.log) {}
+  order_handler(const order_handler&) = delete;  // policy_ holds `this`
+  order_handler& operator=(const order_handler&) = delete;
+
+  // `key`: the message's own name (msg-NNNNNN), in the orders and the log.
+  template <class Claim>
+  void handle(Claim& c, const std::string& key, const std::string& body) {
+    const order_text order = parse_body(body);
+    const auto token = static_cast<std::int64_t>(c.token());
+    retries_ = 0;
+    dibs::transact(policy_, db_.results, [&] {
+      const int attempts = retries_ + 1;  // this one, after the retries before it
+      // Fencing, and the crash between commit and complete(): an order
+      // already written for this message by an earlier claim (a worker
+      // killed after its commit) is the effect; it is not written again. An
+      // order with a larger token means this claim was taken over.
+      const std::optional<std::int64_t> prior = db_.applied(key);
+      if (prior && *prior > token) throw std::runtime_error(fmt::format("{}: claim taken over", key));
+      if (prior) return;
+      std::this_thread::sleep_for(hold_);  // the work of the order, done under the lock
+      db_.insert_order(key, token, id_, attempts, order.qty, order.item);
+      db_.take_stock(order.qty, order.item);
+    });
+    log_.append(fmt::format("{} token {} worker {} order {} {}", key, token, id_, order.qty, order.item));
+    c.complete(fmt::format("token {}", token));
+  }
+
+private:
+  Results& db_;
+  int id_;
+  std::chrono::microseconds hold_;
+  int retries_ = 0;  // of the current transaction, counted by the policy's hook
+  dibs::retry_policy policy_ = transaction_policy().on_retry([this](const dibs::retry_event&) { ++retries_; });
+  dibs::shared_log log_;
+};
+
 template <class Engine>
 class worker {
 public:
   worker(const Engine& engine, const paths& p, int id, std::chrono::microseconds hold)
-      : id_(id), hold_(hold), db_(engine), claims_(db_.mailbox, {.lease = 30s, .max_attempts = 10}), log_(p.log) {}
+      : db_(engine), claims_(db_.mailbox, claim_policy()), handler_(db_, p, id, hold) {}
 
   int run() {
     while (!stop_requested) {
@@ -466,7 +557,7 @@ public:
       // was killed is taken over here, on proof that its process is gone.
       for (auto it = pending_.begin(); it != pending_.end() && !stop_requested;) {
         if (auto c = claims_.try_claim(it->first)) {
-          handle(*c, it->second);
+          handler_.handle(*c, it->first, it->second);
           worked = true;
           it = pending_.erase(it);
           continue;
@@ -492,36 +583,213 @@ private:
     return any;
   }
 
-  void handle(typename dibs::marker_claim<typename Engine::store>::claim& c, const std::string& body) {
-    const order_text order = parse_body(body);
-    const auto token = static_cast<std::int64_t>(c.token());
-    retries_ = 0;
-    dibs::transact(policy_, db_.results, [&] {
-      const int attempts = retries_ + 1;  // this one, after the retries before it
-      // Fencing, and the crash between commit and complete(): an order
-      // already written for this message by an earlier claim (a worker
-      // killed after its commit) is the effect; it is not written again. An
-      // order with a larger token means this claim was taken over.
-      const std::optional<std::int64_t> prior = db_.applied(c.key());
-      if (prior && *prior > token) throw std::runtime_error(fmt::format("{}: claim taken over", c.key()));
-      if (prior) return;
-      std::this_thread::sleep_for(hold_);  // the work of the order, done under the lock
-      db_.insert_order(c.key(), token, id_, attempts, order.qty, order.item);
-      db_.take_stock(order.qty, order.item);
-    });
-    log_.append(fmt::format("{} token {} worker {} order {} {}", c.key(), token, id_, order.qty, order.item));
-    c.complete(fmt::format("token {}", token));
-  }
-
-  int id_;
-  std::chrono::microseconds hold_;
-  int retries_ = 0;  // of the current transaction, counted by the policy's hook
-  dibs::retry_policy policy_ = transaction_policy().on_retry([this](const dibs::retry_event&) { ++retries_; });
   typename Engine::worker_db db_;
   dibs::marker_claim<typename Engine::store> claims_;
-  dibs::shared_log log_;
+  order_handler<typename Engine::worker_db> handler_;
   std::int64_t last_seq_ = 0;
   std::map<std::string, std::string> pending_;  // key -> body
+};
+
+// ---------------------------------------------------------------------------
+// What the claims say of each message at the end (by its name, msg-NNNNNN),
+// and on IMAP what the mailbox shows.
+
+struct mailbox_state {
+  std::map<std::string, dibs::claim_status> claims;
+  long shown_completed = -1;  // messages showing $Completed, the store agreeing (IMAP only)
+  std::vector<std::string> listing;  // a few lines of the mailbox, for the reader (IMAP only)
+};
+
+template <class Engine>
+mailbox_state inspect(const Engine& engine, int messages) {
+  auto mailbox = engine.open_mailbox();
+  dibs::marker_claim<typename Engine::store> claims{mailbox};
+  mailbox_state st;
+  for (int i = 1; i <= messages; ++i) st.claims[message_key(i)] = claims.status(message_key(i));
+  return st;
+}
+
+// ---------------------------------------------------------------------------
+// The mailbox on an IMAP server (DIBS_IMAP_HOST, _PORT, _USER, _PASSWORD):
+// the delivery process APPENDs real mails into a mailbox of the run's own
+// (demo-<pid>), each worker watches it with dibs::imap_mailbox (the claims
+// in the folder demo-<pid>-claims: marker_claim<imap_store>; the keywords
+// $Processing/$Completed on the messages are their view), and the results
+// database and the log stay in --dir, on SQLite.
+
+// Returns: the demo's name of a message (msg-NNNNNN) from its Message-ID,
+// <msg-NNNNNN.RUN@dibs-demo.invalid>.
+std::string key_of_message_id(const std::string& id) {
+  const auto from = id.starts_with('<') ? 1u : 0u;
+  const auto dot = id.find('.', from);
+  if (dot == std::string::npos || id.compare(from, 4, "msg-") != 0)
+    throw std::runtime_error(fmt::format("a message that the demo did not deliver: Message-ID '{}'", id));
+  return id.substr(from, dot - from);
+}
+
+// Returns: the body of an RFC 5322 message.
+std::string body_of(const std::string& raw) {
+  const auto blank = raw.find("\r\n\r\n");
+  return blank == std::string::npos ? std::string{} : raw.substr(blank + 4);
+}
+
+class imap_engine : public sqlite_results_engine {
+public:
+  explicit imap_engine(const args& a)
+      : sqlite_results_engine(a), server_(dibs::imap::options::from_env()), mailbox_(a.run), folder_(a.run + "-claims") {}
+  const dibs::imap::options& server() const { return server_; }
+  dibs::imap_store open_claims() const { return dibs::imap_store{server_, {.folder = folder_}}; }
+  dibs::imap_mailbox_options mailbox_options() const { return {.mailbox = mailbox_, .claims = claim_policy()}; }
+  std::string where() const {
+    return fmt::format("IMAP server {}@{}:{}: messages delivered into mailbox '{}', claims in folder '{}'", server_.user,
+                       server_.host, server_.port, mailbox_, folder_);
+  }
+
+  void create() const {
+    dibs::imap::session s{server_};
+    s.check(s.run(fmt::format("CREATE {}", dibs::imap::quote(mailbox_))), fmt::format("creating the mailbox '{}'", mailbox_));
+    { auto claims = open_claims(); }  // creates its folder
+    create_results();
+  }
+  void drop() const {
+    dibs::imap::session s{server_};
+    for (const auto& r : s.run({fmt::format("DELETE {}", dibs::imap::quote(mailbox_)),
+                                fmt::format("DELETE {}", dibs::imap::quote(folder_))}))
+      s.check(r, "deleting the run's mailboxes");
+  }
+  std::string kept() const { return fmt::format("IMAP mailboxes kept: '{}' (the messages), '{}' (the claims)", mailbox_, folder_); }
+
+  // The delivery process's side: each message a mail of its own.
+  class delivery_db {
+  public:
+    explicit delivery_db(const imap_engine& e) : e_(e), session_(e.server_) {}
+    void insert(const std::vector<message>& batch) {
+      std::vector<std::string> appends;
+      for (const auto& m : batch)
+        appends.push_back(fmt::format("APPEND {} {}", dibs::imap::quote(e_.mailbox_), dibs::imap::quote(mail(m))));
+      for (const auto& r : session_.run_write(appends)) session_.check(r, fmt::format("delivering into '{}'", e_.mailbox_));
+    }
+
+  private:
+    std::string mail(const message& m) const {
+      const std::time_t now = std::time(nullptr);
+      std::tm tm{};
+      ::gmtime_r(&now, &tm);
+      char date[64];
+      std::strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S +0000", &tm);
+      return fmt::format(
+          "From: Shop orders <orders@shop.example>\r\nTo: Shared inbox <inbox@shop.example>\r\n"
+          "Subject: {0}: {1}\r\nMessage-ID: <{0}.{2}@dibs-demo.invalid>\r\nDate: {3}\r\n"
+          "MIME-Version: 1.0\r\nContent-Type: text/plain; charset=us-ascii\r\n\r\n{1}\r\n",
+          m.key, m.body, e_.mailbox_, date);
+    }
+    const imap_engine& e_;
+    dibs::imap::session session_;
+  };
+
+  // The parent's view while the demo runs: the messages in the mailbox, and
+  // those showing $Completed (the view, set after the store decided; the
+  // checks at the end ask the store).
+  dibs::imap::session open_monitor() const { return dibs::imap::session{server_}; }
+  long delivered(dibs::imap::session& s) const {
+    const auto r = s.run(fmt::format("STATUS {} (MESSAGES)", dibs::imap::quote(mailbox_)));
+    s.check(r, "counting the messages");
+    for (const auto& line : r.untagged)
+      if (const auto at = line.find("(MESSAGES "); line.starts_with("STATUS") && at != std::string::npos)
+        return std::stol(line.substr(at + 10));
+    return 0;
+  }
+  long completed(dibs::imap::session& s) const {
+    const auto r = s.run({fmt::format("EXAMINE {}", dibs::imap::quote(mailbox_)), "UID SEARCH KEYWORD $Completed"});
+    for (const auto& reply : r) s.check(reply, "counting the messages done");
+    long n = 0;
+    for (const auto& line : dibs::imap::untagged_of(r))
+      if (line.starts_with("SEARCH")) n += static_cast<long>(dibs::imap::parse(line).size()) - 1;
+    return n;
+  }
+
+  // Every message of the mailbox, as the store and the keywords say, and
+  // its Subject and Message-ID.
+  mailbox_state inspect() const {
+    auto claims = open_claims();
+    dibs::imap_mailbox inbox{server_, claims, mailbox_options()};
+    const auto entries = inbox.status();
+    std::map<std::uint32_t, std::pair<std::string, std::string>> headers;  // UID -> Subject, Message-ID
+    dibs::imap::session s{server_};
+    const auto r = s.run({fmt::format("EXAMINE {}", dibs::imap::quote(mailbox_)),
+                          "UID FETCH 1:* (UID BODY.PEEK[HEADER.FIELDS (SUBJECT MESSAGE-ID)])"});
+    for (const auto& reply : r) s.check(reply, "reading the messages' headers");
+    for (const auto& line : dibs::imap::untagged_of(r)) {
+      const auto v = dibs::imap::parse(line);
+      if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != dibs::imap::value::kind::list) continue;
+      std::uint32_t uid = 0;
+      std::string subject, id;
+      const auto& fetched = v[2].items;
+      for (std::size_t i = 0; i + 1 < fetched.size(); i += 2) {
+        if (fetched[i].is("UID")) uid = static_cast<std::uint32_t>(fetched[i + 1].number().value_or(0));
+        if (!fetched[i].text.starts_with("BODY[")) continue;
+        std::istringstream in(fetched[i + 1].text);
+        for (std::string field; std::getline(in, field);) {
+          if (field.ends_with('\r')) field.pop_back();
+          if (field.starts_with("Subject: ")) subject = field.substr(9);
+          if (field.starts_with("Message-ID: ")) id = field.substr(12);
+        }
+      }
+      headers[uid] = {subject, id};
+    }
+    mailbox_state st;
+    st.shown_completed = 0;
+    for (const auto& e : entries) {
+      const auto& [subject, id] = headers[e.uid];
+      st.claims[key_of_message_id(id)] = e.status;
+      auto has = [&](std::string_view k) { return std::find(e.keywords.begin(), e.keywords.end(), k) != e.keywords.end(); };
+      if (has("$Completed") && !has("$Processing") && !has("$Failed") && e.status.state == dibs::claim_state::completed)
+        ++st.shown_completed;
+      if (st.listing.size() < 10) {
+        std::string keywords;
+        for (const auto& k : e.keywords) keywords += (keywords.empty() ? "" : " ") + k;
+        st.listing.push_back(fmt::format("  UID {:>5}  {:<26}  {:<12}  store: {}", e.uid, subject, keywords,
+                                         dibs::to_string(e.status.state)));
+      }
+    }
+    st.listing.insert(st.listing.begin(), fmt::format("mailbox '{}' after the run ({} messages; UID, Subject, keywords, "
+                                                      "what the claims store says):",
+                                                      mailbox_, entries.size()));
+    if (entries.size() > 10)
+      st.listing.push_back(fmt::format("  ... and {} more; {} of {} show $Completed and are completed in the store",
+                                       entries.size() - 10, st.shown_completed, entries.size()));
+    return st;
+  }
+
+private:
+  dibs::imap::options server_;
+  std::string mailbox_, folder_;
+};
+
+mailbox_state inspect(const imap_engine& engine, int) { return engine.inspect(); }
+
+// An IMAP worker: its own claims store and its own watcher of the mailbox,
+// which waits for new mail with IDLE and hands over each message claimed.
+template <>
+class worker<imap_engine> {
+public:
+  worker(const imap_engine& engine, const paths& p, int id, std::chrono::microseconds hold)
+      : claims_(engine.open_claims()),
+        inbox_(engine.server(), claims_, engine.mailbox_options()),
+        db_(engine),
+        handler_(db_, p, id, hold) {}
+
+  int run() {
+    while (!stop_requested)
+      if (auto mail = inbox_.next(200ms)) handler_.handle(*mail, key_of_message_id(mail->message_id()), body_of(mail->raw()));
+    return 0;
+  }
+
+private:
+  dibs::imap_store claims_;
+  dibs::imap_mailbox inbox_;
+  imap_engine::results_access db_;
+  order_handler<imap_engine::results_access> handler_;
 };
 
 // ---------------------------------------------------------------------------
@@ -543,27 +811,27 @@ struct figures {
   long delivered = 0, completed = 0, failed = 0, duplicates = 0, missing_effects = 0, recovered = 0, killed = 0;
   long orders = 0, transactions_retried = 0, retries = 0, lost_updates = 0, worker_errors = 0;
   long log_lines_expected = 0, log_lines_found = 0, log_lines_of_killed = 0, torn = 0, stray = 0;
+  long shown_completed = -1;  // IMAP: messages showing $Completed with the store agreeing (-1: no such view)
   double elapsed_s = 0;
   bool ok() const {
     return delivered == messages && completed == messages && failed == 0 && duplicates == 0 && missing_effects == 0 &&
-           lost_updates == 0 && log_lines_found == log_lines_expected && torn == 0 && stray == 0 && worker_errors == 0;
+           lost_updates == 0 && log_lines_found == log_lines_expected && torn == 0 && stray == 0 && worker_errors == 0 &&
+           (shown_completed < 0 || shown_completed == messages);
   }
 };
 
-// Counts and checks everything from the files alone.
+// Counts and checks everything from what is stored: the claims (`st`),
+// the results database, the log.
 // `killed` holds the ids of the workers killed by the chaos: only they may
 // have left an effect or a log line of a claim that did not complete.
 template <class Engine>
-figures check(const Engine& engine, const paths& p, figures f, const std::set<int>& killed) {
-  auto mailbox = engine.open_mailbox();
-  dibs::marker_claim<typename Engine::store> claims{mailbox};
+figures check(const Engine& engine, const paths& p, figures f, const std::set<int>& killed, const mailbox_state& st) {
   auto res = engine.open_results();
   auto monitor = engine.open_monitor();
   f.delivered = engine.delivered(monitor);
+  f.shown_completed = st.shown_completed;
   std::map<std::string, std::int64_t> completing_token;  // message -> token of the claim that completed it
-  for (int i = 1; i <= f.messages; ++i) {
-    const std::string key = message_key(i);
-    const auto s = claims.status(key);
+  for (const auto& [key, s] : st.claims) {
     if (s.state == dibs::claim_state::completed) {
       ++f.completed;
       if (s.attempts > 1) ++f.recovered;
@@ -626,8 +894,8 @@ void print_table(const figures& f, std::FILE* out, const char* engine) {
   if (f.missing_effects) row("completed without order", n(f.missing_effects), "(must be 0)");
   row("claims recovered", n(f.recovered), "taken over from killed workers, on proof they were gone");
   row("transactions retried", n(f.transactions_retried),
-      fmt::format("{}: {} retries in all", std::string_view(engine) == "SQLite" ? "lost the results database's lock"
-                                                                               : "serialization failures",
+      fmt::format("{}: {} retries in all", std::string_view(engine) == "PostgreSQL" ? "serialization failures"
+                                                                                   : "lost the results database's lock",
                   f.retries));
   row("lost stock updates", n(f.lost_updates), "(must be 0)");
   row("log lines expected", n(f.log_lines_expected), "one per completed message");
@@ -636,6 +904,8 @@ void print_table(const figures& f, std::FILE* out, const char* engine) {
                             : "");
   row("log lines torn", n(f.torn), "(must be 0)");
   if (f.stray) row("log lines unexplained", n(f.stray), "a second line, or one of a claim that was not killed (must be 0)");
+  if (f.shown_completed >= 0)
+    row("shown $Completed", n(f.shown_completed), "messages whose keyword says so, the store agreeing (must be all)");
   if (f.worker_errors) row("worker errors", n(f.worker_errors), "workers that exited with an error");
   row("elapsed", fmt::format("{:.2f} s", f.elapsed_s),
       fmt::format("{:.0f} messages/s", static_cast<double>(f.completed) / std::max(f.elapsed_s, 1e-9)));
@@ -651,11 +921,13 @@ void write_json(const figures& f, const fs::path& path) {
       "\"missing_effects\": {}, \"recovered\": {}, \"killed\": {}, \"orders\": {}, \"transactions_retried\": {}, "
       "\"retries\": {}, \"lost_updates\": {}, \"log_lines_expected\": {}, \"log_lines_found\": {}, "
       "\"log_lines_of_killed_attempts\": {}, \"torn\": {}, \"stray\": {}, \"worker_errors\": {}, \"elapsed_s\": {:.3f}, "
-      "\"messages_per_s\": {:.1f}, \"ok\": {}}}\n",
+      "\"messages_per_s\": {:.1f}, {}\"ok\": {}}}\n",
       f.workers, f.messages, f.delivered, f.completed, f.failed, f.duplicates, f.missing_effects, f.recovered, f.killed,
       f.orders, f.transactions_retried, f.retries, f.lost_updates, f.log_lines_expected, f.log_lines_found,
       f.log_lines_of_killed, f.torn, f.stray, f.worker_errors, f.elapsed_s,
-      static_cast<double>(f.completed) / std::max(f.elapsed_s, 1e-9), f.ok() ? "true" : "false");
+      static_cast<double>(f.completed) / std::max(f.elapsed_s, 1e-9),
+      f.shown_completed >= 0 ? fmt::format("\"shown_completed\": {}, ", f.shown_completed) : std::string{},
+      f.ok() ? "true" : "false");
   if (!out) throw std::runtime_error(fmt::format("shared_inbox: cannot write '{}'", path.string()));
 }
 
@@ -678,9 +950,10 @@ int run_demo(args a) {
   }
   const paths p{dir};
   a.dir = dir;
-  if (a.run.empty()) a.run = fmt::format("inbox_{}", ::getpid());
+  if (a.run.empty()) a.run = fmt::format("{}{}", a.store == "imap" ? "demo-" : "inbox_", ::getpid());
   const Engine engine{a};
   engine.create();
+  if constexpr (std::is_same_v<Engine, imap_engine>) std::printf("%s\n", engine.where().c_str());
 
   const std::string d = dir.string();
   // Every process gets the same place: the directory (the log; SQLite's
@@ -775,15 +1048,19 @@ int run_demo(args a) {
     if (exit_code(st) != 0) ++f.worker_errors;
   }
 
-  f = check(engine, p, f, killed_ids);
-  print_table(f, stdout, a.store == "postgres" ? "PostgreSQL" : "SQLite");
+  const mailbox_state st = inspect(engine, a.messages);
+  f = check(engine, p, f, killed_ids, st);
+  print_table(f, stdout, a.store == "postgres" ? "PostgreSQL" : a.store == "imap" ? "IMAP" : "SQLite");
+  if (!st.listing.empty()) std::printf("\n");
+  for (const auto& line : st.listing) std::printf("%s\n", line.c_str());
   if (!a.json.empty()) write_json(f, a.json);
+  constexpr bool on_server = requires { engine.drop(); };
   if (a.keep || !made_temp) {
     std::printf("files kept in %s\n", d.c_str());
-    if constexpr (std::is_same_v<Engine, postgres_engine>) std::printf("tables kept: %s_*\n", a.run.c_str());
+    if constexpr (on_server) std::printf("%s\n", engine.kept().c_str());
   } else {
     fs::remove_all(dir);
-    if constexpr (std::is_same_v<Engine, postgres_engine>) engine.drop();
+    if constexpr (on_server) engine.drop();
   }
   return f.ok() ? 0 : 1;
 }
@@ -806,7 +1083,9 @@ int run_role(const args& a) {
 int main(int argc, char** argv) {
   const args a = parse(argc, argv);
   try {
-    return a.store == "postgres" ? run_role<postgres_engine>(a) : run_role<sqlite_engine>(a);
+    if (a.store == "postgres") return run_role<postgres_engine>(a);
+    if (a.store == "imap") return run_role<imap_engine>(a);
+    return run_role<sqlite_engine>(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shared_inbox%s: %s\n", a.role.empty() ? "" : (" " + a.role).c_str(), e.what());
     return 1;

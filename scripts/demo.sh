@@ -1,27 +1,41 @@
 #!/usr/bin/env bash
 # The README's first command: set up, build, and run the main demo.
 #
-#   scripts/demo.sh [--store postgres] [shared_inbox options]
+#   scripts/demo.sh [--store postgres|imap] [shared_inbox options]
 #
 # With --store postgres (and no --pg or $DIBS_PG_CONNINFO) it starts a
 # throwaway PostgreSQL on loopback for the run (scripts/pg.sh) and stops it
-# at the end.
+# at the end. With --store imap (and no $DIBS_IMAP_HOST) it starts a
+# throwaway Dovecot on loopback (scripts/imap.sh) the same way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cmake --preset default >/dev/null
 cmake --build --preset default --target shared_inbox
-postgres=0 given=0
+store=sqlite given=0 prev=
 for a in "$@"; do
-  [ "$a" = postgres ] && postgres=1
+  [ "$prev" = --store ] && store=$a
   [ "$a" = --pg ] && given=1
+  prev=$a
 done
-if [ "$postgres" = 1 ] && [ "$given" = 0 ] && [ -z "${DIBS_PG_CONNINFO:-}" ]; then
+demo=build/default/examples/shared_inbox
+if [ "$store" = postgres ] && [ "$given" = 0 ] && [ -z "${DIBS_PG_CONNINFO:-}" ]; then
   server=$(mktemp -d "${TMPDIR:-/tmp}/dibs-demo-pg.XXXXXX")
   trap 'scripts/pg.sh stop "$server"; rm -rf "$server"' EXIT
   echo "starting a throwaway PostgreSQL server (scripts/pg.sh) ..."
   scripts/pg.sh start "$server"
-  DIBS_PG_CONNINFO=$(cat "$server/conninfo") build/default/examples/shared_inbox "$@"
+  DIBS_PG_CONNINFO=$(cat "$server/conninfo") "$demo" "$@"
   exit
 fi
-exec build/default/examples/shared_inbox "$@"
+if [ "$store" = imap ] && [ -z "${DIBS_IMAP_HOST:-}" ]; then
+  server=$(mktemp -d "${TMPDIR:-/tmp}/dibs-demo-imap.XXXXXX")
+  chmod 0755 "$server"  # Dovecot's mail user (not root) keeps its files there
+  # shellcheck disable=SC2016
+  trap 'scripts/imap.sh stop "$server"; home=$(cat "$server/home" 2>/dev/null || true)
+        [ -n "$home" ] && [ "$home" != "$server" ] && rm -rf "$home"; rm -rf "$server"' EXIT
+  echo "starting a throwaway Dovecot IMAP server (scripts/imap.sh) ..."
+  scripts/imap.sh start "$server" >/dev/null
+  (set -a && . "$server/env" && exec "$demo" "$@")
+  exit
+fi
+exec "$demo" "$@"
