@@ -28,7 +28,7 @@
 // repaired when a watcher next scans the mailbox.
 //
 // next() waits for new mail with IDLE (RFC 2177), not by polling, and looks
-// again at least every third of the claims' lease for claims of workers
+// again at least every third of the claims' lease (at most 2 s) for claims of workers
 // that are gone. Failures of the server (restarting, unreachable) are
 // waited out inside next() until its wait ends; a refused login, a mailbox
 // that does not exist or is read-only throw, naming server and mailbox.
@@ -157,13 +157,13 @@ public:
   /// gone), waiting for one with IDLE up to `wait`; nothing if none came.
   std::optional<mail> next(std::chrono::milliseconds wait) {
     const auto end = std::chrono::steady_clock::now() + wait;
-    const auto recheck = std::max(std::chrono::milliseconds{200}, opts_.claims.lease / 3);
+    const auto wake = recheck();
     for (;;) {
       try {
         if (auto m = scan_and_claim()) return m;
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
         if (left.count() <= 0) return std::nullopt;
-        if (!held_.empty() || pending_.empty()) session_.idle(std::min(left, recheck));
+        if (!held_.empty() || pending_.empty()) session_.idle(std::min(left, wake));
       } catch (const std::system_error& e) {
         if (!is_transient(e.code()) && e.code() != make_error_code(errc::outcome_unknown)) throw;
         selected_ = false;
@@ -179,6 +179,7 @@ public:
   std::vector<entry> status() {
     ready();
     const auto r = session_.run({"NOOP", fmt::format("UID FETCH 1:* {}", fetch_items)});
+    session_.check(r[1], fmt::format("listing {}", where()));
     auto states = states_now();
     std::vector<entry> out;
     for (auto& [uid, m] : parse(imap::untagged_of(r))) {
@@ -295,6 +296,7 @@ private:
     ready();
     const bool first = last_uid_ == 0;
     const auto r = session_.run({"NOOP", fmt::format("UID FETCH {}:* {}", last_uid_ + 1, fetch_items)});
+    session_.check(r[1], fmt::format("looking for new mail in {}", where()));
     auto fresh = parse(imap::untagged_of(r));
     std::erase_if(fresh, [&](const auto& e) { return e.first <= last_uid_; });
     if (fresh.empty()) return;
@@ -311,6 +313,12 @@ private:
       known_.emplace(uid, std::move(s));
       pending_.insert(uid);
     }
+  }
+
+  // How soon a message another worker holds is looked at again: its worker
+  // may die (on this host that is seen at once), or give it back.
+  std::chrono::milliseconds recheck() const {
+    return std::clamp(opts_.claims.lease / 3, std::chrono::milliseconds{200}, std::chrono::milliseconds{2000});
   }
 
   // Forgets a message that is completed or failed.
@@ -330,11 +338,10 @@ private:
   // Shows `keyword` on the message (and removes the other two); empty:
   // none of them.
   void show(std::uint32_t uid, const std::string& keyword) {
-    std::vector<std::string> others;
+    std::string others;
     for (const auto* k : {&opts_.processing_keyword, &opts_.completed_keyword, &opts_.failed_keyword})
-      if (*k != keyword) others.push_back(*k);
-    std::vector<std::string> commands{
-        fmt::format("UID STORE {} -FLAGS.SILENT ({} {})", uid, others[0], others[1])};
+      if (*k != keyword) others += (others.empty() ? "" : " ") + *k;
+    std::vector<std::string> commands{fmt::format("UID STORE {} -FLAGS.SILENT ({})", uid, others)};
     if (!keyword.empty()) commands.push_back(fmt::format("UID STORE {} +FLAGS.SILENT ({})", uid, keyword));
     for (int attempt = 0; attempt < 2; ++attempt) {
       try {
@@ -363,7 +370,7 @@ private:
       if (!c) {
         const auto st = claims_.status(s.key);
         if (st.state == claim_state::completed || st.state == claim_state::failed) settle(uid, s, st.state);
-        else held_[uid] = now + std::max(std::chrono::milliseconds{200}, opts_.claims.lease / 3);
+        else held_[uid] = now + recheck();
         continue;
       }
       show(uid, opts_.processing_keyword);
@@ -381,7 +388,7 @@ private:
       const auto id = s.message_id;
       // Still pending here until it is completed or failed: a claim given
       // back (or dropped) is looked at again after `recheck`.
-      held_[uid] = now + std::max(std::chrono::milliseconds{200}, opts_.claims.lease / 3);
+      held_[uid] = now + recheck();
       if (!found) {  // expunged meanwhile (by a person): nothing to handle, and nothing hidden
         note(fmt::format("message UID {} in {} was expunged before it was handled", uid, where()));
         c->complete("expunged before it was handled");

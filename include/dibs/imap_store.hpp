@@ -265,9 +265,33 @@ public:
     std::lock_guard lock{mutex_};
     sync({});
     std::vector<std::string> out;
-    for (const auto& [k, uids] : by_key_)
-      if (std::string_view(k).starts_with(prefix) && state_of(k, std::numeric_limits<std::uint32_t>::max()).present)
-        out.push_back(k);
+    for (const auto& [k, uids] : by_key_) {
+      if (!std::string_view(k).starts_with(prefix)) continue;
+      try {
+        if (state_of(k, std::numeric_limits<std::uint32_t>::max()).present) out.push_back(k);
+      } catch (const std::system_error& e) {
+        if (e.code() != make_error_code(errc::corrupt_record)) throw;
+        out.push_back(k);  // a damaged record is listed: reading it says what is wrong
+      }
+    }
+    return out;
+  }
+
+  /// Returns: every record whose key starts with `prefix`, with its
+  /// version, as of one look at the folder (one round trip).
+  std::vector<std::pair<std::string, record>> records(std::string_view prefix = {}) {
+    std::lock_guard lock{mutex_};
+    sync({});
+    std::vector<std::pair<std::string, record>> out;
+    for (const auto& [k, uids] : by_key_) {
+      if (!std::string_view(k).starts_with(prefix)) continue;
+      try {
+        const auto s = state_of(k, std::numeric_limits<std::uint32_t>::max());
+        if (s.present) out.emplace_back(k, record{s.value, version_of(s.uid)});
+      } catch (const std::system_error& e) {
+        if (e.code() != make_error_code(errc::corrupt_record)) throw;  // left out: keys() lists it
+      }
+    }
     return out;
   }
 
@@ -633,5 +657,6 @@ private:
 
 static_assert(shared_store<imap_store>);
 static_assert(listable_store<imap_store>);
+static_assert(snapshot_store<imap_store>);
 
 }  // namespace dibs

@@ -38,6 +38,7 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -246,6 +247,15 @@ struct key_rules {
 template <class S>
 concept listable_store = shared_store<S> && requires(S& s, std::string_view prefix) {
   { s.keys(prefix) } -> std::same_as<std::vector<std::string>>;
+};
+
+/// Optional: a listable store that can also hand out every record whose key
+/// starts with `prefix` at once, as they were at one moment
+/// (imap_store, whose records are all at hand after one round trip).
+/// marker_claim::list() then reads them so, instead of key by key.
+template <class S>
+concept snapshot_store = listable_store<S> && requires(S& s, std::string_view prefix) {
+  { s.records(prefix) } -> std::same_as<std::vector<std::pair<std::string, record>>>;
 };
 
 namespace detail {
