@@ -438,6 +438,25 @@ TEST_CASE("a forged X-Dibs-Record message is corrupt_record naming its UID, and 
   REQUIRE(v);
   CHECK(s.read("other") == dibs::record{"v", *v});
   CHECK(imap::all_uids(look, f).count(forged) == 1);  // left where it is, for a person to move
+
+  // A claim whose key also has a forged message is listed as damaged (the
+  // listing reads all records at once, and the damaged one by itself).
+  dibs::marker_claim<dibs::imap_store> claims{s, {.on_damaged = [](std::string_view, std::string_view) {}}};
+  auto job1 = claims.try_claim("job-1");
+  auto job2 = claims.try_claim("job-2");
+  REQUIRE(job1);
+  REQUIRE(job2);
+  imap::append(look, f,
+               fmt::format("From: someone <x@example.com>\r\nSubject: forged\r\nX-Dibs-Record: 1 {} create\r\n\r\n"
+                           "this is not a dibs record either\r\n",
+                           dibs::imap::detail::key_tag("job-2")));
+  const auto items = claims.list("job-");
+  REQUIRE(items.size() == 2);
+  CHECK(items[0].key == "job-1");
+  CHECK(items[0].status.state == dibs::claim_state::processing);
+  CHECK(items[1].key == "job-2");
+  CHECK(items[1].status.state == dibs::claim_state::damaged);
+  CHECK_THAT(items[1].status.error, Contains("move it out of the folder"));
 }
 
 TEST_CASE("a folder the server cannot write: opening it and appending to it fail, naming the folder") {

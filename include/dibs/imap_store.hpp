@@ -392,7 +392,10 @@ private:
   // Brings the mirror up to date: the records appended since the last look,
   // and what other clients expunged or marked meanwhile (reported with any
   // command's reply).
-  void sync(std::vector<std::string> before) {
+  // `fresh`: also what others appended while this read ran (a writer
+  // learning its fate needs only what came before its own message).
+  void sync(std::vector<std::string> before, bool fresh = true) {
+    int catch_ups = 0;
     for (int attempt = 0;; ++attempt) {
       hole_ = std::numeric_limits<std::uint32_t>::max();
       before.push_back(fmt::format("UID FETCH {}:* {}", max_uid_ + 1, fetch_items));
@@ -402,7 +405,20 @@ private:
       // them again (what came after it is in the mirror already).
       const bool holes = hole_ != std::numeric_limits<std::uint32_t>::max();
       if (holes) max_uid_ = std::min(max_uid_, hole_ - 1);
-      if (replies.back().ok() && !holes) return;
+      // A FETCH reads the session's view as it was; the server brings the
+      // view up to date after the command and says "* N EXISTS" if others
+      // appended meanwhile (a NOOP pipelined before it does not help:
+      // Dovecot runs them side by side). Then read once more; without it a
+      // read would show the folder as it was at the previous command.
+      bool grew = false;
+      for (const auto& r : replies)
+        for (const auto& line : r.untagged) grew = grew || line.ends_with(" EXISTS");
+      if (replies.back().ok() && !holes) {
+        // (bounded: in a folder written to without pause, what was read is as fresh as any)
+        if (!grew || !fresh || ++catch_ups > 100) return;
+        --attempt;  // not a failure: others are writing
+        continue;
+      }
       if (attempt == 5) {
         session_.check(replies.back(), fmt::format("reading records in {}", where()));
         throw std::system_error(make_error_code(errc::connection_lost),
@@ -602,8 +618,8 @@ private:
     }
     const auto uid = static_cast<std::uint32_t>(*fields[2].number());
     try {
-      sync({});
-      if (!mirror_.count(uid)) sync({"NOOP"});
+      sync({}, false);
+      if (!mirror_.count(uid)) sync({});
     } catch (const std::system_error& e) {
       if (is_transient(e.code()) || detail::outcome_unknown(e))
         throw std::system_error(make_error_code(errc::outcome_unknown), e.what());
