@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# run_imap_benchmarks.sh: builds imap_claims and runs it against a throwaway
+# Dovecot (scripts/imap.sh: sdbox, mail_fsync=always, loopback), dibs and the
+# hand-written floor side by side: in every round each pair runs once, dibs
+# and floor in turn, `runs` rounds; prints the medians and dibs/floor
+# (docs/BENCHMARKS.md has the figures).
+#
+#   benchmarks/run_imap_benchmarks.sh [--quick] [--no-build] [--runs N]
+#
+# Environment: BUILD_DIR (default <repo>/build/bench-imap), OUT (default
+# $BUILD_DIR/results).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$ROOT/build/bench-imap}
+OUT=${OUT:-$BUILD_DIR/results}
+quick=0 build=1 runs=5
+while (($#)); do
+  case $1 in
+    --quick) quick=1 ;;
+    --no-build) build=0 ;;
+    --runs) runs=$2; shift ;;
+    -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "run_imap_benchmarks.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [[ $build == 1 ]]; then
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIBS_BUILD_TESTS=OFF -DDIBS_BUILD_EXAMPLES=OFF \
+    -DDIBS_BUILD_TOOLS=OFF -DDIBS_TEST_CONSUMERS=OFF >/dev/null
+  cmake --build "$BUILD_DIR" --target imap_claims
+fi
+mkdir -p "$OUT"
+server=$(mktemp -d "${TMPDIR:-/tmp}/dibs-bench-imap.XXXXXX")
+trap '"$ROOT/scripts/imap.sh" stop "$server"; rm -rf "$server"' EXIT
+"$ROOT/scripts/imap.sh" start "$server" >/dev/null
+set -a
+# shellcheck disable=SC1091
+. "$server/env"
+set +a
+B=$BUILD_DIR/benchmarks/imap_claims
+items=400
+[[ $quick == 1 ]] && runs=1 items=60
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+field() { sed -n "s/.*\"$1\": \"\{0,1\}\([0-9.a-z-]*\).*/\1/p"; }
+
+log=$OUT/imap.jsonl
+: >"$log"
+"$B" --mode ops --items $((items / 2)) | tee -a "$log"
+# name|dibs arguments|floor arguments
+pairs=(
+  "claim, own keys|--mode dibs-own|--mode floor-own"
+  "claim, shared keys|--mode dibs-shared|--mode floor-shared"
+  "claim + complete, own keys|--mode dibs-own --complete|--mode floor-own --complete"
+  "mailbox: next + complete|--mode dibs-mailbox|--mode floor-mailbox"
+)
+table="| what | workers | floor items/s | dibs items/s | dibs / floor | median of the rounds' ratios |
+| --- | ---: | ---: | ---: | ---: | ---: |"
+for pair in "${pairs[@]}"; do
+  IFS='|' read -r name dibs floor <<<"$pair"
+  for procs in 1 4; do
+    : >"$OUT/dibs.tmp"
+    : >"$OUT/floor.tmp"
+    for ((r = 1; r <= runs; r++)); do
+      # shellcheck disable=SC2086
+      "$B" $dibs --procs $procs --items $items | tee -a "$log" "$OUT/dibs.tmp"
+      # shellcheck disable=SC2086
+      "$B" $floor --procs $procs --items $items | tee -a "$log" "$OUT/floor.tmp"
+    done
+    d=$(field items_per_s <"$OUT/dibs.tmp" | median)
+    f=$(field items_per_s <"$OUT/floor.tmp" | median)
+    ratio=$(awk -v d="$d" -v f="$f" 'BEGIN { printf "%.2fx", d / f }')
+    rounds=$(paste <(field items_per_s <"$OUT/dibs.tmp") <(field items_per_s <"$OUT/floor.tmp") |
+      awk '{ printf "%.3f\n", $1 / $2 }' | median)
+    table+=$'\n'"| $name | $procs | $f | $d | $ratio | ${rounds}x |"
+  done
+done
+rm -f "$OUT/dibs.tmp" "$OUT/floor.tmp"
+echo
+echo "Medians of $runs runs, $items items each (all runs: $log)"
+echo "$table"
