@@ -337,12 +337,18 @@ private:
 
   // Shows `keyword` on the message (and removes the other two); empty:
   // none of them.
-  void show(std::uint32_t uid, const std::string& keyword) {
+  std::vector<std::string> keyword_commands(std::uint32_t uid, const std::string& keyword, bool clear = true) const {
     std::string others;
     for (const auto* k : {&opts_.processing_keyword, &opts_.completed_keyword, &opts_.failed_keyword})
       if (*k != keyword) others += (others.empty() ? "" : " ") + *k;
-    std::vector<std::string> commands{fmt::format("UID STORE {} -FLAGS.SILENT ({})", uid, others)};
+    std::vector<std::string> commands;
+    if (clear) commands.push_back(fmt::format("UID STORE {} -FLAGS.SILENT ({})", uid, others));
     if (!keyword.empty()) commands.push_back(fmt::format("UID STORE {} +FLAGS.SILENT ({})", uid, keyword));
+    return commands;
+  }
+
+  void show(std::uint32_t uid, const std::string& keyword) {
+    const auto commands = keyword_commands(uid, keyword);
     for (int attempt = 0; attempt < 2; ++attempt) {
       try {
         ready();
@@ -373,12 +379,26 @@ private:
         else held_[uid] = now + recheck();
         continue;
       }
-      show(uid, opts_.processing_keyword);
+      // $Processing and the message in one round trip; the other keywords
+      // are taken off only where they can be (a message claimed before, or
+      // one a person marked).
+      const bool marked = std::any_of(
+          s.flags.begin(), s.flags.end(), [&](const std::string& f) {
+            return imap::detail::iequals(f, opts_.processing_keyword) || imap::detail::iequals(f, opts_.completed_keyword) ||
+                   imap::detail::iequals(f, opts_.failed_keyword);
+          });
+      auto commands = keyword_commands(uid, opts_.processing_keyword, c->attempts() > 1 || marked);
+      commands.push_back(fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid));
       ready();
-      const auto body = session_.run(fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid));
+      const auto replies = session_.run(commands);
+      for (std::size_t i = 0; i + 1 < replies.size(); ++i)
+        if (!replies[i].ok())
+          note(fmt::format("could not show '{}' on message UID {} in {} ({} {}); it is shown when a watcher next "
+                           "scans the mailbox",
+                           opts_.processing_keyword, uid, where(), replies[i].status, replies[i].text));
       std::string raw;
       bool found = false;
-      for (const auto& line : body.untagged) {
+      for (const auto& line : imap::untagged_of(replies)) {
         const auto v = imap::parse(line);
         if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != imap::value::kind::list) continue;
         const auto& items = v[2].items;
