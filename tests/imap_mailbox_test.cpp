@@ -246,7 +246,7 @@ TEST_CASE("imap_mailbox: a failed message shows $Failed, a given-back one no key
   CHECK_FALSE(box.next(300ms));  // failed: nobody takes it again
 }
 
-TEST_CASE("imap_mailbox: bad input: a missing mailbox, a wrong password, the server down") {
+TEST_CASE("imap_mailbox: bad input: a missing or unwritable mailbox, a wrong password, the server down") {
   const auto server = dibs_test::imap::options();
   dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("badclaims")}};
   try {
@@ -256,6 +256,31 @@ TEST_CASE("imap_mailbox: bad input: a missing mailbox, a wrong password, the ser
     CHECK(e.code() == std::errc::no_such_file_or_directory);
     CHECK_THAT(e.what(), Catch::Contains("'no-such-mailbox' does not exist"));
     CHECK_FALSE(dibs::is_transient(e.code()));
+  }
+  {  // a mailbox the server cannot write (Dovecot 2.3 answers SELECT with [SERVERBUG], not [READ-ONLY])
+    const auto mailbox = dibs_test::imap::fresh_folder("rdonly");
+    {
+      dibs::imap::session s{server};
+      s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+      deliver(s, mailbox, 0, 2);
+    }
+    const auto dir = dibs_test::imap::folder_dir(mailbox);
+    REQUIRE(dibs_test::sh("chmod -R a-w '" + dir.string() + "'") == 0);
+    try {
+      dibs::imap_mailbox box{server, store, {.mailbox = mailbox}};
+      FAIL("a mailbox the server cannot write was accepted");
+    } catch (const std::system_error& e) {
+      CHECK_FALSE(dibs::is_transient(e.code()));
+      CHECK_THAT(e.what(), Catch::Contains("mailbox '" + mailbox + "'"));
+    }
+    REQUIRE(dibs_test::sh("chmod -R u+w '" + dir.string() + "'") == 0);
+    dibs::imap_mailbox box{server, store, {.mailbox = mailbox}};  // writable again: both messages still there
+    int handled = 0;
+    while (auto m = box.next(300ms)) {
+      m->complete();
+      ++handled;
+    }
+    CHECK(handled == 2);
   }
   auto wrong = server;
   wrong.password = "not-the-password";
@@ -275,4 +300,27 @@ TEST_CASE("imap_mailbox: bad input: a missing mailbox, a wrong password, the ser
     CHECK(dibs::is_transient(e.code()));
     CHECK_THAT(e.what(), Catch::Contains("is the IMAP server running"));
   }
+}
+
+TEST_CASE("imap_mailbox: a waiting worker wakes on new mail (IDLE), long before it would look again by itself") {
+  const auto mailbox = dibs_test::imap::fresh_folder("idle");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("idleclaims")}};
+  // Lease 6 s: without IDLE the worker would look again only after 2 s.
+  dibs::imap_mailbox box{server, store, {.mailbox = mailbox, .claims = {.lease = 6s}}};
+  CHECK_FALSE(box.next(200ms));  // nothing yet: it has looked, and waits
+  const auto start = std::chrono::steady_clock::now();
+  std::thread delivery([&] {
+    std::this_thread::sleep_for(300ms);
+    deliver(s, mailbox, 0, 1);
+  });
+  auto m = box.next(10s);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  delivery.join();
+  REQUIRE(m);
+  CHECK(m->raw().find("Subject: order 0") != std::string::npos);
+  CHECK(waited < 1500ms);  // delivered at 300 ms; the next look without IDLE would be at 2,000 ms
+  m->complete();
 }

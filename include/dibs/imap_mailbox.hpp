@@ -32,7 +32,8 @@
 // that are gone. Failures of the server (restarting, unreachable) are
 // waited out inside next() until its wait ends; a refused login, a mailbox
 // that does not exist or is read-only throw, naming server and mailbox.
-// One thread uses an imap_mailbox at a time; it needs its own connection
+// One thread uses an imap_mailbox (and the mail it hands out) at a time; it
+// needs its own connection
 // (given by `server`) beside the store's.
 #pragma once
 
