@@ -44,6 +44,17 @@ TEST_CASE("imap::parse reads literals, quoted strings, bracketed item names, lis
   CHECK_FALSE(items[8].number());
 }
 
+TEST_CASE("imap::parse: a bracket opens a section only in a FETCH item name, not in a keyword") {
+  const auto v = dibs::imap::parse("1 FETCH (UID 1 FLAGS (\\Seen todo[1) BODY[TEXT] {3}\r\nabc)");
+  REQUIRE(v.size() == 3);
+  const auto& items = v[2].items;
+  REQUIRE(items.size() == 6);
+  REQUIRE(items[3].items.size() == 2);
+  CHECK(items[3].items[1].text == "todo[1");
+  CHECK(items[4].text == "BODY[TEXT]");
+  CHECK(items[5].text == "abc");
+}
+
 TEST_CASE("imap::quote quotes what it can and sends the rest as a literal") {
   CHECK(dibs::imap::quote("INBOX") == "\"INBOX\"");
   CHECK(dibs::imap::quote("a\"b\\c") == "\"a\\\"b\\\\c\"");

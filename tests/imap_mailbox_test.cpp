@@ -188,6 +188,10 @@ TEST_CASE("imap_mailbox: keyed by Message-ID, a message without one is keyed by 
   deliver(s, mailbox, 0, 3);
   deliver(s, mailbox, 3, 4, false);  // no Message-ID
   deliver(s, mailbox, 0, 1);         // order 0 again: the same Message-ID, a second copy
+  {                                  // a Message-ID longer than a key may be
+    const auto text = "Subject: long\r\nMessage-ID: <" + std::string(1500, 'x') + "@spam>\r\n\r\nbody\r\n";
+    s.check(s.run(fmt::format("APPEND {} {{{}+}}\r\n{}", dibs::imap::quote(mailbox), text.size(), text)), "deliver");
+  }
   const auto server = dibs_test::imap::options();
   dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("midclaims")}};
   std::vector<std::string> notes;
@@ -200,20 +204,23 @@ TEST_CASE("imap_mailbox: keyed by Message-ID, a message without one is keyed by 
     ++handled[m->key()];
     m->complete();
   }
-  REQUIRE(handled.size() == 4);  // 4 distinct messages; the copy of order 0 is the same item
+  REQUIRE(handled.size() == 5);  // 5 distinct messages; the copy of order 0 is the same item
   for (const auto& [k, n] : handled) CHECK(n == 1);
   CHECK(handled.count("mail/" + mailbox + "/id/<order-0/x+y@shop.example>") == 1);
   const auto uid_keyed = std::count_if(handled.begin(), handled.end(), [](const auto& h) {
     return h.first.find("/uid/") != std::string::npos;
   });
   CHECK(uid_keyed == 1);
+  CHECK(std::count_if(handled.begin(), handled.end(), [](const auto& h) {
+          return h.first.find("/id-digest/") != std::string::npos;
+        }) == 1);  // the long Message-ID, by a digest of it
   REQUIRE_FALSE(notes.empty());
   CHECK(notes.front().find("has no Message-ID") != std::string::npos);
   // Both copies of order 0 show the item's state.
   int shown = 0;
   for (const auto& e : box.status())
     for (const auto& k : e.keywords) shown += k == "$Completed";
-  CHECK(shown == 5);
+  CHECK(shown == 6);
 }
 
 TEST_CASE("imap_mailbox: a failed message shows $Failed, a given-back one no keyword, and the store decides") {

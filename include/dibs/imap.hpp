@@ -32,6 +32,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -147,14 +148,19 @@ inline std::vector<value> parse_items(std::string_view s, std::size_t& pos) {
       out.push_back({value::kind::string, std::string(s.substr(pos, n)), {}});
       pos = std::min(s.size(), pos + n);
     } else {
-      // An atom; '[' ... ']' belongs to it, spaces and parentheses included
-      // (BODY[HEADER.FIELDS (SUBJECT)]).
+      // An atom. A FETCH item's section, '[' ... ']', belongs to it, spaces
+      // and parentheses included (BODY[HEADER.FIELDS (SUBJECT)]); in any
+      // other atom '[' is a plain character (a keyword a person set may be
+      // "todo[1").
       std::string text;
       for (int depth = 0; pos < s.size(); ++pos) {
         const char a = s[pos];
         if (depth == 0 && (a == ' ' || a == '(' || a == ')' || a == '\r' || a == '\n')) break;
-        if (a == '[') ++depth;
-        if (a == ']') --depth;
+        if (a == '[' && (depth > 0 || detail::iequals(text, "BODY") || detail::iequals(text, "BODY.PEEK") ||
+                         detail::iequals(text, "BINARY") || detail::iequals(text, "BINARY.PEEK") ||
+                         detail::iequals(text, "BINARY.SIZE")))
+          ++depth;
+        if (a == ']' && depth > 0) --depth;
         text += a;
       }
       if (detail::iequals(text, "NIL")) out.push_back({value::kind::nil, {}, {}});
@@ -487,8 +493,10 @@ private:
 
   std::vector<reply> collect(const std::vector<std::string>& tags) {
     std::vector<reply> replies(tags.size());
+    std::vector<bool> done(tags.size());
     const auto until = std::chrono::steady_clock::now() + opts_.timeout;
-    for (std::size_t i = 0; i < tags.size();) {
+    // i: the first command not yet completed (untagged lines go to it).
+    for (std::size_t i = 0; i < tags.size(); i = static_cast<std::size_t>(std::find(done.begin(), done.end(), false) - done.begin())) {
       auto line = read_line(until);
       if (line.starts_with("* ")) {
         if (detail::istarts_with(line, "* BYE")) fail(errc::connection_lost, "the server said " + line.substr(2));
@@ -504,21 +512,25 @@ private:
         continue;
       }
       if (line.starts_with("+")) continue;  // a continuation (a literal the server wants to have confirmed)
+      // A tagged completion, of whichever command it names (a server may
+      // complete pipelined commands out of order).
       const auto space = line.find(' ');
-      if (line.substr(0, space) != tags[i]) continue;
+      const auto it = std::find(tags.begin(), tags.end(), line.substr(0, space));
+      if (it == tags.end()) continue;
+      auto& r = replies[static_cast<std::size_t>(it - tags.begin())];
+      done[static_cast<std::size_t>(it - tags.begin())] = true;
       auto rest = std::string_view(line).substr(space == std::string::npos ? line.size() : space + 1);
       const auto sp = rest.find(' ');
-      replies[i].status = std::string(rest.substr(0, sp));
-      for (auto& ch : replies[i].status) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+      r.status = std::string(rest.substr(0, sp));
+      for (auto& ch : r.status) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
       rest = sp == std::string_view::npos ? std::string_view{} : rest.substr(sp + 1);
       if (rest.starts_with('[')) {
         const auto close = rest.find(']');
-        replies[i].code = std::string(rest.substr(1, close - 1));
+        r.code = std::string(rest.substr(1, close - 1));
         rest = close == std::string_view::npos ? std::string_view{} : rest.substr(close + 1);
         if (rest.starts_with(' ')) rest.remove_prefix(1);
       }
-      replies[i].text = std::string(rest);
-      ++i;
+      r.text = std::string(rest);
     }
     return replies;
   }

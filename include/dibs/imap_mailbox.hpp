@@ -50,6 +50,7 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -104,7 +105,7 @@ public:
     /// that cannot be set is only noted (the view is repaired later).
     void complete(std::string_view result = {}) {
       claim_.complete(result);
-      box_->show(uid_, box_->opts_.completed_keyword);
+      box_->show(validity_, uid_, box_->opts_.completed_keyword);
       box_->done(uid_);
     }
 
@@ -115,7 +116,7 @@ public:
       const auto key_copy = claim_.key();
       const bool ok = claim_.release(error);
       const auto st = box_->claims_.status(key_copy);
-      box_->show(uid_, st.state == claim_state::failed ? box_->opts_.failed_keyword : std::string{});
+      box_->show(validity_, uid_, st.state == claim_state::failed ? box_->opts_.failed_keyword : std::string{});
       if (st.state == claim_state::failed) box_->done(uid_);
       else box_->held_.erase(uid_);  // claimable again, also here
       return ok;
@@ -124,9 +125,11 @@ public:
   private:
     friend class imap_mailbox;
     mail(imap_mailbox* box, claims_type::claim c, std::uint32_t uid, std::string id, std::string raw)
-        : box_(box), claim_(std::move(c)), uid_(uid), message_id_(std::move(id)), raw_(std::move(raw)) {}
+        : box_(box), claim_(std::move(c)), validity_(box->validity_), uid_(uid), message_id_(std::move(id)),
+          raw_(std::move(raw)) {}
     imap_mailbox* box_;
     claims_type::claim claim_;
+    std::uint32_t validity_;  // of the mailbox when the message was claimed
     std::uint32_t uid_;
     std::string message_id_;
     std::string raw_;
@@ -228,6 +231,7 @@ private:
       known_.clear();
       pending_.clear();
       held_.clear();
+      unshown_.clear();
       last_uid_ = 0;
       validity_ = validity;
     }
@@ -251,7 +255,16 @@ private:
       note(fmt::format("message UID {} in {} has no Message-ID: it is keyed by its UID ({})", uid, where(), uid_key));
       return uid_key;
     }
-    return fmt::format("mail/{}/id/{}", opts_.mailbox, message_id);
+    auto key = fmt::format("mail/{}/id/{}", opts_.mailbox, message_id);
+    if (key.size() <= key_rules::max_key_size) return key;
+    // A Message-ID too long for a key (RFC 5322 sets no limit) is keyed by
+    // a 128-bit digest of it, the same for every watcher.
+    std::uint64_t h1 = 0xcbf29ce484222325ull, h2 = 0x84222325cbf29ce4ull;
+    for (const char c : message_id) {
+      h1 = (h1 ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+      h2 = (h2 ^ static_cast<unsigned char>(c)) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
+    }
+    return fmt::format("mail/{}/id-digest/{:016x}{:016x}", opts_.mailbox, h1, h2);
   }
 
   std::map<std::uint32_t, seen> parse(const std::vector<std::string>& untagged) {
@@ -348,6 +361,17 @@ private:
     return commands;
   }
 
+  // As show(), for a message of the mailbox as it was (UIDVALIDITY
+  // `validity`): nothing if the mailbox was re-created since (its UIDs
+  // name other messages now).
+  void show(std::uint32_t validity, std::uint32_t uid, const std::string& keyword) {
+    try {
+      ready();
+    } catch (const std::system_error&) {
+    }
+    if (validity == validity_) show(uid, keyword);
+  }
+
   void show(std::uint32_t uid, const std::string& keyword) {
     const auto commands = keyword_commands(uid, keyword);
     for (int attempt = 0; attempt < 2; ++attempt) {
@@ -357,15 +381,19 @@ private:
         return;
       } catch (const std::system_error& e) {
         selected_ = false;
-        if (attempt == 1) note(fmt::format("could not show '{}' on message UID {} in {} ({}); it is shown when a "
-                                           "watcher next scans the mailbox",
-                                           keyword, uid, where(), e.what()));
+        if (attempt == 1) {
+          unshown_[uid] = keyword;
+          note(fmt::format("could not show '{}' on message UID {} in {} ({}); it is tried again with the next look "
+                           "at the mailbox",
+                           keyword, uid, where(), e.what()));
+        }
       }
     }
   }
 
   std::optional<mail> scan_and_claim() {
     refresh();
+    for (auto owed = std::exchange(unshown_, {}); const auto& [uid, keyword] : owed) show(uid, keyword);
     std::vector<std::uint32_t> order(pending_.begin(), pending_.end());
     std::shuffle(order.begin(), order.end(), rng_);  // workers spread over the backlog
     const auto now = std::chrono::steady_clock::now();
@@ -373,7 +401,16 @@ private:
       const auto held = held_.find(uid);
       if (held != held_.end() && held->second > now) continue;  // someone else's, looked at lately
       const auto& s = known_.at(uid);
-      auto c = claims_.try_claim(s.key);
+      std::optional<claims_type::claim> c;
+      try {
+        c = claims_.try_claim(s.key);
+      } catch (const std::system_error& e) {
+        if (is_transient(e.code()) || e.code() == make_error_code(errc::outcome_unknown)) throw;
+        // This message's trouble (its key refused, say) costs only it: said, and tried again later.
+        note(fmt::format("message UID {} in {} cannot be claimed: {}", uid, where(), e.what()));
+        held_[uid] = now + recheck();
+        continue;
+      }
       if (!c) {
         const auto st = claims_.status(s.key);
         if (st.state == claim_state::completed || st.state == claim_state::failed) settle(uid, s, st.state);
@@ -392,6 +429,7 @@ private:
       commands.push_back(fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid));
       ready();
       const auto replies = session_.run(commands);
+      session_.check(replies.back(), fmt::format("reading message UID {} in {}", uid, where()));  // gives it back
       for (std::size_t i = 0; i + 1 < replies.size(); ++i)
         if (!replies[i].ok())
           note(fmt::format("could not show '{}' on message UID {} in {} ({} {}); it is shown when a watcher next "
@@ -430,6 +468,7 @@ private:
   std::map<std::uint32_t, seen> known_;
   std::set<std::uint32_t> pending_;
   std::map<std::uint32_t, std::chrono::steady_clock::time_point> held_;
+  std::map<std::uint32_t, std::string> unshown_;  // keywords a failure kept from being shown
   std::mt19937_64 rng_{std::random_device{}()};
 };
 

@@ -306,6 +306,7 @@ private:
     std::uint32_t base = 0;    // the UID a replace or erase names
     bool is_base = false;      // carries $DibsBase
     std::int64_t arrived = 0;  // INTERNALDATE, seconds since the epoch by the server's clock
+    std::string nonce;         // the write's: the same in a repeat of a write whose outcome was unknown
     std::string key;
     std::string value;
   };
@@ -353,9 +354,13 @@ private:
                                           "remove messages there (give the user the rights, or name another folder)",
                                           where()));
     std::uint32_t validity = 0;
-    for (const auto& u : r.untagged)
+    for (const auto& u : r.untagged) {
       if (const auto at = u.find("[UIDVALIDITY "); at != std::string::npos)
         validity = static_cast<std::uint32_t>(std::stoul(u.substr(at + 13)));
+      // Compaction needs the keyword $DibsBase kept: without it, no compaction.
+      if (u.find("[PERMANENTFLAGS ") != std::string::npos)
+        can_mark_ = u.find("\\*") != std::string::npos || u.find(base_keyword) != std::string::npos;
+    }
     if (uid_validity_ != 0 && validity != uid_validity_) {
       session_.drop();
       throw std::system_error(std::error_code(ESTALE, std::generic_category()),
@@ -392,9 +397,10 @@ private:
   // Brings the mirror up to date: the records appended since the last look,
   // and what other clients expunged or marked meanwhile (reported with any
   // command's reply).
-  // `fresh`: also what others appended while this read ran (a writer
-  // learning its fate needs only what came before its own message).
-  void sync(std::vector<std::string> before, bool fresh = true) {
+  // Reads until a FETCH's reply says no new message came meanwhile: the
+  // mirror is then the folder as it was at one moment (new messages,
+  // keywords and expunges, all of them up to then).
+  void sync(std::vector<std::string> before) {
     int catch_ups = 0;
     for (int attempt = 0;; ++attempt) {
       hole_ = std::numeric_limits<std::uint32_t>::max();
@@ -414,8 +420,12 @@ private:
       for (const auto& r : replies)
         for (const auto& line : r.untagged) grew = grew || line.ends_with(" EXISTS");
       if (replies.back().ok() && !holes) {
-        // (bounded: in a folder written to without pause, what was read is as fresh as any)
-        if (!grew || !fresh || ++catch_ups > 100) return;
+        if (!grew) return;
+        if (++catch_ups > 100)
+          throw std::system_error(make_error_code(errc::contended),
+                                  fmt::format("dibs::imap_store: {} was written to by others without a pause through "
+                                              "100 reads: no whole view of it could be read",
+                                              where()));
         --attempt;  // not a failure: others are writing
         continue;
       }
@@ -479,6 +489,7 @@ private:
     if (uid == 0) return;
     if (!text) {  // a change of flags
       if (const auto it = mirror_.find(uid); it != mirror_.end() && is_base) it->second.is_base = *is_base;
+      else if (uid > max_uid_ && !damaged_.count(uid)) hole_ = std::min(hole_, uid);  // not read yet: read it
       return;
     }
     if (mirror_.count(uid) || damaged_.count(uid)) return;
@@ -502,10 +513,13 @@ private:
     else if (fields[2].is("replace")) m.op = op::replace;
     else if (fields[2].is("erase")) m.op = op::erase;
     else return damaged("an unknown operation in its X-Dibs-Record header");
+    std::size_t next = 3;
     if (m.op != op::create) {
       if (fields.size() < 4 || !fields[3].number()) return damaged("no base UID in its X-Dibs-Record header");
       m.base = static_cast<std::uint32_t>(*fields[3].number());
+      next = 4;
     }
+    if (fields.size() > next && fields[next].text.starts_with('n')) m.nonce = fields[next].text;
     // Body: "key <base64>\r\nvalue\r\n<base64 lines>"
     const auto nl = text->find("\r\n");
     if (!text->starts_with("key ") || nl == std::string::npos) return damaged("a body that is not a dibs record");
@@ -547,24 +561,28 @@ private:
         from = i + 1;
         break;
       }
-    for (std::size_t i = from; i < msgs.size(); ++i) {
+    std::set<std::string_view> nonces;  // a write repeated after an unknown outcome counts once
+    for (std::size_t i = 0; i < msgs.size(); ++i) {
       const auto& m = *msgs[i];
+      const bool repeat = !m.nonce.empty() && !nonces.insert(m.nonce).second;
+      if (i < from || repeat) continue;
       if (m.op == op::create ? s.present : !s.present || s.uid != m.base) continue;  // a lost race
       s = {m.op != op::erase, uids[i], m.value};
     }
     return s;
   }
 
-  std::string message_text(std::string_view key, op o, std::uint32_t base, std::string_view value) {
+  std::string message_text(std::string_view key, op o, std::uint32_t base, std::string_view value,
+                           const std::string& nonce) {
     std::string shown;
     for (const char c : detail::show_key(key).substr(0, 60)) shown += (c >= 0x20 && c < 0x7f) ? c : '?';
     const auto name = o == op::create ? "create" : o == op::replace ? "replace" : "erase";
     std::string text = fmt::format(
         "From: dibs <dibs@dibs.invalid>\r\nSubject: dibs {} {}\r\nMessage-ID: <{:016x}{:016x}@dibs.invalid>\r\n"
-        "X-Dibs-Record: 1 {} {}{}{}\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=us-ascii\r\n\r\n"
+        "X-Dibs-Record: 1 {} {}{}{} {}\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=us-ascii\r\n\r\n"
         "key {}\r\nvalue\r\n",
         name, shown, rng_(), rng_(), imap::detail::key_tag(key), name, o == op::create ? "" : " ",
-        o == op::create ? std::string{} : std::to_string(base), imap::detail::base64(key));
+        o == op::create ? std::string{} : std::to_string(base), nonce, imap::detail::base64(key));
     const auto b64 = imap::detail::base64(value);
     for (std::size_t i = 0; i < b64.size(); i += 76) text.append(b64, i, 76).append("\r\n");
     return text;
@@ -589,7 +607,24 @@ private:
       if ((expected >> 32) != uid_validity_ || (expected & 0xffffffffu) == 0) return std::nullopt;
       base = static_cast<std::uint32_t>(expected & 0xffffffffu);
     }
-    const auto text = message_text(key, o, base, value);
+    // The same write again after its outcome was unknown (the policies
+    // repeat it when the read-back says it was not applied) carries the
+    // same nonce: if the first one still lands, late, only one of them counts.
+    const bool again = unknown_ && unknown_->key == key && unknown_->o == o && unknown_->base == base &&
+                       unknown_->value == value;
+    const std::string nonce = again ? unknown_->nonce : fmt::format("n{:016x}", rng_());
+    unknown_.reset();
+    try {
+      return write_once(key, o, base, value, nonce);
+    } catch (const std::system_error& e) {
+      if (detail::outcome_unknown(e)) unknown_ = unknown_write{std::string(key), o, base, std::string(value), nonce};
+      throw;
+    }
+  }
+
+  std::optional<dibs::version> write_once(std::string_view key, op o, std::uint32_t base, std::string_view value,
+                                          const std::string& nonce) {
+    const auto text = message_text(key, o, base, value, nonce);
     // The APPEND alone: a server may run commands pipelined behind it
     // before it has committed (Dovecot does). When it has, this session
     // sees every record with a smaller UID (they were committed before).
@@ -617,45 +652,64 @@ private:
       ready();  // throws: the folder was re-created
     }
     const auto uid = static_cast<std::uint32_t>(*fields[2].number());
+    // The decision needs a whole view of the folder as of some moment
+    // after the APPEND: every message then, with its keywords, and none
+    // that was expunged by then. A read that learns of new messages reads
+    // again (sync), so what it absorbed is such a view.
     try {
-      sync({}, false);
+      sync({});
       if (!mirror_.count(uid)) sync({});
     } catch (const std::system_error& e) {
-      if (is_transient(e.code()) || detail::outcome_unknown(e))
-        throw std::system_error(make_error_code(errc::outcome_unknown), e.what());
-      throw;
+      if (e.code() == std::error_code(ESTALE, std::generic_category()) ||
+          e.code() == make_error_code(errc::corrupt_record))
+        throw;
+      throw std::system_error(make_error_code(errc::outcome_unknown), e.what());
     }
     const auto& mine = by_key_[std::string(key)];
+    // The first message with this write's nonce is the write (an earlier
+    // try of it may have landed late); the replay says whether it counted.
+    std::uint32_t first = uid;
+    for (const auto u : mine)
+      if (u < first && mirror_.at(u).nonce == nonce) first = u;
+    // A replay from a $DibsBase above it no longer shows what came before.
     const bool above = std::any_of(mine.begin(), mine.end(), [&](std::uint32_t u) {
-      return u > uid && mirror_.at(u).is_base;
+      return u > first && mirror_.at(u).is_base;
     });
     if (!mirror_.count(uid) || above)
       throw std::system_error(make_error_code(errc::outcome_unknown),
                               fmt::format("dibs::imap_store: the record of key '{}' (UID {}) in {} was compacted "
                                           "away before its writer saw whether it counted",
                                           detail::show_key(key), uid, where()));
-    const auto before = state_of(key, uid - 1);
-    const bool counts = o == op::create ? !before.present : before.present && before.uid == base;
-    if (!counts) {
-      owe_expunge({uid});  // changed nothing: tidied with the next command
-      return std::nullopt;
-    }
+    const bool counts = state_of(key, first).uid == first;
+    if (first != uid || !counts) owe_expunge({uid});  // this message changed nothing: tidied with the next command
+    if (!counts) return std::nullopt;
     // Compaction: the messages before this one that are old enough. The
     // keyword goes first, in its own round trip: the expunge must never be
     // seen without it.
-    const auto now = mirror_.at(uid).arrived;
+    const auto now = mirror_.at(first).arrived;
     std::vector<std::uint32_t> old;
     for (const auto u : mine)
-      if (u < uid && mirror_.at(u).arrived + opts_.compact_grace.count() <= now) old.push_back(u);
-    if (!old.empty() && static_cast<int>(old.size()) + 1 >= opts_.compact_after) {
-      const auto marked = run({fmt::format("UID STORE {} +FLAGS.SILENT ({})", uid, base_keyword)}, true);
-      if (marked.front().ok()) {
-        mirror_.at(uid).is_base = true;
+      if (u < first && mirror_.at(u).arrived + opts_.compact_grace.count() <= now) old.push_back(u);
+    if (can_mark_ && !old.empty() && static_cast<int>(old.size()) + 1 >= opts_.compact_after) {
+      const auto marked = run({fmt::format("UID STORE {} +FLAGS ({})", first, base_keyword)}, true);
+      // Only if the server kept the keyword (it answers with the flags).
+      bool kept = false;
+      for (const auto& line : marked.front().untagged) kept = kept || line.find(base_keyword) != std::string::npos;
+      if (marked.front().ok() && kept) {
+        mirror_.at(first).is_base = true;
         owe_expunge(old);
       }
     }
-    return version_of(uid);
+    return version_of(first);
   }
+
+  struct unknown_write {
+    std::string key;
+    op o;
+    std::uint32_t base;
+    std::string value;
+    std::string nonce;
+  };
 
   imap_store_options opts_;
   imap::session session_;
@@ -668,6 +722,8 @@ private:
   std::map<std::string, std::vector<std::uint32_t>> by_key_;        // their UIDs by key, ascending
   std::map<std::uint32_t, std::pair<std::string, std::string>> damaged_;  // UID -> key tag, what is wrong
   std::vector<std::string> owed_;
+  std::optional<unknown_write> unknown_;  // the last write whose outcome was unknown
+  bool can_mark_ = true;                  // the folder keeps new keywords (PERMANENTFLAGS \*)
   std::mt19937_64 rng_{std::random_device{}()};
 };
 
