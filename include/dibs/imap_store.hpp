@@ -39,10 +39,13 @@
 //     whether its write counted finds its message (one that does not says
 //     errc::outcome_unknown, and the policies read back). A lost race's
 //     message is expunged by its writer (it never changed anything).
-// A read may lag behind a write another client completed a moment before
-// (by the time the server takes to show it to this session); every
-// decision is made by APPEND order, never by what a read said, so a stale
-// read only makes a later write lose its race.
+// A read goes on until the server reports nothing new came meanwhile, so
+// the mirror is the folder as it was at one moment (Dovecot runs a FETCH
+// on the session's view as of the previous command); a writer decides only
+// from such a view, or says errc::outcome_unknown. A write made again
+// after an unknown outcome carries the first try's nonce, and only the
+// first message of a nonce counts, so a first try that lands late is
+// recognised as the writer's own.
 // Nothing here relies on CONDSTORE's conditional STORE, on flags as locks,
 // or on MOVE: on Dovecot those let two racing clients both succeed.
 //
