@@ -81,12 +81,17 @@ run_result run_workers(const std::string& mailbox, const std::string& claims_fol
   for (int i = 0; i < workers; ++i) pids.push_back(start_worker());
   during(pids, start_worker);
 
-  dibs::imap_store store{server, {.folder = claims_folder}};
-  dibs::imap_mailbox box{server, store, {.mailbox = mailbox, .on_note = [](std::string_view) {}}};
-  std::vector<dibs::imap_mailbox::entry> seen;
+  // The parent looks as a person's client would, through a server that may
+  // have just restarted: what it says in the meantime (BYE, refused
+  // connections) is waited out.
   const auto deadline = std::chrono::steady_clock::now() + 240s;
+  dibs::imap_store store = dibs::detail::retry_transient(deadline, [&] { return dibs::imap_store{server, {.folder = claims_folder}}; });
+  dibs::imap_mailbox box = dibs::detail::retry_transient(deadline, [&] {
+    return dibs::imap_mailbox{server, store, {.mailbox = mailbox, .on_note = [](std::string_view) {}}};
+  });
+  std::vector<dibs::imap_mailbox::entry> seen;
   for (;;) {
-    seen = box.status();
+    seen = dibs::detail::retry_transient(deadline, [&] { return box.status(); });
     const auto done = std::count_if(seen.begin(), seen.end(), [](const auto& e) {
       return e.status.state == dibs::claim_state::completed;
     });
@@ -99,7 +104,7 @@ run_result run_workers(const std::string& mailbox, const std::string& claims_fol
   CHECK(failed == 0);
   // Keywords are set after the store decides: a worker killed in between
   // leaves them behind, and a watcher's scan repairs them.
-  seen = box.status();
+  seen = dibs::detail::retry_transient(deadline, [&] { return box.status(); });
   run_result r;
   dibs::file_store journal{journal_dir};
   std::set<std::string> keys;
