@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # A throwaway Dovecot IMAP server on loopback, for dibs's tests, benchmarks
-# and demo (dibs::imap). Plain IMAP (no TLS) on a free 127.0.0.1 port, two
-# users, sdbox mailboxes, its own standalone DIR/dovecot.conf: nothing of
-# /etc/dovecot is read, and other Dovecots on the machine are left alone.
+# and demo (dibs::imap). Plain IMAP on a free 127.0.0.1 port (TLS as well
+# with --tls, below), two users, sdbox mailboxes, its own standalone
+# DIR/dovecot.conf: nothing of /etc/dovecot is read, and other Dovecots on
+# the machine are left alone.
 #
-#   scripts/imap.sh start DIR    write DIR/dovecot.conf, start on a free port
+#   scripts/imap.sh start DIR [--tls]
+#                                write DIR/dovecot.conf, start on a free port
 #                                with empty mailboxes, wait until a LOGIN works;
-#                                prints DIR/env
+#                                prints DIR/env. --tls: TLS as well (below)
 #   scripts/imap.sh stop DIR     SIGTERM the master, wait until all its processes
 #                                are gone (succeeds if none runs); DIR is kept
 #   scripts/imap.sh kill DIR     SIGKILL the master and all its processes (a crash),
@@ -18,6 +20,16 @@
 #   DIBS_IMAP_HOST=127.0.0.1 DIBS_IMAP_PORT=N DIBS_IMAP_USER=dibs
 #   DIBS_IMAP_PASSWORD=dibs-secret
 # A second user, `other` with password `other-secret`, is there too.
+#
+# --tls: a test CA and a server certificate it signed, made with the openssl
+# CLI in HOME/tls (ca.crt; server.crt and server.key, EC P-256, for the IP
+# address 127.0.0.1 only: connecting as "localhost" is a host name mismatch,
+# which the tests use). Dovecot gets `ssl = yes` (STARTTLS on the plain port,
+# which otherwise stays as it is) and an imaps listener (TLS from the first
+# byte) on a second free port; DIR/env has two more lines:
+#   DIBS_IMAP_TLS_PORT=N DIBS_IMAP_CA_FILE=HOME/tls/ca.crt
+# Dovecot reads ssl_cert and ssl_key (`<file`) in its config process, which
+# runs as the user that started it (root: the key stays 0600 root's).
 #
 # The server's own files (base_dir with its unix sockets, state_dir, the mail
 # and the passwd-file) live in DIR, or, when DIR is too long for a unix
@@ -141,8 +153,45 @@ stop_server() {  # HOME
   kill_tree "$1"
 }
 
-write_config() {  # DIR HOME PORT
-  local dir=$1 home=$2 port=$3 user group uid gid login_user instance
+# A CA and a server certificate for 127.0.0.1 in HOME/tls (see the header).
+make_certs() {  # HOME
+  local t=$1/tls
+  command -v openssl >/dev/null 2>&1 || die "--tls needs the openssl command (apt-get install openssl)"
+  rm -rf "$t"
+  mkdir -p "$t"
+  cat >"$t/openssl.cnf" <<'EOF'
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+CN = dibs test CA
+[ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+[server]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+EOF
+  (
+    umask 077
+    openssl req -x509 -config "$t/openssl.cnf" -extensions ca -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+      -nodes -keyout "$t/ca.key" -out "$t/ca.crt" -days 3650 2>"$t/openssl.err"
+    openssl req -new -config "$t/openssl.cnf" -subj "/CN=127.0.0.1" -newkey ec \
+      -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$t/server.key" -out "$t/server.csr" 2>>"$t/openssl.err"
+    openssl x509 -req -in "$t/server.csr" -CA "$t/ca.crt" -CAkey "$t/ca.key" \
+      -set_serial "0x$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')" \
+      -days 3650 -extfile "$t/openssl.cnf" -extensions server -out "$t/server.crt" 2>>"$t/openssl.err"
+  ) || { cat "$t/openssl.err" >&2; die "could not make the test certificates in $t"; }
+  chmod 0644 "$t/ca.crt" "$t/server.crt"
+}
+
+write_config() {  # DIR HOME PORT [TLS_PORT]
+  local dir=$1 home=$2 port=$3 tls_port=${4:-} user group uid gid login_user instance
   user=$(mail_user)
   uid=$(id -u "$user")
   gid=$(id -g "$user")
@@ -170,7 +219,11 @@ auth_verbose = yes
 
 protocols = imap
 listen = 127.0.0.1
-ssl = no
+$(if [ -n "$tls_port" ]; then
+    printf 'ssl = yes\nssl_cert = <%s\nssl_key = <%s\nssl_min_protocol = TLSv1.2\n' "$home/tls/server.crt" "$home/tls/server.key"
+  else
+    echo 'ssl = no'
+  fi)
 disable_plaintext_auth = no
 auth_mechanisms = plain login
 login_trusted_networks = 127.0.0.0/8
@@ -223,7 +276,8 @@ service imap-login {
     port = $port
   }
   inet_listener imaps {
-    port = 0
+    address = 127.0.0.1
+    port = ${tls_port:-0}
   }
 }
 EOF
@@ -310,8 +364,12 @@ launch() {  # DIR HOME
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-write_env() {  # DIR PORT
-  printf 'DIBS_IMAP_HOST=127.0.0.1\nDIBS_IMAP_PORT=%s\nDIBS_IMAP_USER=dibs\nDIBS_IMAP_PASSWORD=dibs-secret\n' "$2" >"$1/env"
+write_env() {  # DIR PORT (and DIR/tls_port, if started with --tls)
+  printf 'DIBS_IMAP_HOST=127.0.0.1\nDIBS_IMAP_PORT=%s\nDIBS_IMAP_USER=dibs\nDIBS_IMAP_PASSWORD=dibs-secret\n' "$2" >"$1/env.new"
+  if [ -f "$1/tls_port" ]; then
+    printf 'DIBS_IMAP_TLS_PORT=%s\nDIBS_IMAP_CA_FILE=%s\n' "$(cat "$1/tls_port")" "$(cat "$1/home")/tls/ca.crt" >>"$1/env.new"
+  fi
+  mv "$1/env.new" "$1/env"
 }
 
 launch_failed() {  # DIR
@@ -323,7 +381,13 @@ launch_failed() {  # DIR
 
 cmd=${1:-}
 dir=${2:-}
-if [ -z "$cmd" ] || [ -z "$dir" ]; then die "usage: imap.sh start|stop|kill|restart|env DIR"; fi
+if [ -z "$cmd" ] || [ -z "$dir" ]; then die "usage: imap.sh start DIR [--tls] | stop|kill|restart|env DIR"; fi
+tls=0
+case "${3:-}" in
+"") ;;
+--tls) [ "$cmd" = start ] || die "--tls goes with start (a restart keeps what start chose)"; tls=1 ;;
+*) die "unknown option '$3' (imap.sh start DIR [--tls])" ;;
+esac
 
 case "$cmd" in
 start)
@@ -337,16 +401,23 @@ start)
   mkdir -p "$home"
   chmod 0755 "$home"
   # A throwaway server starts empty.
-  rm -rf "$home/mail" "$home/state" "$dir/env" "$dir/port"
+  rm -rf "$home/mail" "$home/state" "$home/tls" "$dir/env" "$dir/port" "$dir/tls_port"
+  if [ "$tls" -eq 1 ]; then make_certs "$home"; fi
   for _ in $(seq 1 50); do
     port=$((20000 + RANDOM % 40000))
     port_free "$port" || continue
-    write_config "$dir" "$home" "$port"
+    tls_port=
+    if [ "$tls" -eq 1 ]; then
+      tls_port=$((20000 + RANDOM % 40000))
+      if [ "$tls_port" -eq "$port" ] || ! port_free "$tls_port"; then continue; fi
+    fi
+    write_config "$dir" "$home" "$port" "$tls_port"
     rc=0
     launch "$dir" "$home" || rc=$?
     [ "$rc" -eq 2 ] && continue
     [ "$rc" -eq 0 ] || launch_failed "$dir"
     echo "$port" >"$dir/port"
+    if [ -n "$tls_port" ]; then echo "$tls_port" >"$dir/tls_port"; fi
     wait_ready "$dir" "$home" "$port"
     write_env "$dir" "$port"
     cat "$dir/env"

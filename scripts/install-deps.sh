@@ -13,7 +13,9 @@ packages=(
   libcli11-dev                                     # the dibs command's argument parsing (tools/)
   bats util-linux                                  # the dibs command's tests (tests/cli), flock(1) among them
   liblockfile-bin                                  # dotlockfile(1): dot_lock_test's foreign lock holder
-  dovecot-imapd                                    # dibs::imap: the server its tests start (scripts/imap.sh)
+  libssl-dev                                       # dibs::imap: TLS (STARTTLS, port 993) through OpenSSL
+  dovecot-imapd openssl                            # dibs::imap: the server its tests start (scripts/imap.sh),
+                                                   # and the CLI that makes its test certificates (--tls)
 )
 
 missing=()

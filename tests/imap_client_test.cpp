@@ -1,7 +1,10 @@
 // dibs/imap.hpp on its own: the response parser, quoting, and the session
 // against a scripted server on a loopback socket (no Dovecot needed): a
 // server without LITERAL+, a connection cut after a write was sent, a
-// refused login, BYE.
+// refused login, BYE; before the login: capabilities asked when the
+// greeting has none, LOGINDISABLED, STARTTLS missing or followed by injected
+// plaintext, a TLS handshake that never comes (TLS itself:
+// imap_tls_test.cpp, against Dovecot).
 #include <dibs/imap.hpp>
 #include <dibs/imap_store.hpp>
 
@@ -136,7 +139,7 @@ TEST_CASE("imap::session sends a literal only after the server's go-ahead when i
   std::string login, append;
   {
     scripted_server server([&](int fd) {
-      say(fd, "* OK ready\r\n");
+      say(fd, "* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] ready\r\n");
       login = hear(fd, "\r\n");
       say(fd, "d1 OK [CAPABILITY IMAP4rev1 UIDPLUS] logged in\r\n");
       append = hear(fd, "}\r\n");
@@ -158,7 +161,7 @@ TEST_CASE("imap::session sends a literal only after the server's go-ahead when i
 
 TEST_CASE("imap::session: a connection cut after a write was sent is outcome_unknown, before it transient") {
   scripted_server server([&](int fd) {
-    say(fd, "* OK ready\r\n");
+    say(fd, "* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] ready\r\n");
     hear(fd, "\r\n");
     say(fd, "d1 OK [CAPABILITY IMAP4rev1 LITERAL+] logged in\r\n");
     hear(fd, "\r\n");  // the APPEND arrives; the server dies without a word
@@ -184,7 +187,7 @@ TEST_CASE("imap::session: a connection cut after a write was sent is outcome_unk
 TEST_CASE("imap::session: a refused login names user and server, a BYE is a lost connection") {
   {
     scripted_server server([&](int fd) {
-      say(fd, "* OK ready\r\n");
+      say(fd, "* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] ready\r\n");
       hear(fd, "\r\n");
       say(fd, "d1 NO [AUTHENTICATIONFAILED] Authentication failed.\r\n");
     });
@@ -198,7 +201,7 @@ TEST_CASE("imap::session: a refused login names user and server, a BYE is a lost
     }
   }
   scripted_server server([&](int fd) {
-    say(fd, "* OK ready\r\n");
+    say(fd, "* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] ready\r\n");
     hear(fd, "\r\n");
     say(fd, "d1 OK logged in\r\n");
     hear(fd, "\r\n");  // CAPABILITY (none came with the login)
@@ -215,4 +218,124 @@ TEST_CASE("imap::session: a refused login names user and server, a BYE is a lost
     CHECK(dibs::is_transient(e.code()));
     CHECK_THAT(e.what(), Catch::Contains("BYE shutting down"));
   }
+}
+
+TEST_CASE("imap::session asks for the capabilities before the login when the greeting has none") {
+  std::string heard;
+  {
+    scripted_server server([&](int fd) {
+      say(fd, "* OK ready\r\n");
+      heard = hear(fd, "\r\n");
+      say(fd, "* CAPABILITY IMAP4rev1\r\nd1 OK done\r\n");
+      heard += hear(fd, "\r\n");
+      say(fd, "d2 OK [CAPABILITY IMAP4rev1 IDLE] logged in\r\n");
+      hear(fd, "LOGOUT\r\n");
+    });
+    dibs::imap::session s{at(server.port)};
+    CHECK(s.has("IDLE"));
+  }
+  CHECK(heard == "d1 CAPABILITY\r\nd2 LOGIN \"u\" \"p w\"\r\n");
+}
+
+TEST_CASE("imap::session never sends LOGIN in the clear where the server announces LOGINDISABLED") {
+  for (const bool in_greeting : {true, false}) {
+    std::string heard;
+    {
+      scripted_server server([&](int fd) {
+        if (in_greeting) {
+          say(fd, "* OK [CAPABILITY IMAP4rev1 STARTTLS LOGINDISABLED] ready\r\n");
+        } else {
+          say(fd, "* OK ready\r\n");
+          hear(fd, "\r\n");
+          say(fd, "* CAPABILITY IMAP4rev1 STARTTLS LOGINDISABLED\r\nd1 OK done\r\n");
+        }
+        char c;
+        while (::read(fd, &c, 1) == 1) heard += c;  // until the client closes
+      });
+      try {
+        dibs::imap::session s{at(server.port)};
+        FAIL("logged in in the clear");
+      } catch (const std::system_error& e) {
+        CHECK(e.code() == std::errc::permission_denied);
+        CHECK_FALSE(dibs::is_transient(e.code()));
+        CHECK_THAT(e.what(), Catch::Contains("127.0.0.1:" + server.port) && Catch::Contains("LOGINDISABLED") &&
+                                 Catch::Contains("tls_mode::starttls"));
+      }
+    }
+    CHECK(heard.find("LOGIN") == std::string::npos);
+    CHECK(heard.find("p w") == std::string::npos);
+  }
+}
+
+TEST_CASE("tls_mode::starttls: a server without STARTTLS, or with plaintext after its OK, is refused before the login") {
+  auto o = [](const std::string& port) {
+    auto opts = at(port);
+    opts.tls = dibs::imap::tls_mode::starttls;
+    return opts;
+  };
+  {
+    std::string heard;
+    {
+      scripted_server server([&](int fd) {
+        say(fd, "* OK [CAPABILITY IMAP4rev1] ready\r\n");
+        char c;
+        while (::read(fd, &c, 1) == 1) heard += c;
+      });
+      try {
+        dibs::imap::session s{o(server.port)};
+        FAIL("went on without TLS");
+      } catch (const std::system_error& e) {
+        CHECK(e.code() == std::errc::not_supported);
+        CHECK_FALSE(dibs::is_transient(e.code()));
+        CHECK_THAT(e.what(), Catch::Contains("does not offer STARTTLS"));
+      }
+    }
+    CHECK(heard.find("LOGIN") == std::string::npos);
+  }
+  scripted_server server([&](int fd) {
+    say(fd, "* OK [CAPABILITY IMAP4rev1 STARTTLS] ready\r\n");
+    hear(fd, "STARTTLS\r\n");
+    // An attacker on the path appends a line of its own to the OK.
+    say(fd, "d1 OK Begin TLS negotiation now\r\n* CAPABILITY IMAP4rev1 AUTH=PLAIN\r\n");
+    hear(fd, "never");
+  });
+  try {
+    dibs::imap::session s{o(server.port)};
+    FAIL("plaintext after STARTTLS's OK was taken");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == std::errc::protocol_error);
+    CHECK_THAT(e.what(), Catch::Contains("after its OK to STARTTLS"));
+  }
+}
+
+TEST_CASE("implicit TLS: a server that never answers the handshake is timed_out, transient") {
+  scripted_server server([&](int fd) { hear(fd, "never"); });  // reads the ClientHello, says nothing
+  auto o = at(server.port);
+  o.tls = dibs::imap::tls_mode::implicit;
+  o.timeout = std::chrono::milliseconds{300};
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    dibs::imap::session s{o};
+    FAIL("no handshake, yet a session");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == dibs::errc::timed_out);
+    CHECK(dibs::is_transient(e.code()));
+    CHECK_THAT(e.what(), Catch::Contains("TLS handshake did not finish within 300 ms"));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds{3});
+}
+
+TEST_CASE("imap::options: the port follows the TLS mode when it is left empty, and DIBS_IMAP_TLS") {
+  CHECK(dibs::imap::options{}.port.empty());
+  CHECK(dibs::imap::options{}.tls == dibs::imap::tls_mode::none);
+  CHECK(dibs::imap::options{}.verify);
+  ::setenv("DIBS_IMAP_TLS", "implicit", 1);
+  ::setenv("DIBS_IMAP_CA_FILE", "/ca.pem", 1);
+  const auto o = dibs::imap::options::from_env();
+  CHECK(o.tls == dibs::imap::tls_mode::implicit);
+  CHECK(o.ca_file == "/ca.pem");
+  ::setenv("DIBS_IMAP_TLS", "yes", 1);
+  CHECK_THROWS_WITH(dibs::imap::options::from_env(), Catch::Contains("none, starttls or implicit"));
+  ::unsetenv("DIBS_IMAP_TLS");
+  ::unsetenv("DIBS_IMAP_CA_FILE");
 }

@@ -28,21 +28,36 @@ inline std::string dir() {
   return d;
 }
 
-/// Returns: the server of the tests, as DIR/env says (user dibs).
-inline dibs::imap::options options() {
+/// Returns: the value of `name` in DIR/env ("" if it has none).
+inline std::string env(const std::string& name) {
   std::ifstream in(dir() + "/env");
   if (!in) throw std::runtime_error("no " + dir() + "/env: was the server started (scripts/imap.sh start)?");
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with(name + "=")) return line.substr(name.size() + 1);
+  return {};
+}
+
+/// Returns: the server of the tests, as DIR/env says (user dibs), plain.
+inline dibs::imap::options options() {
   dibs::imap::options o;
-  for (std::string line; std::getline(in, line);) {
-    const auto eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    const auto name = line.substr(0, eq), value = line.substr(eq + 1);
-    if (name == "DIBS_IMAP_HOST") o.host = value;
-    else if (name == "DIBS_IMAP_PORT") o.port = value;
-    else if (name == "DIBS_IMAP_USER") o.user = value;
-    else if (name == "DIBS_IMAP_PASSWORD") o.password = value;
-  }
+  o.host = env("DIBS_IMAP_HOST");
+  o.port = env("DIBS_IMAP_PORT");
+  o.user = env("DIBS_IMAP_USER");
+  o.password = env("DIBS_IMAP_PASSWORD");
   o.timeout = std::chrono::seconds{30};
+  return o;
+}
+
+/// Returns: the same server over TLS (the fixture starts it with --tls):
+/// STARTTLS on the plain port, or implicit TLS on DIBS_IMAP_TLS_PORT, the
+/// certificate verified against the test CA (DIBS_IMAP_CA_FILE).
+inline dibs::imap::options tls_options(dibs::imap::tls_mode mode) {
+  auto o = options();
+  o.tls = mode;
+  o.ca_file = env("DIBS_IMAP_CA_FILE");
+  if (mode == dibs::imap::tls_mode::implicit) o.port = env("DIBS_IMAP_TLS_PORT");
+  if (o.ca_file.empty() || (mode == dibs::imap::tls_mode::implicit && o.port.empty()))
+    throw std::runtime_error("the tests' server runs without TLS: start it with scripts/imap.sh start DIR --tls");
   return o;
 }
 

@@ -7,8 +7,20 @@
 //   s.check(s.run("SELECT INBOX"), "select");
 //   for (const auto& line : s.run("UID SEARCH ALL").untagged) ...
 //
-// Plain TCP (a server on loopback or inside a trusted network); the
-// server's LITERAL+ (RFC 7888) is used for APPEND where it has it.
+// The server's LITERAL+ (RFC 7888) is used for APPEND where it has it.
+//
+// TLS, through OpenSSL (the target dibs::imap links OpenSSL::SSL):
+// options::tls is tls_mode::none (plain TCP: a server on loopback or inside
+// a network you trust; the default), tls_mode::starttls (STARTTLS before
+// the login, RFC 3501/2595; port 143) or tls_mode::implicit (TLS from the
+// first byte, RFC 8314; port 993, the default port then). The server's
+// certificate is verified against the system's CA store, or options::ca_file,
+// and must name options::host (options::verify = false turns that off: for
+// tests only, it is unsafe). LOGIN is never sent where the server announces
+// LOGINDISABLED: on a plain connection that fails, telling to use starttls.
+//
+//   dibs::imap::session s{{.host = "imap.example.com", .user = "me", .password = pw,
+//                          .tls = dibs::imap::tls_mode::implicit}};
 //
 // Failures, as std::system_error:
 //   - the server cannot be reached, closes the connection, says BYE, or a
@@ -18,15 +30,26 @@
 //     write when that happened cannot know whether it was applied
 //     (run_write() says errc::outcome_unknown then);
 //   - a login refused: std::errc::permission_denied, naming server and user;
+//   - TLS: a server certificate that does not verify (wrong CA, not for the
+//     host): std::errc::permission_denied, with OpenSSL's verify result
+//     ("certificate verify failed: self-signed certificate"); a handshake
+//     that fails otherwise: std::errc::protocol_error; a server without
+//     STARTTLS under tls_mode::starttls: std::errc::not_supported; a server
+//     with LOGINDISABLED under tls_mode::none: permission_denied. None of
+//     these is transient. A connection lost or a reply too slow during or
+//     after the handshake is as above (transient);
 //   - a tagged NO or BAD, through check(): the server's response code decides
 //     (NONEXISTENT: no_such_file_or_directory, NOPERM/AUTHORIZATIONFAILED:
 //     permission_denied, OVERQUOTA: no_space_on_device, UNAVAILABLE/INUSE/
 //     LIMIT: transient), and the message names server, user, what was done
 //     and the server's own words.
 // A session is used by one thread at a time. After fork() the child's copy
-// never writes to the parent's connection: it connects anew.
+// never writes to the parent's connection, nor uses its TLS state (it frees
+// it without SSL_shutdown): it connects anew.
 #pragma once
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -35,6 +58,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -44,22 +69,45 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #include <dibs/error.hpp>
 
 namespace dibs::imap {
 
-/// Where the server is and who logs in.
+/// How the connection is protected.
+enum class tls_mode {
+  none,      ///< plain TCP (a server on loopback or inside a network you trust)
+  starttls,  ///< plain TCP, then STARTTLS before the login (RFC 3501 6.2.1, RFC 2595); usually port 143
+  implicit,  ///< TLS from the first byte (RFC 8314); usually port 993
+};
+
+/// Where the server is, how to reach it, and who logs in.
 struct options {
   std::string host = "127.0.0.1";
-  std::string port = "143";
+  /// Empty: 143, or 993 with tls_mode::implicit.
+  std::string port;
   std::string user;
   std::string password;
-  /// How long a reply may take before the connection is given up.
+  /// How long a reply (and the TLS handshake) may take before the
+  /// connection is given up.
   std::chrono::milliseconds timeout{30'000};
+  /// TLS: none (plain, the default), starttls or implicit.
+  tls_mode tls = tls_mode::none;
+  /// With TLS: the CA certificates (PEM) to verify the server's certificate
+  /// against; empty: the system's store (SSL_CTX_set_default_verify_paths).
+  std::string ca_file;
+  /// With TLS: verify the server's certificate and that it names `host`.
+  /// false is UNSAFE (anyone on the path can read the password and every
+  /// message): for tests only.
+  bool verify = true;
 
-  /// Returns: options from DIBS_IMAP_HOST, DIBS_IMAP_PORT, DIBS_IMAP_USER
-  /// and DIBS_IMAP_PASSWORD (what scripts/imap.sh prints), defaults where unset.
+  /// Returns: options from DIBS_IMAP_HOST, DIBS_IMAP_PORT, DIBS_IMAP_USER,
+  /// DIBS_IMAP_PASSWORD (what scripts/imap.sh prints), DIBS_IMAP_TLS (none,
+  /// starttls or implicit) and DIBS_IMAP_CA_FILE, defaults where unset.
+  /// Throws: errc::invalid_argument for another DIBS_IMAP_TLS.
   static options from_env() {
     options o;
     auto get = [](const char* name, std::string& to) {
@@ -69,6 +117,14 @@ struct options {
     get("DIBS_IMAP_PORT", o.port);
     get("DIBS_IMAP_USER", o.user);
     get("DIBS_IMAP_PASSWORD", o.password);
+    get("DIBS_IMAP_CA_FILE", o.ca_file);
+    std::string tls;
+    get("DIBS_IMAP_TLS", tls);
+    if (tls == "starttls") o.tls = tls_mode::starttls;
+    else if (tls == "implicit") o.tls = tls_mode::implicit;
+    else if (!tls.empty() && tls != "none")
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::imap: DIBS_IMAP_TLS is '{}': say none, starttls or implicit", tls));
     return o;
   }
 };
@@ -170,6 +226,69 @@ inline std::vector<value> parse_items(std::string_view s, std::size_t& pos) {
   return out;
 }
 
+// OpenSSL's own socket BIO writes with write(2), which raises SIGPIPE when
+// the server has gone; this one sends with MSG_NOSIGNAL, as the plain path
+// does. Its data is the descriptor; it never closes it.
+inline int tls_bio_fd(BIO* b) noexcept { return static_cast<int>(reinterpret_cast<std::intptr_t>(BIO_get_data(b))); }
+inline int tls_bio_write(BIO* b, const char* data, int len) {
+  BIO_clear_retry_flags(b);
+  ssize_t n;
+  while ((n = ::send(tls_bio_fd(b), data, static_cast<std::size_t>(len), MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) BIO_set_retry_write(b);
+  return static_cast<int>(n);
+}
+inline int tls_bio_read(BIO* b, char* data, int len) {
+  BIO_clear_retry_flags(b);
+  ssize_t n;
+  while ((n = ::recv(tls_bio_fd(b), data, static_cast<std::size_t>(len), 0)) < 0 && errno == EINTR) {
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) BIO_set_retry_read(b);
+  return static_cast<int>(n);
+}
+inline long tls_bio_ctrl(BIO*, int cmd, long, void*) { return cmd == BIO_CTRL_FLUSH ? 1 : 0; }
+inline int tls_bio_create(BIO* b) {
+  BIO_set_data(b, nullptr);
+  BIO_set_init(b, 0);
+  return 1;
+}
+inline int tls_bio_destroy(BIO*) { return 1; }
+inline BIO_METHOD* tls_bio_method() {
+  static BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR, "dibs::imap socket");
+    if (m) {
+      BIO_meth_set_write(m, tls_bio_write);
+      BIO_meth_set_read(m, tls_bio_read);
+      BIO_meth_set_ctrl(m, tls_bio_ctrl);
+      BIO_meth_set_create(m, tls_bio_create);
+      BIO_meth_set_destroy(m, tls_bio_destroy);
+    }
+    return m;
+  }();
+  return method;
+}
+
+// Returns: OpenSSL's queued errors of this thread, as text (and clears them).
+inline std::string tls_errors() {
+  std::string out;
+  while (const unsigned long e = ERR_get_error()) {
+    const char* reason = ERR_reason_error_string(e);
+    char buf[256];
+    if (!reason) {
+      ERR_error_string_n(e, buf, sizeof buf);
+      reason = buf;
+    }
+    if (!out.empty()) out += "; ";
+    out += reason;
+  }
+  return out;
+}
+
+inline bool is_ip_address(const std::string& host) noexcept {
+  unsigned char buf[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
 }  // namespace detail
 
 /// Returns: the elements of one response line (without its "* " or tag).
@@ -222,8 +341,14 @@ inline std::vector<std::string> untagged_of(const std::vector<reply>& replies) {
 class session {
 public:
   /// Connects and logs in. Throws: as described at the top of this header.
-  explicit session(options o) : opts_(std::move(o)) { connect(); }
-  ~session() { close(); }
+  explicit session(options o) : opts_(std::move(o)) {
+    if (opts_.port.empty()) opts_.port = opts_.tls == tls_mode::implicit ? "993" : "143";
+    connect();
+  }
+  ~session() {
+    close();
+    if (ctx_) SSL_CTX_free(ctx_);
+  }
   session(const session&) = delete;
   session& operator=(const session&) = delete;
 
@@ -239,6 +364,8 @@ public:
   /// Returns: true if the connection is open (a command after a failure
   /// reconnects by itself).
   bool connected() const noexcept { return fd_ >= 0 && pid_ == ::getpid(); }
+  /// Returns: true if the connection is open and protected by TLS.
+  bool encrypted() const noexcept { return connected() && ssl_ != nullptr; }
 
   /// Sends `commands` (each without tag; literals written "{n+}\r\n..."
   /// through quote()) in one go and returns their replies in order. Throws:
@@ -346,23 +473,35 @@ public:
   void close() noexcept {
     if (fd_ >= 0 && pid_ == ::getpid()) {
       const std::string bye = fmt::format("d{} LOGOUT\r\n", ++tag_);
-      (void)::send(fd_, bye.data(), bye.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (ssl_) {  // the socket is non-blocking: neither call waits
+        ERR_clear_error();
+        (void)SSL_write(ssl_, bye.data(), static_cast<int>(bye.size()));
+        (void)SSL_shutdown(ssl_);
+        ERR_clear_error();
+      } else {
+        (void)::send(fd_, bye.data(), bye.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
     }
     drop();
   }
 
   /// Closes the connection at once, as if it broke (for tests of failures).
+  /// The TLS state is freed without a word to the server (no SSL_shutdown):
+  /// in a child after fork() it is the parent's connection.
   void drop() noexcept {
+    if (ssl_) SSL_free(ssl_);
+    ssl_ = nullptr;
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
     in_.clear();
   }
 
 private:
-  [[noreturn]] void fail(errc e, std::string_view why) {
+  [[noreturn]] void fail(std::error_code ec, std::string_view why) {
     drop();
-    throw std::system_error(make_error_code(e), fmt::format("dibs::imap: {}: {}", where(), why));
+    throw std::system_error(ec, fmt::format("dibs::imap: {}: {}", where(), why));
   }
+  [[noreturn]] void fail(errc e, std::string_view why) { fail(make_error_code(e), why); }
 
   static std::error_code code_of(const reply& r) {
     const std::string_view code = std::string_view(r.code).substr(0, r.code.find(' '));
@@ -404,9 +543,42 @@ private:
       throw std::system_error(std::error_code(err, std::generic_category()),
                               fmt::format("dibs::imap: cannot connect to {}:{} ({}); is the IMAP server running?",
                                           opts_.host, opts_.port, std::strerror(err)));
+    if (opts_.tls == tls_mode::implicit) handshake(until);
     const auto greeting = read_line(until);
     if (!detail::istarts_with(greeting, "* OK") && !detail::istarts_with(greeting, "* PREAUTH"))
       fail(errc::connection_lost, "the server greeted with '" + greeting + "'");
+    // What the server can do before the login: from the greeting, or asked.
+    if (const auto open = greeting.find('['); open != std::string::npos &&
+                                              detail::istarts_with(std::string_view(greeting).substr(open + 1), "CAPABILITY"))
+      set_caps(greeting.substr(open + 1, greeting.find(']', open) - open - 1));
+    else
+      ask_caps();
+    if (opts_.tls == tls_mode::starttls) {
+      if (detail::istarts_with(greeting, "* PREAUTH"))
+        fail(std::make_error_code(std::errc::not_supported),
+             "the server greeted with PREAUTH, which leaves no way to STARTTLS; refusing to go on unprotected");
+      if (!has("STARTTLS"))
+        fail(std::make_error_code(std::errc::not_supported),
+             "the server does not offer STARTTLS (tls_mode::starttls); use tls_mode::implicit on its TLS port "
+             "(usually 993) if it has one. Nothing was sent in the clear");
+      const auto r = run("STARTTLS");
+      if (!r.ok())
+        fail(std::make_error_code(std::errc::not_supported), "the server refused STARTTLS: " + r.status + " " + r.text);
+      // What came after the OK came before the handshake, unprotected: an
+      // attacker's injection (CVE-2011-0411), never to be read as the server's.
+      if (!in_.empty())
+        fail(std::make_error_code(std::errc::protocol_error),
+             "the server sent more after its OK to STARTTLS, before the TLS handshake; refusing it");
+      handshake(until);
+      ask_caps();  // what was said in the clear may have been forged: forget it
+    }
+    if (has("LOGINDISABLED"))
+      fail(std::make_error_code(std::errc::permission_denied),
+           opts_.tls == tls_mode::none
+               ? "the server refuses LOGIN on an unprotected connection (it announces LOGINDISABLED): set "
+                 "options::tls to tls_mode::starttls (or tls_mode::implicit on its TLS port, usually 993). The "
+                 "password was not sent"
+               : "the server announces LOGINDISABLED even over TLS: dibs::imap logs in only with LOGIN");
     const auto login = run(fmt::format("LOGIN {} {}", quote(opts_.user), quote(opts_.password)));
     if (!login.ok()) {
       const auto text = login.text;
@@ -418,16 +590,168 @@ private:
                       login.code.empty() ? "" : "[" + login.code + "] ", text,
                       transient ? "" : "; check the user name and password"));
     }
-    auto caps = login.code;
-    if (!detail::istarts_with(caps, "CAPABILITY")) {
-      const auto r = run("CAPABILITY");
-      for (const auto& u : r.untagged)
-        if (detail::istarts_with(u, "CAPABILITY")) caps = u;
-    }
+    if (detail::istarts_with(login.code, "CAPABILITY")) set_caps(login.code);
+    else ask_caps();
+  }
+
+  void set_caps(const std::string& caps) {
+    caps_.clear();
     for (const auto& v : parse(caps)) caps_.push_back(v.text);
+  }
+  void ask_caps() {
+    caps_.clear();
+    const auto r = run("CAPABILITY");
+    for (const auto& u : r.untagged)
+      if (detail::istarts_with(u, "CAPABILITY")) set_caps(u);
+  }
+
+  // TLS on the connected socket (implicit: at once; starttls: after the
+  // server's OK), the server's certificate verified against the CA file or
+  // the system's store, and that it names the host. The socket is
+  // non-blocking from here on: every TLS read and write poll()s with a
+  // deadline. Throws: not transient for a certificate that does not verify
+  // or a handshake the server or client refused; transient for a
+  // connection lost or a handshake not done by `until`.
+  void handshake(std::chrono::steady_clock::time_point until) {
+    if (!ctx_) ctx_ = make_context();
+    if (const int flags = ::fcntl(fd_, F_GETFL); flags < 0 || ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK) < 0)
+      fail(errc::connection_lost, fmt::format("cannot make the socket non-blocking: {}", std::strerror(errno)));
+    BIO* bio = detail::tls_bio_method() ? BIO_new(detail::tls_bio_method()) : nullptr;
+    ssl_ = bio ? SSL_new(ctx_) : nullptr;
+    if (!ssl_) {
+      if (bio) BIO_free(bio);
+      fail(std::make_error_code(std::errc::not_enough_memory), "cannot set up TLS: " + detail::tls_errors());
+    }
+    BIO_set_data(bio, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd_)));
+    BIO_set_init(bio, 1);
+    SSL_set_bio(ssl_, bio, bio);
+    const bool ip = detail::is_ip_address(opts_.host);
+    if (!ip) SSL_set_tlsext_host_name(ssl_, opts_.host.c_str());  // SNI: never an address (RFC 6066 3)
+    if (opts_.verify) {
+      SSL_set_hostflags(ssl_, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+      const int set = ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl_), opts_.host.c_str())
+                         : SSL_set1_host(ssl_, opts_.host.c_str());
+      if (set != 1)
+        fail(make_error_code(errc::invalid_argument),
+             fmt::format("cannot verify the server's certificate against the host name '{}': {}", opts_.host,
+                         detail::tls_errors()));
+    }
+    for (;;) {
+      ERR_clear_error();
+      const int rc = SSL_connect(ssl_);
+      if (rc == 1) return;
+      const int err = SSL_get_error(ssl_, rc);
+      if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+        if (!wait_io(err, until))
+          fail(errc::timed_out, fmt::format("the TLS handshake did not finish within {} ms", opts_.timeout.count()));
+        continue;
+      }
+      const long verified = SSL_get_verify_result(ssl_);
+      if (opts_.verify && verified != X509_V_OK) {
+        const bool name = verified == X509_V_ERR_HOSTNAME_MISMATCH || verified == X509_V_ERR_IP_ADDRESS_MISMATCH;
+        ERR_clear_error();
+        fail(std::make_error_code(std::errc::permission_denied),
+             fmt::format("TLS: the server's certificate does not verify: certificate verify failed: {} ({})",
+                         X509_verify_cert_error_string(verified),
+                         name ? fmt::format("it is not for '{}': connect by the name the certificate has", opts_.host)
+                         : opts_.ca_file.empty()
+                             ? std::string("checked against the system's CA store; set options::ca_file to the CA "
+                                           "that signed it")
+                             : fmt::format("checked against the CA file '{}'", opts_.ca_file)));
+      }
+      const auto why = detail::tls_errors();
+      if (err == SSL_ERROR_SSL && why.find("unexpected eof") == std::string::npos)
+        fail(std::make_error_code(std::errc::protocol_error),
+             fmt::format("the TLS handshake failed: {}{}", why,
+                         opts_.tls == tls_mode::implicit
+                             ? "; is this a port with TLS from the first byte (usually 993)?"
+                             : ""));
+      fail(errc::connection_lost, fmt::format("the connection broke during the TLS handshake{}{}",
+                                              why.empty() ? "" : ": ", why.empty() ? std::strerror(errno) : why));
+    }
+  }
+
+  SSL_CTX* make_context() const {
+    SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx)
+      throw std::system_error(std::make_error_code(std::errc::not_enough_memory),
+                              "dibs::imap: cannot set up TLS: " + detail::tls_errors());
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_CTX_set_verify(ctx, opts_.verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, nullptr);
+    if (opts_.verify) {
+      const int ok = opts_.ca_file.empty() ? SSL_CTX_set_default_verify_paths(ctx)
+                                           : SSL_CTX_load_verify_locations(ctx, opts_.ca_file.c_str(), nullptr);
+      if (ok != 1) {
+        const auto why = detail::tls_errors();
+        SSL_CTX_free(ctx);
+        throw std::system_error(
+            make_error_code(errc::invalid_argument),
+            opts_.ca_file.empty()
+                ? fmt::format("dibs::imap: {}: cannot load the system's CA store: {}", where(), why)
+                : fmt::format("dibs::imap: {}: cannot read the CA file '{}': {}", where(), opts_.ca_file, why));
+      }
+    }
+    return ctx;
+  }
+
+  // Waits until the socket is ready for what OpenSSL wants (`err`:
+  // SSL_ERROR_WANT_READ or _WRITE). Returns: false if `until` passed first.
+  bool wait_io(int err, std::chrono::steady_clock::time_point until) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd_, static_cast<short>(err == SSL_ERROR_WANT_WRITE ? POLLOUT : POLLIN), 0};
+    int rc;
+    while ((rc = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), INT_MAX)))) < 0 && errno == EINTR) {
+    }
+    return rc != 0;  // ready, or an error that the next SSL_ call reports
+  }
+
+  // Reads what the server sent over TLS into in_. Returns: false if nothing
+  // came by `until`. What OpenSSL has already decrypted (SSL_pending) is
+  // taken first: SSL_read comes before every poll().
+  bool tls_read(std::chrono::steady_clock::time_point until) {
+    char buf[65536];
+    for (;;) {
+      ERR_clear_error();
+      const int n = SSL_read(ssl_, buf, static_cast<int>(sizeof buf));
+      if (n > 0) {
+        in_.append(buf, static_cast<std::size_t>(n));
+        return true;
+      }
+      const int err = SSL_get_error(ssl_, n);
+      if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+        if (!wait_io(err, until)) return false;
+        continue;
+      }
+      if (err == SSL_ERROR_ZERO_RETURN) fail(errc::connection_lost, "the server closed the connection");
+      const auto why = detail::tls_errors();
+      fail(errc::connection_lost, fmt::format("reading failed: {}", why.empty() ? std::strerror(errno) : why));
+    }
+  }
+
+  void tls_send(const std::string& data) {
+    const auto until = std::chrono::steady_clock::now() + opts_.timeout;
+    for (std::size_t done = 0; done < data.size();) {
+      ERR_clear_error();
+      const int n = SSL_write(ssl_, data.data() + done, static_cast<int>(std::min<std::size_t>(data.size() - done, INT_MAX)));
+      if (n > 0) {
+        done += static_cast<std::size_t>(n);
+        continue;
+      }
+      const int err = SSL_get_error(ssl_, n);
+      if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+        if (!wait_io(err, until))
+          fail(errc::timed_out, fmt::format("sending did not finish within {} ms", opts_.timeout.count()));
+        continue;
+      }
+      const auto why = detail::tls_errors();
+      fail(errc::connection_lost, fmt::format("sending failed: {}", why.empty() ? std::strerror(errno) : why));
+    }
   }
 
   void send(const std::string& data) {
+    if (ssl_) return tls_send(data);
     for (std::size_t done = 0; done < data.size();) {
       const auto n = ::send(fd_, data.data() + done, data.size() - done, MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
@@ -438,6 +762,7 @@ private:
 
   bool readable(std::chrono::milliseconds wait) {
     if (!in_.empty()) return true;
+    if (ssl_) return tls_read(std::chrono::steady_clock::now() + wait);
     pollfd p{fd_, POLLIN, 0};
     int rc;
     while ((rc = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, wait.count())))) < 0 && errno == EINTR) {
@@ -446,6 +771,10 @@ private:
   }
 
   void fill(std::chrono::steady_clock::time_point until) {
+    if (ssl_) {
+      if (!tls_read(until)) fail(errc::timed_out, fmt::format("no reply within {} ms", opts_.timeout.count()));
+      return;
+    }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
     if (left.count() <= 0 || !readable(left))
       fail(errc::timed_out, fmt::format("no reply within {} ms", opts_.timeout.count()));
@@ -537,6 +866,8 @@ private:
 
   options opts_;
   int fd_ = -1;
+  SSL_CTX* ctx_ = nullptr;  // made at the first TLS connection, kept for the next
+  SSL* ssl_ = nullptr;      // the connection's TLS state (null: plain)
   pid_t pid_ = 0;
   std::uint64_t tag_ = 0;
   std::string in_;
