@@ -343,11 +343,17 @@ public:
   /// Connects and logs in. Throws: as described at the top of this header.
   explicit session(options o) : opts_(std::move(o)) {
     if (opts_.port.empty()) opts_.port = opts_.tls == tls_mode::implicit ? "993" : "143";
-    connect();
+    try {
+      connect();
+    } catch (...) {  // no destructor runs: free the TLS state here
+      drop();
+      free_context();
+      throw;
+    }
   }
   ~session() {
     close();
-    if (ctx_) SSL_CTX_free(ctx_);
+    free_context();
   }
   session(const session&) = delete;
   session& operator=(const session&) = delete;
@@ -867,6 +873,11 @@ private:
   options opts_;
   int fd_ = -1;
   SSL_CTX* ctx_ = nullptr;  // made at the first TLS connection, kept for the next
+
+  void free_context() noexcept {
+    if (ctx_) SSL_CTX_free(ctx_);
+    ctx_ = nullptr;
+  }
   SSL* ssl_ = nullptr;      // the connection's TLS state (null: plain)
   pid_t pid_ = 0;
   std::uint64_t tag_ = 0;
