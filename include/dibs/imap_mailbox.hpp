@@ -182,11 +182,10 @@ public:
   /// view agrees with the store).
   std::vector<entry> status() {
     ready();
-    const auto r = session_.run({"NOOP", fmt::format("UID FETCH 1:* {}", fetch_items)});
-    session_.check(r[1], fmt::format("listing {}", where()));
+    const auto lines = fetch_all(1, fmt::format("listing {}", where()));
     auto states = states_now();
     std::vector<entry> out;
-    for (auto& [uid, m] : parse(imap::untagged_of(r))) {
+    for (auto& [uid, m] : parse(lines)) {
       entry e{uid, m.key, m.flags, {}};
       if (const auto it = states.find(m.key); it != states.end()) e.status = it->second;
       out.push_back(std::move(e));
@@ -306,12 +305,27 @@ private:
 
   // Learns the messages that arrived since the last look; on the first
   // look, what the store says of every message.
+  // The untagged lines of "UID FETCH <from>:*", read again while the reply
+  // says new mail came meanwhile (a FETCH reads the session's view as of
+  // the previous command; see imap_store's sync()).
+  std::vector<std::string> fetch_all(std::uint32_t from, const std::string& what) {
+    std::vector<std::string> lines;
+    for (int round = 0;; ++round) {
+      const auto r = session_.run({"NOOP", fmt::format("UID FETCH {}:* {}", from, fetch_items)});
+      session_.check(r[1], what);
+      bool grew = false;
+      for (auto& line : imap::untagged_of(r)) {
+        grew = grew || line.ends_with(" EXISTS");
+        lines.push_back(std::move(line));
+      }
+      if (!grew || round == 20) return lines;
+    }
+  }
+
   void refresh() {
     ready();
     const bool first = last_uid_ == 0;
-    const auto r = session_.run({"NOOP", fmt::format("UID FETCH {}:* {}", last_uid_ + 1, fetch_items)});
-    session_.check(r[1], fmt::format("looking for new mail in {}", where()));
-    auto fresh = parse(imap::untagged_of(r));
+    auto fresh = parse(fetch_all(last_uid_ + 1, fmt::format("looking for new mail in {}", where())));
     std::erase_if(fresh, [&](const auto& e) { return e.first <= last_uid_; });
     if (fresh.empty()) return;
     std::map<std::string, claim_status> states;
