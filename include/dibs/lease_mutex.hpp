@@ -207,16 +207,25 @@ public:
   /// errc::corrupt_record for a record that is not a dibs lease.
   std::optional<lock_holder> holder() const {
     check_not_moved_from();
-    const auto r = detail::store_read(*store_, key_, clock::now() + std::chrono::seconds{1});
-    if (!r) return std::nullopt;
-    const auto owner = parse_lease(*r);
-    lock_holder h = describe(*r, owner);
-    std::lock_guard g{m_};
-    if (held_ && holder_pid_.load() == detail::current_pid() && version_ == r->version) {
-      h.mine = true;
-      h.lease_left = std::chrono::duration_cast<std::chrono::milliseconds>(hold_.end() - clock::now());
+    for (int attempt = 0;; ++attempt) {
+      dibs::version before;
+      {
+        std::lock_guard g{m_};
+        before = version_;
+      }
+      const auto r = detail::store_read(*store_, key_, clock::now() + std::chrono::seconds{1});
+      if (!r) return std::nullopt;
+      const auto owner = parse_lease(*r);
+      lock_holder h = describe(*r, owner);
+      std::lock_guard g{m_};
+      if (held_ && holder_pid_.load() == detail::current_pid() && version_ == r->version) {
+        h.mine = true;
+        h.lease_left = std::chrono::duration_cast<std::chrono::milliseconds>(hold_.end() - clock::now());
+      } else if (held_ && version_ != before && attempt < 5) {
+        continue;  // renewed while the record was read: what was read is already old, read again
+      }
+      return h;
     }
-    return h;
   }
   /// Effects: renews the lease now. Returns: false if it was lost (then
   /// on_lost has been called). In a forked child: false, touching nothing.
