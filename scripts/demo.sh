@@ -7,18 +7,25 @@
 # throwaway PostgreSQL on loopback for the run (scripts/pg.sh) and stops it
 # at the end. With --store imap (and no $DIBS_IMAP_HOST) it starts a
 # throwaway Dovecot on loopback (scripts/imap.sh) the same way.
+#
+# It installs only what the demo uses (scripts/install-deps.sh demo): no
+# server for the SQLite demo; PostgreSQL or Dovecot only for their --store,
+# and then never as a running or enabled system service.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
-cmake --preset default >/dev/null
-cmake --build --preset default --target shared_inbox
 store=sqlite given=0 prev=
 for a in "$@"; do
-  [ "$prev" = --store ] && store=$a
-  [ "$a" = --pg ] && given=1
+  case $prev in --store) store=$a ;; esac
+  case $a in --store=*) store=${a#--store=} ;; --pg | --pg=*) given=1 ;; esac
   prev=$a
 done
-demo=build/default/examples/shared_inbox
+groups=(demo)
+if [ "$store" = postgres ] && [ "$given" = 0 ] && [ -z "${DIBS_PG_CONNINFO:-}" ]; then groups+=(postgres); fi
+if [ "$store" = imap ] && [ -z "${DIBS_IMAP_HOST:-}" ]; then groups+=(imap); fi
+scripts/install-deps.sh "${groups[@]}"
+cmake --preset demo >/dev/null
+cmake --build --preset demo --target shared_inbox
+demo=build/demo/examples/shared_inbox
 if [ "$store" = postgres ] && [ "$given" = 0 ] && [ -z "${DIBS_PG_CONNINFO:-}" ]; then
   server=$(mktemp -d "${TMPDIR:-/tmp}/dibs-demo-pg.XXXXXX")
   trap 'scripts/pg.sh stop "$server"; rm -rf "$server"' EXIT

@@ -1,22 +1,78 @@
 #!/usr/bin/env bash
-# Installs, with apt-get, whatever dibs needs to build and test that this
-# Debian 12 machine does not have yet. Safe to run again: it only installs
-# what is missing, and runs `apt-get update` only when something is.
+# Installs, with apt-get, whatever dibs needs that this Debian 12 machine does
+# not have yet. Safe to run again: it only installs what is missing, and runs
+# `apt-get update` only when something is.
+#
+#   scripts/install-deps.sh [GROUP...]       install the groups (default: all)
+#   scripts/install-deps.sh --list GROUP...  print their packages, install nothing
+#
+# Groups:
+#   demo      what the main demo builds with (scripts/demo.sh): a compiler,
+#             CMake, the core's headers and the adapters' client libraries
+#   postgres  the PostgreSQL server that scripts/pg.sh starts (throwaway, loopback)
+#   imap      the Dovecot server that scripts/imap.sh starts (throwaway, loopback)
+#   all       everything the tests and benchmarks need (scripts/test.sh)
+#
+# Server packages never leave a system service behind: on a machine with
+# systemd, installing postgresql or dovecot-imapd would create and start a
+# cluster on port 5432 and a Dovecot on ports 143 and 993 on every
+# interface, and enable both at boot. The packages are installed with
+# service starts refused (policy-rc.d), and the services of the packages this
+# script installed are disabled afterwards. dibs runs its own servers, as
+# the user who runs the tests, from scripts/pg.sh and scripts/imap.sh.
 set -euo pipefail
 
-packages=(
-  cmake ninja-build g++ clang libclang-rt-14-dev   # toolchains (clang for the sanitizer preset)
+group_demo=(
+  cmake ninja-build g++                            # the toolchain
   libboost-dev libfmt-dev                          # the core's dependencies
   libsqlite3-dev                                   # dibs::sqlite
-  libpq-dev postgresql                             # dibs::postgres, and the server its tests start (scripts/pg.sh)
+  libpq-dev                                        # dibs::postgres (the client library only)
+  libssl-dev                                       # dibs::imap: TLS (STARTTLS, port 993) through OpenSSL
+)
+group_postgres=(postgresql)                        # the server scripts/pg.sh starts
+group_imap=(
+  dovecot-imapd                                    # the server scripts/imap.sh starts
+  openssl                                          # the CLI that makes its test certificates (--tls)
+)
+group_all=(
+  "${group_demo[@]}" "${group_postgres[@]}" "${group_imap[@]}"
+  clang libclang-rt-14-dev                         # the clang and sanitizer presets
   catch2 libbenchmark-dev                          # tests and benchmarks
   libcli11-dev                                     # the dibs command's argument parsing (tools/)
   bats util-linux                                  # the dibs command's tests (tests/cli), flock(1) among them
   liblockfile-bin                                  # dotlockfile(1): dot_lock_test's foreign lock holder
-  libssl-dev                                       # dibs::imap: TLS (STARTTLS, port 993) through OpenSSL
-  dovecot-imapd openssl                            # dibs::imap: the server its tests start (scripts/imap.sh),
-                                                   # and the CLI that makes its test certificates (--tls)
 )
+# The services a server package would start and enable.
+services_of() {
+  case $1 in
+    postgresql) echo postgresql ;;
+    dovecot-imapd) echo dovecot ;;
+  esac
+}
+
+list=0
+groups=()
+for a in "$@"; do
+  case $a in
+    --list) list=1 ;;
+    demo | postgres | imap | all) groups+=("$a") ;;
+    *) echo "install-deps.sh: unknown group '$a' (demo, postgres, imap, all)" >&2; exit 64 ;;
+  esac
+done
+((${#groups[@]})) || groups=(all)
+
+packages=()
+for g in "${groups[@]}"; do
+  declare -n members="group_$g"
+  for p in "${members[@]}"; do
+    [[ " ${packages[*]} " == *" $p "* ]] || packages+=("$p")
+  done
+  unset -n members
+done
+if ((list)); then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -24,11 +80,52 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
+((${#missing[@]})) || exit 0
 
-if ((${#missing[@]})); then
-  echo "dibs: installing missing packages: ${missing[*]}"
-  sudo=()
-  if [ "$(id -u)" -ne 0 ]; then sudo=(sudo); fi
-  "${sudo[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "dibs: installing missing packages: ${missing[*]}"
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then sudo=(sudo); fi
+
+# Services to keep stopped and disabled: those the server packages being
+# installed now bring (a service that was there before, from a package of
+# its own such as dovecot-core, is left as it was).
+services=()
+for p in "${missing[@]}"; do
+  s=$(services_of "$p")
+  if [ -n "$s" ] && [ ! -e "/lib/systemd/system/$s.service" ] && [ ! -e "/etc/init.d/$s" ]; then
+    services+=("$s")
+  fi
+done
+policy=/usr/sbin/policy-rc.d
+own_policy=0
+if ((${#services[@]})) && [ ! -e "$policy" ]; then
+  # invoke-rc.d and deb-systemd-invoke ask this before starting anything:
+  # 101 means "not allowed", so the install starts no server.
+  printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+  "${sudo[@]}" chmod 0755 "$policy"
+  own_policy=1
 fi
+cleanup() { if ((own_policy)); then "${sudo[@]}" rm -f "$policy"; fi; }
+trap cleanup EXIT
+
+"${sudo[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+for s in "${services[@]}"; do
+  # Stop whatever started anyway (a policy-rc.d of the machine's own that
+  # allows starts), then take the service out of the boot sequence, for
+  # systemd (links made by deb-systemd-helper, whether systemd runs or not)
+  # and for SysV init.
+  if [ -d /run/systemd/system ]; then
+    "${sudo[@]}" systemctl disable --now "$s.service" >/dev/null 2>&1 || true
+  else
+    "${sudo[@]}" service "$s" stop >/dev/null 2>&1 || true
+  fi
+  if command -v deb-systemd-helper >/dev/null; then
+    "${sudo[@]}" deb-systemd-helper disable "$s.service" >/dev/null 2>&1 || true
+  fi
+  if command -v update-rc.d >/dev/null; then
+    "${sudo[@]}" update-rc.d "$s" disable >/dev/null 2>&1 || true
+  fi
+  echo "dibs: $s installed, stopped and not enabled at boot (dibs starts its own throwaway servers)"
+done

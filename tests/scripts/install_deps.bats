@@ -1,0 +1,43 @@
+#!/usr/bin/env bats
+# scripts/install-deps.sh: each command installs only what it uses.
+
+deps() { "$BATS_TEST_DIRNAME/../../scripts/install-deps.sh" "$@"; }
+
+@test "the plain demo installs no server" {
+  run deps --list demo
+  [ "$status" -eq 0 ]
+  [ -n "$output" ]
+  for server in postgresql postgresql-15 dovecot-imapd dovecot-core; do
+    if grep -qx "$server" <<<"$output"; then
+      echo "the demo group installs $server" >&2
+      return 1
+    fi
+  done
+  grep -qx libsqlite3-dev <<<"$output"
+}
+
+@test "a server comes only with the group that starts it" {
+  run deps --list postgres
+  [ "$status" -eq 0 ]
+  [ "$output" = postgresql ]
+  run deps --list imap
+  [ "$status" -eq 0 ]
+  grep -qx dovecot-imapd <<<"$output"
+  ! grep -qx postgresql <<<"$output"
+}
+
+@test "the test group is everything the others are" {
+  run deps --list all
+  [ "$status" -eq 0 ]
+  all=$output
+  run deps --list demo postgres imap
+  for p in $output; do grep -qx "$p" <<<"$all"; done
+  grep -qx bats <<<"$all"
+  grep -qx catch2 <<<"$all"
+}
+
+@test "an unknown group is refused, naming it" {
+  run deps --list nosuch
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"unknown group 'nosuch'"* ]]
+}
