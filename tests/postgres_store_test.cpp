@@ -720,7 +720,7 @@ TEST_CASE("sessions ended by pg_terminate_backend every few ms while 8 workers c
   const auto app = pg::fresh_table("storm");
   const auto info = pg::conninfo() + " application_name=" + app;
   std::atomic<int> ended{0};
-  const int items = 1000;
+  const int items = 500;
   const auto t0 = std::chrono::steady_clock::now();
   const auto o = run_queue([&] { return pg_open(t, info); }, [&] { return pg_open(t); }, 8, items, take_with::claim_next,
                            1500ms,
@@ -728,7 +728,8 @@ TEST_CASE("sessions ended by pg_terminate_backend every few ms while 8 workers c
                              std::unique_ptr<PGconn, decltype(&::PQfinish)> c{::PQconnectdb(pg::conninfo().c_str()),
                                                                               ::PQfinish};
                              const auto kill = fmt::format("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                                           "WHERE application_name = '{}' ORDER BY random() LIMIT 1",
+                                                           "WHERE application_name = '{}' AND backend_start < now() - interval '300 ms' "
+                                                           "ORDER BY random() LIMIT 1",
                                                            app);
                              while (!done) {
                                std::unique_ptr<PGresult, decltype(&::PQclear)> r{::PQexec(c.get(), kill.c_str()), ::PQclear};
