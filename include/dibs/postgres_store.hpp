@@ -30,6 +30,12 @@
 //     recognise their own records (store.hpp, detail::store_create);
 //   - a wrong password, a missing role or database, a permission denied, a
 //     constraint: not transient; the message names the server and the table.
+// Every result of a statement is read: its implicit COMMIT comes after its
+// own result, and a COMMIT that fails (a deferred trigger, a serialization
+// failure under a default of SERIALIZABLE) is its error (an ERROR: rolled
+// back; a FATAL or a broken connection: a write's outcome is unknown). A
+// session the server closed while idle (idle_session_timeout) is noticed
+// before sending, and opened again.
 // A timed operation (dibs::time_limit) cancels its statement at the deadline
 // (PQcancel), but never before 250 ms (a statement's own work on a loaded
 // machine must not count as waiting), and says errc::timed_out only if the
@@ -211,6 +217,34 @@ inline void check(const PGresult* r, PGconn* c, const std::string& context) {
   throw std::system_error(code, fmt::format("{}: {}{}", context, msg, hint));
 }
 
+// A notice receiver that marks `*ended` when the server says it is ending
+// the session (FATAL): what it sends a session that waits for a command
+// (idle_session_timeout, pg_terminate_backend, a shutdown) arrives as a
+// notice, not as a statement's result, and nothing else would say so.
+inline void note_ending(void* ended, const PGresult* r) {
+  const char* severity = ::PQresultErrorField(r, PG_DIAG_SEVERITY_NONLOCALIZED);
+  if (severity && (std::string_view(severity) == "FATAL" || std::string_view(severity) == "PANIC"))
+    *static_cast<bool*>(ended) = true;
+}
+
+// Requires: `c` waits for a command (no statement of ours runs), with
+// note_ending(&ended) as its notice receiver. Effects: reads what the server
+// sent meanwhile. Returns: true if it ended the session: a statement sent
+// now would never run, yet its fate could only be reported unknown.
+inline bool ended_while_idle(PGconn* c, const bool& ended) {
+  for (int i = 0; i < 16 && !ended; ++i) {  // bounded: a stream of notifications is no reason to wait
+    pollfd p{::PQsocket(c), POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) break;
+    if (::PQconsumeInput(c) == 0) return true;
+  }
+  return ended || ::PQstatus(c) != CONNECTION_OK;
+}
+
+inline std::string_view field(const PGresult* r, int code) {
+  const char* f = r ? ::PQresultErrorField(r, code) : nullptr;
+  return f ? f : "";
+}
+
 }  // namespace detail
 
 /// A PostgreSQL connection that dibs::transact runs transactions on (it
@@ -247,7 +281,7 @@ public:
   }
 
   void begin() {
-    if (!conn_ || ::PQstatus(conn_) != CONNECTION_OK || ::getpid() != pid_) connect();
+    if (!usable()) connect();
     exec(opts_.begin);
     in_transaction_ = true;
   }
@@ -256,7 +290,12 @@ public:
       exec("COMMIT");
     } catch (const std::system_error& e) {
       in_transaction_ = false;
-      if (e.code() != dibs::make_error_code(errc::connection_lost)) throw;
+      // An ERROR (a deferred constraint, a serialization failure) with the
+      // session still there: rolled back. The session gone (a FATAL, a
+      // broken connection) after COMMIT was sent: committed or not.
+      if (e.code() != dibs::make_error_code(errc::connection_lost) && conn_ && ::PQstatus(conn_) == CONNECTION_OK)
+        throw;
+      if (lost_before_sent_) throw;
       throw std::system_error(dibs::make_error_code(errc::outcome_unknown),
                               fmt::format("dibs::postgres::connection: the connection to {} broke during COMMIT: the "
                                           "transaction may or may not have been committed ({})",
@@ -279,12 +318,15 @@ public:
   /// or, without parameters, one or more statements. Returns: the rows (of the last). Throws: std::system_error with the SQLSTATE, naming
   /// the statement and the server.
   std::vector<row> query(std::string_view sql, std::initializer_list<std::optional<std::string_view>> params = {}) {
-    if (!conn_ || ::PQstatus(conn_) != CONNECTION_OK || ::getpid() != pid_) {
-      if (in_transaction_)
+    lost_before_sent_ = false;
+    if (!usable()) {
+      if (in_transaction_) {
+        lost_before_sent_ = true;
         throw std::system_error(dibs::make_error_code(errc::connection_lost),
                                 fmt::format("dibs::postgres::connection: the connection to {} was lost in a "
                                             "transaction (rolled back by the server)",
                                             server_));
+      }
       connect();
     }
     std::vector<std::string> owned;
@@ -296,11 +338,22 @@ public:
     }
     const std::string text(sql);
     // Without parameters several statements may be given at once (PQexec).
-    const std::unique_ptr<PGresult, decltype(&::PQclear)> r{
-        values.empty() ? ::PQexec(conn_, text.c_str())
-                       : ::PQexecParams(conn_, text.c_str(), static_cast<int>(values.size()), nullptr, values.data(),
-                                        nullptr, nullptr, 0),
-        ::PQclear};
+    // Both return the last result: an autocommit statement's COMMIT, which
+    // follows its own result, fails the call.
+    auto send = [&] {
+      return std::unique_ptr<PGresult, decltype(&::PQclear)>{
+          values.empty() ? ::PQexec(conn_, text.c_str())
+                         : ::PQexecParams(conn_, text.c_str(), static_cast<int>(values.size()), nullptr, values.data(),
+                                          nullptr, nullptr, 0),
+          ::PQclear};
+    };
+    auto r = send();
+    // The server ended the session for idling just as the statement came:
+    // it never ran. Outside a transaction, send it once more on a new one.
+    if (!in_transaction_ && detail::field(r.get(), PG_DIAG_SQLSTATE) == "57P05") {
+      connect();
+      r = send();
+    }
     detail::check(r.get(), conn_, fmt::format("dibs::postgres::connection: '{}' on {} failed", text, server_));
     std::vector<row> rows;
     for (int i = 0; i < ::PQntuples(r.get()); ++i) {
@@ -325,9 +378,16 @@ public:
   const std::string& server() const noexcept { return server_; }
 
 private:
+  // A session the server ended while it waited (idle_session_timeout,
+  // pg_terminate_backend) is not used: a statement sent to it never runs.
+  bool usable() {
+    return conn_ && ::getpid() == pid_ && ::PQstatus(conn_) == CONNECTION_OK && !detail::ended_while_idle(conn_, ended_);
+  }
+
   void connect() {
     if (conn_ && ::getpid() == pid_) ::PQfinish(conn_);
     conn_ = nullptr;
+    ended_ = false;
     pid_ = ::getpid();
     PGconn* c = detail::open(conninfo_, opts_.dead_peer);
     server_ = detail::where(c);
@@ -336,7 +396,7 @@ private:
       if (c) ::PQfinish(c);
       throw detail::connect_error("dibs::postgres::connection", server_, msg);
     }
-    ::PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);
+    ::PQsetNoticeReceiver(c, &detail::note_ending, &ended_);
     conn_ = c;
   }
 
@@ -346,6 +406,8 @@ private:
   PGconn* conn_ = nullptr;
   std::string server_;
   bool in_transaction_ = false;
+  bool ended_ = false;             // the server said it ends the session (note_ending)
+  bool lost_before_sent_ = false;  // the last statement was not sent: its session had ended
 };
 
 }  // namespace dibs::postgres
@@ -474,21 +536,19 @@ public:
     const auto end = std::chrono::steady_clock::now() + timeout;
     std::lock_guard g{listen_m_};
     if (listen_ && listen_owner_ != ::getpid()) listen_ = nullptr;  // a forked child's copy: the parent's
-    if (!listen_ || ::PQstatus(listen_) != CONNECTION_OK) {
-      if (listen_) ::PQfinish(listen_);
-      listen_ = postgres::detail::open(conninfo_, opts_.dead_peer);
-      listen_owner_ = ::getpid();
-      if (!listen_) return sleep_until(end);
-      std::unique_ptr<PGresult, decltype(&::PQclear)> r{
-          ::PQexec(listen_, fmt::format("LISTEN \"dibs_{}\"", opts_.table).c_str()), ::PQclear};
-      if (::PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
-        ::PQfinish(listen_);
-        listen_ = nullptr;
-        return sleep_until(end);
-      }
-    }
     const std::string want = hex(key);
+    auto opened = std::chrono::steady_clock::time_point{};
     for (;;) {
+      // The server may end the LISTEN session while it waits (it is idle to
+      // the server: idle_session_timeout; a restart): listen on a new one,
+      // at most every 200 ms (a server that ends every new session).
+      if (!listen_ || ::PQstatus(listen_) != CONNECTION_OK) {
+        if (std::chrono::steady_clock::now() - opened < std::chrono::milliseconds{200})
+          std::this_thread::sleep_until(std::min(end, opened + std::chrono::milliseconds{200}));
+        if (std::chrono::steady_clock::now() >= end) return false;
+        opened = std::chrono::steady_clock::now();
+        if (!listen()) return sleep_until(end);
+      }
       ::PQconsumeInput(listen_);
       while (PGnotify* n = ::PQnotifies(listen_)) {
         const bool ours = want == n->extra;
@@ -497,10 +557,10 @@ public:
       }
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
       if (left.count() <= 0) return false;
+      if (::PQstatus(listen_) != CONNECTION_OK) continue;
       pollfd p{::PQsocket(listen_), POLLIN, 0};
       if (::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count() + 1, 60'000))) < 0 && errno != EINTR)
         return sleep_until(end);
-      if (::PQstatus(listen_) != CONNECTION_OK) return sleep_until(end);
     }
   }
 
@@ -532,6 +592,7 @@ private:
     pid_t owner = 0;                  // the process that opened conn (a forked child never touches it)
     std::string pid, start;           // its server session
     std::string lost_pid, lost_start;  // a session that broke under a write
+    bool ended = false;                // the server said it ends the session (postgres::detail::note_ending)
   };
   // Renewals (on the renewal keeper's threads) have a connection of their
   // own, so a statement of the application's that waits (a row lock held by
@@ -540,6 +601,22 @@ private:
   static constexpr std::chrono::milliseconds min_statement{250};
   using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
   static constexpr std::string_view schema_comment = "dibs-store 1";
+
+  // Requires: listen_m_ held. Opens the LISTEN connection (again).
+  // Returns: false if that failed (the waiter then polls).
+  bool listen() const {
+    if (listen_) ::PQfinish(listen_);
+    listen_ = postgres::detail::open(conninfo_, opts_.dead_peer);
+    listen_owner_ = ::getpid();
+    if (!listen_) return false;
+    ::PQsetNoticeReceiver(listen_, [](void*, const PGresult*) {}, nullptr);  // its end is seen by its status
+    std::unique_ptr<PGresult, decltype(&::PQclear)> r{
+        ::PQexec(listen_, fmt::format("LISTEN \"dibs_{}\"", opts_.table).c_str()), ::PQclear};
+    if (::PQstatus(listen_) == CONNECTION_OK && ::PQresultStatus(r.get()) == PGRES_COMMAND_OK) return true;
+    ::PQfinish(listen_);
+    listen_ = nullptr;
+    return false;
+  }
 
   static bool sleep_until(std::chrono::steady_clock::time_point end) {
     std::this_thread::sleep_until(end);
@@ -577,7 +654,10 @@ private:
     }
     ses.conn = c;
     ses.owner = ::getpid();
-    ::PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);  // "already exists, skipping": not for stderr
+    ses.ended = false;
+    // Notices ("already exists, skipping") are not for stderr; a FATAL one
+    // marks the session ended.
+    ::PQsetNoticeReceiver(c, &postgres::detail::note_ending, &ses.ended);
     try {
       if (first) setup_table(c);
       prepare(c);
@@ -752,12 +832,20 @@ private:
 
   // Runs a prepared statement with binary parameters and results, waiting
   // until `t` at most (then cancelling it). Reconnects first if needed.
+  //
+  // Every result is read, up to the server's ReadyForQuery: the statement's
+  // own comes before its implicit COMMIT (at Sync), and a COMMIT that fails
+  // (a deferred constraint or trigger, a serialization failure under
+  // SERIALIZABLE, the session ended between the two) comes after it. The
+  // first error is the statement's. An ERROR: the transaction rolled back,
+  // nothing changed, whatever followed. A FATAL or a broken connection: a
+  // write's fate is unknown (lost()), unless the server ended the session
+  // for idling (57P05) before the statement came: then it never ran, and is
+  // sent once more on a new session.
   result run(stmt s, std::initializer_list<std::string_view> params, dibs::time_limit t, bool write,
              std::string_view what) {
     session& ses = current();
     std::lock_guard g{ses.m};
-    if (!ses.conn || ses.owner != ::getpid() || ::PQstatus(ses.conn) != CONNECTION_OK) connect(ses);
-    PGconn* const conn_ = ses.conn;
     std::vector<const char*> values;
     std::vector<int> lengths, formats;
     std::size_t i = 0;
@@ -772,49 +860,116 @@ private:
     static const char empty = 0;
     for (auto& v : values)
       if (!v) v = &empty;
-    if (!::PQsendQueryPrepared(conn_, name(s), static_cast<int>(values.size()), values.data(), lengths.data(),
-                               formats.data(), 1))
-      lost(ses, false, what);  // nothing was sent
-    bool cancelled = false;
     // A deadline is for waiting on what others hold (a row lock of a stopped
     // session), not for the statement's own work: on a loaded machine a few
     // round trips can take more than a "try"'s 20 ms, so a statement always
     // has at least min_statement before it is cancelled.
-    auto limit = t == dibs::time_limit::max() ? t : std::max(t, std::chrono::steady_clock::now() + min_statement);
+    const auto limit = t == dibs::time_limit::max() ? t : std::max(t, std::chrono::steady_clock::now() + min_statement);
+    for (int attempt = 0;; ++attempt) {
+      // A session the server ended while it waited (idle_session_timeout,
+      // pg_terminate_backend) would never run the statement, and its fate
+      // could only be reported unknown: a new one first.
+      if (!ses.conn || ses.owner != ::getpid() || ::PQstatus(ses.conn) != CONNECTION_OK ||
+          postgres::detail::ended_while_idle(ses.conn, ses.ended))
+        connect(ses);
+      PGconn* const conn = ses.conn;
+      if (!::PQsendQueryPrepared(conn, name(s), static_cast<int>(values.size()), values.data(), lengths.data(),
+                                 formats.data(), 1))
+        lost(ses, false, what);  // nothing was sent
+      reply rep = receive(conn, limit);
+      const bool broken = rep.broken || ::PQstatus(conn) != CONNECTION_OK;
+      if (::PQstatus(conn) == CONNECTION_BAD)  // libpq says why, without waiting
+        while (PGresult* more = ::PQgetResult(conn)) rep.results.emplace_back(more, ::PQclear);
+      const PGresult* first = rep.results.empty() ? nullptr : rep.results.front().get();
+      const PGresult* failed = nullptr;
+      for (const auto& r : rep.results) {
+        const auto st = ::PQresultStatus(r.get());
+        if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+          failed = r.get();
+          break;
+        }
+      }
+      const auto state = postgres::detail::field(failed, PG_DIAG_SQLSTATE);
+      if (failed && !state.empty() && postgres::detail::field(failed, PG_DIAG_SEVERITY_NONLOCALIZED) == "ERROR") {
+        // Rolled back. A connection left in the middle (no ReadyForQuery
+        // in time) is dropped; the next operation opens another.
+        std::optional<std::system_error> error;
+        if (rep.cancelled && state == "57014")
+          error.emplace(make_error_code(errc::timed_out),
+                        fmt::format("dibs::postgres_store: {} on {} (table '{}') did not finish in the time given and "
+                                    "was cancelled (nothing changed)",
+                                    what, server_, opts_.table));
+        else
+          try {
+            check(failed, conn, what);
+          } catch (const std::system_error& e) {
+            error.emplace(e);
+          }
+        if (broken) drop(ses);
+        throw *error;
+      }
+      if (failed && failed == first && state == "57P05") {
+        drop(ses);
+        if (attempt == 0) continue;
+        lost(ses, false, what, failed);
+      }
+      if (failed || broken || !first) lost(ses, write, what, failed);
+      return std::move(rep.results.front());
+    }
+  }
+
+  // What came back for a statement: its results in order, and whether the
+  // connection broke (or stopped answering) before the server was done.
+  struct reply {
+    std::vector<result> results;
+    bool broken = false;
+    bool cancelled = false;
+  };
+
+  // Reads every result of the statement sent on `conn`, until the server is
+  // done with it; at `limit`, asks the server to cancel it, and gives up
+  // (broken) if it does not answer that either within dead_peer.
+  reply receive(PGconn* conn, dibs::time_limit limit) {
+    reply rep;
     for (;;) {
-      if (::PQconsumeInput(conn_) == 0) lost(ses, write, what);
-      if (!::PQisBusy(conn_)) break;
+      if (::PQconsumeInput(conn) == 0) {
+        rep.broken = true;
+        return rep;
+      }
+      if (!::PQisBusy(conn)) {
+        PGresult* r = ::PQgetResult(conn);
+        if (!r) return rep;
+        rep.results.emplace_back(r, ::PQclear);
+        continue;
+      }
       int wait_ms = -1;
       if (limit != dibs::time_limit::max()) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(limit - std::chrono::steady_clock::now());
         if (left.count() <= 0) {
           // No answer to the cancel either: the server or the way to it is
-          // gone (a partition). The session is dropped; a write's outcome is
-          // unknown until the next operation has ended that session.
-          if (cancelled) lost(ses, write, what);
-          cancel(conn_);
-          cancelled = true;
+          // gone (a partition).
+          if (rep.cancelled) {
+            rep.broken = true;
+            return rep;
+          }
+          cancel(conn);
+          rep.cancelled = true;
           limit = std::chrono::steady_clock::now() + opts_.dead_peer;
           continue;
         }
         wait_ms = static_cast<int>(std::min<std::int64_t>(left.count() + 1, 60'000));
       }
-      pollfd p{::PQsocket(conn_), POLLIN, 0};
-      if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) lost(ses, write, what);
+      pollfd p{::PQsocket(conn), POLLIN, 0};
+      if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) {
+        rep.broken = true;
+        return rep;
+      }
     }
-    result r{::PQgetResult(conn_), ::PQclear};
-    while (PGresult* extra = ::PQgetResult(conn_)) ::PQclear(extra);
-    if (!r) lost(ses, write, what);
-    const char* state = ::PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
-    if (cancelled && state && std::string_view(state) == "57014")
-      throw std::system_error(make_error_code(errc::timed_out),
-                              fmt::format("dibs::postgres_store: {} on {} (table '{}') did not finish in the time "
-                                          "given and was cancelled (nothing changed)",
-                                          what, server_, opts_.table));
-    if (::PQresultStatus(r.get()) == PGRES_FATAL_ERROR && (!state || ::PQstatus(conn_) != CONNECTION_OK))
-      lost(ses, write, what);  // the session ended under the statement
-    check(r.get(), conn_, what);
-    return r;
+  }
+
+  void drop(session& ses) {
+    ::PQfinish(ses.conn);
+    ses.conn = nullptr;
   }
 
   // Asks the server to cancel the running statement. PQcancel blocks until
@@ -837,14 +992,18 @@ private:
   // The connection broke under a statement. Throws: errc::outcome_unknown
   // for a write that was sent (the next operation first ends that session),
   // errc::connection_lost otherwise.
-  [[noreturn]] void lost(session& ses, bool write, std::string_view what) {
-    const std::string msg = postgres::detail::one_line(::PQerrorMessage(ses.conn));
+  // `why`: what the server said, if it said something.
+  [[noreturn]] void lost(session& ses, bool write, std::string_view what, const PGresult* why = nullptr) {
+    std::string msg = why ? postgres::detail::one_line(::PQresultErrorMessage(why)) : std::string();
+    if (ses.conn) {
+      const std::string more = postgres::detail::one_line(::PQerrorMessage(ses.conn));
+      if (more != msg) msg += msg.empty() || more.empty() ? more : "; " + more;
+    }
     if (write) {
       ses.lost_pid = ses.pid;
       ses.lost_start = ses.start;
     }
-    ::PQfinish(ses.conn);
-    ses.conn = nullptr;
+    if (ses.conn) drop(ses);
     if (write)
       throw std::system_error(make_error_code(errc::outcome_unknown),
                               fmt::format("dibs::postgres_store: the connection to {} broke during {} (table '{}'): "
