@@ -16,7 +16,7 @@
 // the won counts add up to M and every item's state is "completed".
 // Exit status 1 if the check fails. --check 0 leaves the state check out
 // (for counting the walk's system calls alone).
-#include <dibs/file_store.hpp>
+#include <dibs/stores/file_store.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/shm_store.hpp>
 

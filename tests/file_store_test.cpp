@@ -1,5 +1,5 @@
 #include <dibs/detail/owner.hpp>
-#include <dibs/file_store.hpp>
+#include <dibs/stores/file_store.hpp>
 #include <dibs/testing/store_conformance.hpp>
 
 #include <catch2/catch.hpp>

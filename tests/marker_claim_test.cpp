@@ -1,4 +1,4 @@
-#include <dibs/file_store.hpp>
+#include <dibs/stores/file_store.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/memory_store.hpp>
 

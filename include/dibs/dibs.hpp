@@ -7,7 +7,7 @@
 #include <dibs/dot_lock.hpp>
 #include <dibs/error.hpp>
 #include <dibs/file_mutex.hpp>
-#include <dibs/file_store.hpp>
+#include <dibs/stores/file_store.hpp>
 #include <dibs/lease_mutex.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/memory_store.hpp>

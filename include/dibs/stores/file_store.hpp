@@ -1,0 +1,400 @@
+// dibs/stores/file_store.hpp: a dibs::shared_store of one file per key in a
+// directory, shared by every process that opens the same directory.
+//
+//   dibs::file_store store{"/var/spool/app/claims"};
+//   if (auto v = store.create("msg-1", "processing")) { ... }
+//
+// A record file `<dir>/<key>.rec` is text a person can read:
+//
+//   dibs-record 1
+//   version 7
+//   state live                  (or: erased)
+//   size 10
+//   crc32 5d0bd0a3
+//
+//   processing
+//
+// A key is any bytes (store.hpp). Its file is named by the key itself where
+// a file name can be the key; the bytes it cannot hold or that would make
+// names ambiguous are written %XX: '/', '%', control bytes, and the first '.'
+// of ".", ".." and of keys starting ".dibs-" (dibs's own files). So the key
+// `<abc/def+1@mail.example.com>` is in `<abc%2Fdef+1@mail.example.com>.rec`.
+// A name longer than a file name may be (255 bytes) is cut, and ends in "%~"
+// and a hash of the key (the escaping never writes "%~"). The record of an
+// escaped or cut name holds its key too, on a line `key <escaped key>` after
+// `size`, and is read only as the record of that key; a record without that
+// line at such a name was written by dibs 0.1 (whose keys could not be
+// escaped), for the key spelled like the name, and is reported, never
+// misread; so is a record of dibs 0.1 for a key with '%' (its old name), so
+// that an item done before an upgrade is never taken for absent.
+//
+// The crc32 covers the header lines above it and the value, so a torn or
+// damaged file is reported (errc::corrupt_record, naming the file), never
+// misread.
+//
+// How each operation is atomic, with no state that a SIGKILL can leave wedged:
+//   - every record is written whole to a temporary file first, then put in
+//     place by link() (create: fails if the key exists) or an atomic exchange
+//     with the old record (replace, erase; rename() where the filesystem has
+//     no RENAME_EXCHANGE): a reader sees the old record or the new one, never
+//     half of one;
+//   - replace and erase are compare-and-set under a kernel flock on the record
+//     file, which the kernel releases if the holder dies; after taking it the
+//     holder checks that the path still names the same inode, so a writer that
+//     waited on a file since replaced starts again;
+//   - erase leaves an "erased" record that keeps the version, so a later
+//     create continues from it: versions never go back (they are fencing
+//     tokens);
+//   - temporary files (`.dibs-tmp.<boot>.<pid ns>.<time ns>.<pid>.<start>.<random>`)
+//     of processes that are provably gone, by the rule of detail/owner.hpp,
+//     are removed when a store is opened; no other file is ever removed.
+// A record's path is never followed through a symbolic link (a link in a
+// shared directory could point anywhere) and must be a regular file: anything
+// else there is reported, naming the path. Descriptors that hold a record's
+// flock are closed in a child made by fork(), so a forked child never keeps
+// a lock its parent took for a moment.
+// A timed operation (the overloads taking a dibs::time_limit, which the
+// policies use for try_lock, try_lock_for and try_claim) waits for a record's
+// flock only until its deadline, then throws errc::timed_out: a process
+// stopped (SIGSTOP, a debugger) while it holds one record's flock delays
+// those calls by at most their time, and other keys not at all.
+// With file_store_options::in_place (dibs::lock_file's choice), a small
+// record is instead rewritten inside its file, under the same flock: the file
+// has two slots of 2 KiB in its first page, the new record goes into the slot
+// that does not hold the current one, and a reader takes the whole record
+// with the higher version. A writer killed mid-write can only damage the slot
+// that was not current, so the file always holds one whole, current record.
+// Once the new record is whole (its pwrite has returned), the old slot is
+// overwritten with a line that says it is an old copy and where the current
+// record is, so that `cat` shows only the current record (a free lock as
+// `state erased`); readers skip such a slot. A writer killed while it marks
+// leaves the new record whole and the old slot torn, which is a slot that
+// was not current either.
+// One host or many: flock, link and rename are atomic on local filesystems;
+// over NFS only link is (use a server-backed store there).
+//
+// The parts, in include/dibs/detail/file_store/: record_format.hpp (the
+// record's text and checksum), two_slots.hpp (records rewritten in place),
+// record_io.hpp (opening, locking, reading a record file), atomic_write.hpp
+// (temporary file, then link or exchange; dead temporaries removed),
+// key_names.hpp (key to file name), old_names.hpp (records of dibs 0.1);
+// system calls in include/dibs/detail/posix/.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <dibs/detail/file_store/atomic_write.hpp>
+#include <dibs/detail/file_store/key_names.hpp>
+#include <dibs/detail/file_store/old_names.hpp>
+#include <dibs/detail/file_store/record_format.hpp>
+#include <dibs/detail/file_store/record_io.hpp>
+#include <dibs/detail/file_store/two_slots.hpp>
+#include <dibs/detail/fork_fds.hpp>
+#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/directory.hpp>
+#include <dibs/detail/posix/file_ops.hpp>
+#include <dibs/detail/posix/file_watch.hpp>
+#include <dibs/error.hpp>
+#include <dibs/store.hpp>
+
+namespace dibs {
+
+struct file_store_options {
+  /// fsync each record and its directory before an operation returns, so a
+  /// record survives a crash of the machine, not only of the process.
+  bool sync = false;
+  /// Permissions of the record files this store creates: exactly these bits,
+  /// whatever the umask. Records shared by several users must be writable by
+  /// all of them: 0664 with a shared group, or 0666 (in a sticky directory
+  /// such as /tmp another user can only write a record in place, never
+  /// replace it).
+  mode_t mode = 0644;
+  /// Appended to the key's name to name its file.
+  std::string suffix = ".rec";
+  /// The key is the file's name itself, which must then be one: no '/' or
+  /// NUL, not "." or "..", at most 255 bytes with the suffix (dibs::lock_file
+  /// does this, with an empty suffix, so the lock file is exactly the path it
+  /// was given). Otherwise any key is encoded into a file name (see path_of).
+  bool key_is_file_name = false;
+  /// Rewrite a record of up to 2 KiB inside its own file, under its flock,
+  /// instead of writing a new file and exchanging it in (dibs::lock_file
+  /// does: one pwrite instead of a temporary file, an exchange and an
+  /// unlink). The file then has two
+  /// slots, at offsets 0 and 2048, each a record padded with newlines; the
+  /// new record goes into the slot that is not current, so a writer killed
+  /// mid-write leaves the current record whole, and readers take the valid
+  /// record with the higher version. Then the old slot is overwritten with a
+  /// line saying it is stale and where the current record is, so `cat`
+  /// shows one record. A reader that catches
+  /// a slot half-copied reads again under a shared flock. Not used with
+  /// `sync`, for a larger record, or where this user may not write the file
+  /// itself: those go by a new file as without this option. In a sticky
+  /// directory (such as /tmp) records are always written in place: only a
+  /// file's owner may replace it there.
+  bool in_place = false;
+};
+
+class file_store {
+public:
+  /// Effects: opens the store in an existing directory and removes temporary
+  /// files left by processes that are gone.
+  /// Throws: std::system_error naming the directory if it is missing, not a
+  /// directory, or not writable by this user.
+  explicit file_store(std::filesystem::path directory, file_store_options opts = {})
+      : dir_(std::move(directory)), opts_(opts) {
+    struct ::stat st {};
+    if (::stat(dir_.c_str(), &st) != 0) throw detail::path_error(errno, "dibs::file_store: cannot open directory", dir_);
+    if (!S_ISDIR(st.st_mode)) throw detail::path_error(ENOTDIR, "dibs::file_store: not a directory:", dir_);
+    if (::access(dir_.c_str(), W_OK | X_OK) != 0)
+      throw detail::path_error(errno, "dibs::file_store: cannot write to directory", dir_);
+    // In a sticky directory (/tmp) only a file's owner may replace it, so
+    // records are rewritten in place there, which any user who may write
+    // the file can do (file_store_options::mode).
+    sticky_ = (st.st_mode & S_ISVTX) != 0;
+    if (!opts_.key_is_file_name) refuse_case_folding();
+    detail::remove_dead_temporaries(dir_);
+  }
+
+  /// Returns: the live record of `key`, or nothing.
+  /// Throws: std::system_error(errc::corrupt_record) naming the file if it is
+  /// damaged or not a dibs record; errc::invalid_argument for a bad key.
+  std::optional<record> read(std::string_view key) const { return read(key, dibs::time_limit::max()); }
+  /// Effects, Returns, Throws: as read(key); errc::timed_out if the record
+  /// is caught mid-write and its writer has not finished by `t`.
+  std::optional<record> read(std::string_view key, dibs::time_limit t) const {
+    const auto name = resolve(key, "dibs::file_store::read");
+    const auto path = dir_ / name.name;
+    auto r = detail::load_record(path, t);
+    if (r) check_key(*r, key, name, path);
+    if (!r || !r->live) return std::nullopt;
+    return record{std::move(r->value), r->version};
+  }
+
+  std::optional<dibs::version> create(std::string_view key, std::string_view value) {
+    return create(key, value, dibs::time_limit::max());
+  }
+  /// Effects, Returns, Throws: as create(key, value); errc::timed_out if the
+  /// record's flock is held by another process until `t`.
+  std::optional<dibs::version> create(std::string_view key, std::string_view value, dibs::time_limit t) {
+    const auto name = resolve(key, "dibs::file_store::create");
+    validate_value(key, value);
+    const auto path = dir_ / name.name;
+    for (;;) {
+      // An erased record keeps the key's version: continue from it, under the
+      // record's lock, without first writing a file that link() would refuse.
+      const auto swapped = swap_if(key, name, [](const stored& c) { return !c.live; }, true, value, t);
+      if (swapped.outcome == swap_outcome::done) return swapped.version;
+      if (swapped.outcome == swap_outcome::refused) return std::nullopt;  // live: we lost
+      const auto tmp = write_temporary(1, true, value, name.key_line);  // no file: make the first one
+      if (::link(tmp.c_str(), path.c_str()) == 0) {
+        ::unlink(tmp.c_str());
+        sync_dir();
+        return dibs::version{1};
+      }
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      if (e != EEXIST) throw detail::path_error(e, "dibs::file_store: cannot create record", path);
+      // Someone made the file meanwhile: live (we lost) or erased (continue
+      // from it). Something that is no record file (a symbolic link, a
+      // directory) is reported by the next swap_if's open, so this ends.
+    }
+  }
+
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
+    return replace(key, expected, value, dibs::time_limit::max());
+  }
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value,
+                                       dibs::time_limit t) {
+    const auto name = resolve(key, "dibs::file_store::replace");
+    validate_value(key, value);
+    return swap_if(key, name, [&](const stored& cur) { return cur.live && cur.version == expected; }, true, value, t)
+        .version;
+  }
+
+  bool erase(std::string_view key, dibs::version expected) { return erase(key, expected, dibs::time_limit::max()); }
+  bool erase(std::string_view key, dibs::version expected, dibs::time_limit t) {
+    const auto name = resolve(key, "dibs::file_store::erase");
+    return swap_if(key, name, [&](const stored& cur) { return cur.live && cur.version == expected; }, false, {}, t)
+               .outcome == swap_outcome::done;
+  }
+
+  /// Returns: the keys of the live records that start with `prefix`, read
+  /// back from the file names (and from the records of cut names). Files
+  /// that are no record of this store are not keys; a damaged record is
+  /// listed (reading it reports the damage), except one of a cut name, whose
+  /// key is only inside it.
+  std::vector<std::string> keys(std::string_view prefix = {}) const {
+    std::vector<std::string> out;
+    const int rc = detail::for_each_entry(dir_, [&](const detail::directory_entry& entry) {
+      const std::string_view file = entry.name;
+      if (entry.is_directory || file == "." || file == ".." || file.starts_with(".dibs-") ||
+          file.size() <= opts_.suffix.size() || !file.ends_with(opts_.suffix))
+        return;
+      const std::string_view stem = file.substr(0, file.size() - opts_.suffix.size());
+      std::optional<std::string> key = detail::key_of_stem(stem);
+      try {
+        auto r = detail::load_record(dir_ / file, dibs::time_limit::max());
+        if (!r) return;  // gone meanwhile
+        if (r->key) key = detail::unescape_key(*r->key);
+        if (!key || !r->live) return;
+      } catch (const std::system_error& e) {
+        if (e.code() != errc::corrupt_record || !key) return;  // listed: reading it says what is wrong
+      }
+      if (key->starts_with(prefix)) out.push_back(std::move(*key));
+    });
+    if (rc != 0) throw detail::path_error(rc, "dibs::file_store: cannot list directory", dir_);
+    return out;
+  }
+
+  const std::filesystem::path& directory() const noexcept { return dir_; }
+  /// Returns: the path of the file that holds `key`'s record (see the top
+  /// of this file for how a key becomes a file name).
+  std::filesystem::path path_of(std::string_view key) const { return dir_ / name_of(key, "dibs::file_store::path_of").name; }
+
+  /// Effects: blocks until the file of `key` may have changed (inotify: a
+  /// record put in place, or one rewritten in place), or `timeout` passes.
+  /// (Not IN_CLOSE_WRITE: every compare-and-set opens an in-place record
+  /// for writing, also one that is refused, and closing it would wake every
+  /// waiter.) A change just before the call can be
+  /// missed; callers re-read after at most `timeout` anyway.
+  /// Returns: true if a change of the key was seen.
+  bool wait_for_change(std::string_view key, std::chrono::nanoseconds timeout) const {
+    const auto name = name_of(key, "dibs::file_store::wait_for_change").name;
+    return detail::wait_for_file_change(dir_, dir_ / name, name, timeout);
+  }
+
+  /// Effects: moves the record dibs 0.1 kept for `key` under the key itself
+  /// (a key with '%', or starting ".dibs-", is now escaped) to the file this
+  /// version keeps it in, with its version, state and value. Until then the
+  /// key cannot be used (every operation on it reports where its record is),
+  /// so an item done before the upgrade is never taken for absent. Call it
+  /// when no process of dibs 0.1 uses the directory.
+  /// Returns: true if a record was moved.
+  /// Throws: errc::corrupt_record if the key has a record at both names.
+  bool adopt_old_record(std::string_view key) {
+    const auto name = name_of(key, "dibs::file_store::adopt_old_record");
+    return detail::adopt_old_record(key, name, dir_, opts_.suffix, opts_.mode, opts_.sync);
+  }
+
+private:
+  using stored = detail::stored_record;
+  using file_name = detail::record_file_name;
+
+  // Returns: the file of `key`. Throws: errc::invalid_argument naming `call`
+  // for a key no store takes, or, with key_is_file_name, one that is no file name.
+  file_name name_of(std::string_view key, std::string_view call) const {
+    return detail::record_name_of(key, call, dir_, opts_.suffix, opts_.key_is_file_name);
+  }
+
+  // name_of, and the check that no record of dibs 0.1 holds the key under
+  // the name it had then, which would make an item done before the upgrade
+  // look absent.
+  file_name resolve(std::string_view key, std::string_view call) const {
+    file_name name = name_of(key, call);
+    detail::refuse_old_record(key, name, call, dir_, opts_.suffix);
+    return name;
+  }
+
+  // Throws: errc::corrupt_record naming the file unless `s` is the record of
+  // `key` (a record of another key, or of dibs 0.1 at an escaped name).
+  void check_key(const stored& s, std::string_view key, const file_name& name, const std::filesystem::path& path) const {
+    detail::check_record_key(s, key, name, path, opts_.suffix);
+  }
+
+  // Throws: errc::invalid_argument naming the directory if names there are
+  // compared without case (a case-folding ext4 directory, chattr +F; vfat,
+  // exFAT, SMB): two keys that differ only in case would share one file.
+  void refuse_case_folding() const {
+    if (const char* why = detail::case_folding(dir_))
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::file_store: directory '{}' compares names without case ({}): keys "
+                                          "that differ only in case would share one record file; use a directory "
+                                          "on a case-sensitive filesystem",
+                                          dir_.string(), why));
+  }
+
+  // Writes a whole record to a fresh temporary file; returns its path.
+  std::filesystem::path write_temporary(dibs::version v, bool live, std::string_view value,
+                                        std::string_view key_line) const {
+    return detail::write_temporary(dir_, opts_.mode, opts_.sync, detail::encode_record(v, live, value, key_line));
+  }
+
+  void sync_dir() const { detail::sync_record_directory(dir_, opts_.sync); }
+
+  enum class swap_outcome { no_file, refused, done };
+  struct swap_result {
+    swap_outcome outcome = swap_outcome::no_file;
+    std::optional<dibs::version> version;  // set when done
+  };
+
+  // Compare-and-set: under the record file's flock, if ok(current) holds,
+  // puts a new record (current version + 1) in its place.
+  template <class Pred>
+  swap_result swap_if(std::string_view key, const file_name& name, Pred ok, bool live, std::string_view value,
+                      dibs::time_limit t) {
+    const auto path = dir_ / name.name;
+    for (;;) {
+      bool in_place = (opts_.in_place || sticky_) && !opts_.sync;
+      std::optional<detail::fork_closed_fd> fd;
+      fd.emplace(path.c_str(), (in_place ? O_RDWR : O_RDONLY) | detail::record_open_flags);
+      if (!*fd && in_place && (errno == EACCES || errno == EPERM || errno == EROFS)) {  // not ours to write: by a new file instead
+        in_place = false;
+        fd.reset();
+        fd.emplace(path.c_str(), O_RDONLY | detail::record_open_flags);
+      }
+      if (!*fd) {
+        if (errno == ENOENT) return {};
+        throw detail::record_open_error(errno, path);
+      }
+      detail::lock_record(fd->get(), detail::file_lock_kind::exclusive, path, t);
+      // Replaced while we waited? Then our descriptor is a dead inode: again.
+      struct ::stat held {}, now {};
+      if (::fstat(fd->get(), &held) != 0) throw detail::path_error(errno, "dibs::file_store: cannot stat record", path);
+      detail::check_regular_record(held, path);
+      if (::lstat(path.c_str(), &now) != 0) {
+        if (errno == ENOENT) return {};
+        throw detail::path_error(errno, "dibs::file_store: cannot stat record", path);
+      }
+      if (held.st_ino != now.st_ino || held.st_dev != now.st_dev) continue;
+      const auto cur = detail::load_record(fd->get(), path);
+      if (cur) check_key(*cur, key, name, path);
+      if (!cur || !ok(*cur)) return {swap_outcome::refused, std::nullopt};
+      const dibs::version next = std::max(cur->version + 1, cur->next_after_torn);
+      if (in_place) {
+        const std::string rec = detail::encode_record(next, live, value, name.key_line);
+        if (detail::fits_in_slots(*cur, rec)) {
+          detail::write_other_slot(fd->get(), *cur, rec, path);
+          detail::mark_stale(fd->get(), *cur);
+          return {swap_outcome::done, next};
+        }
+      }
+      const auto tmp = write_temporary(next, live, value, name.key_line);
+      detail::put_in_place(tmp, path, held);
+      sync_dir();
+      return {swap_outcome::done, next};  // the flock goes with the old inode when fd closes
+    }
+  }
+
+  std::filesystem::path dir_;
+  file_store_options opts_;
+  bool sticky_ = false;
+};
+
+static_assert(listable_store<file_store>);
+static_assert(timed_shared_store<file_store>);
+
+}  // namespace dibs
