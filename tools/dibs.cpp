@@ -15,6 +15,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <map>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -315,11 +319,6 @@ struct lock_args {
   std::string lease = "10s";
 };
 
-// The lease lock's own store, as lock_file makes it: the lock file is the
-// record itself, written in place.
-dibs::file_store_options lock_store_options() {
-  return dibs::file_store_options{.mode = 0644, .suffix = "", .key_is_file_name = true, .in_place = true};
-}
 
 std::string conflict_message(const std::string& path, const std::optional<dibs::lock_holder>& h, bool waited) {
   return fmt::format("dibs lock: '{}' is held{}{}; {}", path, h ? fmt::format(" by {}", *h) : std::string{},
@@ -327,118 +326,100 @@ std::string conflict_message(const std::string& path, const std::optional<dibs::
                      "wait longer (-w), or see who holds it with 'dibs status " + path + "'");
 }
 
-// The lease lock. The lock is taken by the child that becomes COMMAND
-// (fork, lock, exec), so the record names COMMAND's own pid and start time:
-// the lock lasts exactly as long as COMMAND, however dibs ends. dibs, the
-// parent, renews the lease every third of it and removes the record when
-// COMMAND has ended. If dibs is killed, COMMAND keeps the lock until it
-// exits (then the next taker breaks it on proof at once: the pid is gone),
-// or for one lease after dibs's last renewal, whichever comes first.
+// The lease lock, held on behalf of COMMAND (lease_options::on_behalf_of):
+// dibs forks the child that becomes COMMAND, takes the lock naming the
+// child's pid and start time, then lets the child exec. dibs renews the lease
+// while COMMAND runs and removes the record when it has ended. If dibs is
+// killed, COMMAND keeps the lock until it exits (then the next taker breaks
+// it on proof at once: the pid is gone), or for one lease after dibs's last
+// renewal, whichever comes first.
 int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
   const milliseconds lease = parse_duration("--lease", a.lease);
   if (lease < milliseconds{300}) fail(ex::usage, "dibs lock: --lease must be at least 300ms");
-  // Checks the path and opens the directory now, so that the parent reports
-  // a bad one before anything runs.
-  const auto dir = dibs::detail::lock_dir(a.path);
-  dibs::file_store store{dir, lock_store_options()};
-  const std::string key = std::filesystem::path(a.path).filename().string();
-
-  int pipefd[2];
-  if (::pipe2(pipefd, O_CLOEXEC) != 0) fail(ex::software, "dibs lock: pipe failed");
-  signal_gate g;
+  // The token goes to the child through `go`; a lost lease is told to the
+  // main thread through `lost` (from the library's renewal thread), so that
+  // only the thread that reaps COMMAND ever signals it.
+  int go[2], lost[2];
+  if (::pipe2(go, O_CLOEXEC) != 0 || ::pipe2(lost, O_CLOEXEC | O_NONBLOCK) != 0) fail(ex::software, "dibs lock: pipe failed");
+  signal_gate g;  // before the renewal thread starts: it must not take the forwarded signals
   const pid_t pid = ::fork();
   if (pid < 0) fail(ex::software, fmt::format("dibs lock: fork failed: {}", std::strerror(errno)));
   if (pid == 0) {
-    ::close(pipefd[0]);
+    ::close(go[1]);
     g.restore_in_child();
-    int code = ex::software;
-    try {
-      dibs::lock_file lk{a.path, dibs::lease_options{.lease = lease, .renew = false}};
-      const bool got = a.nonblock || (wait && wait->count() == 0) ? lk.try_lock()
-                       : wait                                     ? lk.try_lock_for(*wait)
-                                                                  : (lk.lock(), true);
-      if (!got) {
-        std::optional<dibs::lock_holder> h;
-        try {
-          h = lk.holder();
-        } catch (...) {
-        }
-        std::cerr << conflict_message(a.path, h, !a.nonblock && wait) << '\n';
-        std::cerr.flush();
-        ::_exit(a.conflict_code);
-      }
-      const dibs::version token = lk.token();
-      ::setenv("DIBS_TOKEN", std::to_string(token).c_str(), 1);
-      if (::write(pipefd[1], &token, sizeof token) != static_cast<ssize_t>(sizeof token)) ::_exit(ex::software);
-      exec_args ea{a.command, {}};
-      exec_or_die(ea);  // the lock_file is never destroyed here: the hold is COMMAND's
-    } catch (const std::system_error& e) {
-      const auto [c, hint] = classify(e);
-      std::cerr << "dibs lock: " << e.what() << (hint ? fmt::format(" ({})", hint) : "") << '\n';
-      code = c;
-    } catch (const std::exception& e) {
-      std::cerr << "dibs lock: " << e.what() << '\n';
+    dibs::version token = 0;
+    ssize_t n;
+    while ((n = ::read(go[0], &token, sizeof token)) < 0 && errno == EINTR) {
     }
-    std::cerr.flush();
-    ::_exit(code);
+    if (n != static_cast<ssize_t>(sizeof token)) ::_exit(ex::software);  // dibs did not get the lock (or died)
+    ::setenv("DIBS_TOKEN", std::to_string(token).c_str(), 1);
+    exec_args ea{a.command, {}};
+    exec_or_die(ea);
   }
-  ::close(pipefd[1]);
-
-  bool holding = false;
-  dibs::version token = 0, version = 0;
-  auto renew = [&] {
-    if (!holding) return;
-    try {
-      const auto r = store.read(key);
-      if (r && r->version == version) {
-        if (auto o = dibs::detail::parse_owner(r->value)) {
-          o->written_ms = dibs::detail::wall_ms();
-          const std::string value = std::string(dibs::detail::lease_magic) + fmt::format("token {}\n", token) +
-                                    dibs::detail::format_owner(*o);
-          if (auto v = store.replace(key, version, value)) {
-            version = *v;
-            return;
-          }
-        }
-      }
-      holding = false;
-      std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}): it was taken over; stopping COMMAND with "
-                               "SIGTERM\n",
-                               a.path, token);
-      ::kill(pid, SIGTERM);
-    } catch (const std::system_error& e) {
-      // A failed renewal is tried again at the next tick; the lease covers it.
-      std::cerr << "dibs lock: renewal failed (will retry): " << e.what() << '\n';
+  ::close(go[0]);
+  // Ends the child that waits for `go`: nothing runs.
+  auto abandon = [&] {
+    ::close(go[1]);
+    int st = 0;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
   };
-  int pfd = pipefd[0];
-  const int status = supervise(g, pid, lease / 3, renew, pfd, [&] {
-    dibs::version t = 0;
-    if (::read(pfd, &t, sizeof t) == static_cast<ssize_t>(sizeof t)) {
-      holding = true;
-      token = version = t;
-      return true;
+  std::optional<dibs::lock_file> lk;
+  try {
+    lk.emplace(a.path, dibs::lease_options{.lease = lease, .on_lost = [fd = lost[1]] { (void)!::write(fd, "x", 1); },
+                                           .on_behalf_of = pid});
+    bool got = false;
+    if (a.nonblock || (wait && wait->count() == 0)) {
+      got = lk->try_lock();
+    } else {
+      // Waits in slices, so that a signal meant for COMMAND ends the wait
+      // (forwarded to the waiting child, it ends dibs as it would COMMAND).
+      const auto until = wait ? steady::now() + *wait : steady::time_point::max();
+      while (!got) {
+        const auto left = until - steady::now();
+        if (left <= steady::duration::zero()) break;
+        got = lk->try_lock_for(std::min<steady::duration>(left, milliseconds{100}));
+        for (int s; !got && (s = g.next()) != 0;) {
+          if (s == SIGCHLD) continue;
+          ::kill(pid, s);
+          int st = 0;
+          while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+          }
+          return status_code(st);
+        }
+      }
     }
-    return false;  // closed: COMMAND runs (or the child gave up)
-  });
-  if (!holding) {
-    // COMMAND may have ended before its token was read (SIGCHLD and the
-    // pipe came in one poll): the pipe still holds it, and its write end is
-    // closed, so this read does not block.
-    dibs::version t = 0;
-    if (::read(pfd, &t, sizeof t) == static_cast<ssize_t>(sizeof t)) {
-      holding = true;
-      token = version = t;
+    if (!got) {
+      std::optional<dibs::lock_holder> h;
+      try {
+        h = lk->holder();
+      } catch (...) {
+      }
+      abandon();
+      std::cerr << conflict_message(a.path, h, !a.nonblock && wait) << '\n';
+      return a.conflict_code;
     }
+  } catch (...) {
+    abandon();
+    throw;
   }
-  ::close(pipefd[0]);
-  if (holding) {
-    try {
-      (void)store.erase(key, version);  // a compare-and-set: a lock taken over is left to its new holder
-    } catch (const std::system_error& e) {
-      std::cerr << "dibs lock: could not remove the lock record of '" << a.path << "': " << e.what()
-                << " (it is stale now: the next taker breaks it)\n";
-    }
+  const dibs::version token = lk->token();
+  if (::write(go[1], &token, sizeof token) != static_cast<ssize_t>(sizeof token)) fail(ex::software, "dibs lock: pipe write failed");
+  ::close(go[1]);
+  const int status = supervise(g, pid, std::nullopt, [] {}, lost[0], [&] {
+    char c;
+    if (::read(lost[0], &c, 1) != 1) return true;
+    std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}): it was taken over or its lease ran out "
+                             "unrenewed; stopping COMMAND with SIGTERM\n",
+                             a.path, token);
+    ::kill(pid, SIGTERM);
+    return false;
+  });
+  try {
+    lk->unlock();  // a compare-and-set: a lock taken over is left to its new holder
+  } catch (const std::system_error& e) {
+    std::cerr << "dibs lock: could not remove the lock record of '" << a.path << "': " << e.what()
+              << " (it is stale now: the next taker breaks it)\n";
   }
   return status_code(status);
 }
@@ -802,6 +783,24 @@ std::int64_t unix_ms(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<milliseconds>(t.time_since_epoch()).count();
 }
 
+// Returns: `ms` as "60 s" (whole seconds, or 10 s and more), else "250 ms".
+std::string span(milliseconds ms) {
+  const auto n = ms.count();
+  if ((n != 0 && n % 1000 == 0) || n >= 10'000 || n <= -10'000) return fmt::format("{} s", n / 1000);
+  return fmt::format("{} ms", n);
+}
+
+// Returns: local time "12:03:07", with the date before it if not today.
+std::string clock_time(std::chrono::system_clock::time_point t) {
+  const time_t at = std::chrono::system_clock::to_time_t(t);
+  const time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm a{}, b{};
+  if (!::localtime_r(&at, &a) || !::localtime_r(&now, &b)) return fmt::format("unix {}", at);
+  char out[32];
+  const bool today = a.tm_year == b.tm_year && a.tm_yday == b.tm_yday;
+  return std::strftime(out, sizeof out, today ? "%H:%M:%S" : "%Y-%m-%d %H:%M:%S", &a) ? out : "?";
+}
+
 struct status_args {
   std::string target;
   std::string prefix;
@@ -853,14 +852,21 @@ int cmd_status(status_args& a) {
                                   a.target, a.target));
   dibs::lock_file lk{a.target};
   const auto h = lk.holder();  // reads the record; takes nothing
+  // What the next taker would do: take a free lock, or one whose holder is
+  // provably gone, at once (the library's proof rule: h->gone); break an
+  // expired one once it has seen it unchanged for a lease; wait for a held one.
+  const char* state = !h || h->gone                          ? "free"
+                      : h->lease_left && h->lease_left->count() < 0 ? "expired"
+                                                                   : "held";
   if (a.json) {
     if (!h) {
-      fmt::print("{{\"path\": {}, \"held\": false}}\n", json_string(a.target));
+      fmt::print("{{\"path\": {}, \"state\": \"free\", \"held\": false}}\n", json_string(a.target));
     } else {
-      fmt::print("{{\"path\": {}, \"held\": true, \"host\": {}, \"pid\": {}, \"since_ms\": {}, \"lease_ms\": {}, "
-                 "\"lease_left_ms\": {}, \"token\": {}}}\n",
-                 json_string(a.target), json_string(h->host), h->pid, h->since ? unix_ms(*h->since) : 0,
-                 h->lease.count(), h->lease_left ? std::to_string(h->lease_left->count()) : "null", h->token);
+      fmt::print("{{\"path\": {}, \"state\": \"{}\", \"held\": {}, \"gone\": {}, \"host\": {}, \"pid\": {}, "
+                 "\"since_ms\": {}, \"lease_ms\": {}, \"lease_left_ms\": {}, \"token\": {}}}\n",
+                 json_string(a.target), state, h->gone ? "false" : "true", h->gone ? "true" : "false",
+                 json_string(h->host), h->pid, h->since ? unix_ms(*h->since) : 0, h->lease.count(),
+                 h->lease_left ? std::to_string(h->lease_left->count()) : "null", h->token);
     }
     return ex::ok;
   }
@@ -868,10 +874,18 @@ int cmd_status(status_args& a) {
     fmt::print("{}: free\n", a.target);
     return ex::ok;
   }
-  fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {}\n", "HOST", "PID", "SINCE", "LEASE", "LEFT", "TOKEN");
-  fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {}\n", h->host, h->pid,
-             h->since ? dibs::detail::format_wall(*h->since) : "?", dibs::detail::format_span(h->lease),
-             h->lease_left ? dibs::detail::format_span(*h->lease_left) : "?", h->token);
+  if (h->gone) {
+    fmt::print("{}: free: its holder, pid {} on {} (token {}), is gone; the next lock breaks it at once\n", a.target,
+               h->pid, h->host, h->token);
+    return ex::ok;
+  }
+  fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}\n", "HOST", "PID", "SINCE", "LEASE", "LEFT", "TOKEN", "STATE");
+  fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}\n", h->host, h->pid, h->since ? clock_time(*h->since) : "?",
+             span(h->lease), h->lease_left ? span(*h->lease_left) : "?", h->token, state);
+  if (std::string_view{state} == "expired")
+    fmt::print("{}: expired: pid {} on {} stopped renewing (its lease ran out {} ago, as the time in its record says); the "
+               "next lock breaks it once it has seen it unchanged for a lease ({})\n",
+               a.target, h->pid, h->host, span(-*h->lease_left), span(h->lease));
   return ex::ok;
 }
 
