@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -340,7 +341,11 @@ int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
   // main thread through `lost` (from the library's renewal thread), so that
   // only the thread that reaps COMMAND ever signals it.
   int go[2], lost[2];
-  if (::pipe2(go, O_CLOEXEC) != 0 || ::pipe2(lost, O_CLOEXEC | O_NONBLOCK) != 0) fail(ex::software, "dibs lock: pipe failed");
+  // `go` is a socket pair so that a send to a child that has died meanwhile
+  // fails with EPIPE instead of raising SIGPIPE (whose disposition COMMAND
+  // would inherit if dibs ignored it).
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) != 0 || ::pipe2(lost, O_CLOEXEC | O_NONBLOCK) != 0)
+    fail(ex::software, "dibs lock: pipe failed");
   signal_gate g;  // before the renewal thread starts: it must not take the forwarded signals
   const pid_t pid = ::fork();
   if (pid < 0) fail(ex::software, fmt::format("dibs lock: fork failed: {}", std::strerror(errno)));
@@ -380,9 +385,13 @@ int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
         if (left <= steady::duration::zero()) break;
         got = lk->try_lock_for(std::min<steady::duration>(left, milliseconds{100}));
         for (int s; !got && (s = g.next()) != 0;) {
-          if (s == SIGCHLD) continue;
-          ::kill(pid, s);
           int st = 0;
+          if (s == SIGCHLD) {
+            // The waiting child was ended from outside: nothing to run, nothing to lock for.
+            if (::waitpid(pid, &st, WNOHANG) == pid) return status_code(st);
+            continue;
+          }
+          ::kill(pid, s);
           while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
           }
           return status_code(st);
@@ -404,7 +413,7 @@ int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
     throw;
   }
   const dibs::version token = lk->token();
-  if (::write(go[1], &token, sizeof token) != static_cast<ssize_t>(sizeof token)) fail(ex::software, "dibs lock: pipe write failed");
+  (void)::send(go[1], &token, sizeof token, MSG_NOSIGNAL);  // if the child is gone, supervise reaps it below
   ::close(go[1]);
   const int status = supervise(g, pid, std::nullopt, [] {}, lost[0], [&] {
     char c;
