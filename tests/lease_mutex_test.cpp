@@ -1101,3 +1101,55 @@ TEST_CASE("a lease_mutex over a memory_store moves with its hold, and a moved-fr
   CHECK(c.try_lock());
   c.unlock();
 }
+
+TEST_CASE("on_behalf_of: the record names the child; alive, nobody breaks the lock; SIGKILLed, the next taker breaks it on proof") {
+  temp_dir dir;
+  const auto path = dir.path / "cmd.lock";
+  // The child waits on a pipe, as a COMMAND started by a launcher would run.
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  const pid_t child = dibs_test::spawn([&]() -> int {
+    ::close(p[1]);
+    char c;
+    return ::read(p[0], &c, 1) == 1 ? 0 : 3;
+  });
+  ::close(p[0]);
+  dibs::lock_file held{path, {.lease = 4s, .on_behalf_of = child}};
+  REQUIRE(held.try_lock());
+  const auto h = held.holder();
+  REQUIRE(h);
+  CHECK(h->pid == child);
+  CHECK(h->mine);
+  CHECK_FALSE(h->gone);
+  CHECK_THAT(slurp(path), Contains(fmt::format("\npid {}\n", child)));
+
+  // Alive (and renewed): another taker is refused for over a lease.
+  dibs::lock_file other{path, {.lease = 4s}};
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(other.try_lock_for(5s));
+  CHECK(ms_since(t0) >= 5000);
+  CHECK_FALSE(held.lost());
+  const auto seen = other.holder();
+  REQUIRE(seen);
+  CHECK(seen->pid == child);
+  CHECK_FALSE(seen->gone);
+
+  // SIGKILLed (a zombie, not reaped yet): gone, and broken on that proof,
+  // long before the lease would end, though `held` still renews it.
+  REQUIRE(::kill(child, SIGKILL) == 0);
+  siginfo_t si{};
+  REQUIRE(::waitid(P_PID, static_cast<id_t>(child), &si, WEXITED | WNOWAIT) == 0);
+  const auto dead = other.holder();
+  REQUIRE(dead);
+  CHECK(dead->gone);
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK(other.try_lock_for(2s));
+  CHECK(ms_since(t1) < 1000);
+  CHECK(dibs_test::eventually([&] { return held.lost(); }, 3s));
+  other.unlock();
+  ::close(p[1]);
+  CHECK(dibs_test::wait_exit(child) == 128 + SIGKILL);
+
+  // A pid that names no process is refused up front.
+  CHECK_THROWS_AS((dibs::lock_file{path, {.lease = 4s, .on_behalf_of = child}}), std::system_error);
+}

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <map>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -75,6 +80,8 @@ constexpr int not_found = 127;     // COMMAND not found
 constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
   0        success; with a COMMAND: COMMAND's own exit status
   1        lock: the lock is held by another (-n, or --wait ran out); change with -E
+  10-15    claim's own outcomes below; COMMAND's status is passed through unchanged,
+           so if COMMAND may exit 10-15 too, move these with claim --exit-base N
   10       claim: the item is already completed (nothing run)
   11       claim: another worker holds the item (nothing run)
   12       claim: the item failed for good earlier (nothing run)
@@ -238,8 +245,11 @@ struct exec_args {
 [[noreturn]] void exec_or_die(exec_args& a) {
   ::execvpe(a.argv[0], a.argv.data(), a.envp.data());
   const int e = errno;
-  const std::string msg = fmt::format("dibs: cannot run '{}': {}{}\n", a.argv[0], std::strerror(e),
-                                      e == ENOENT ? " (is it on PATH?)" : "");
+  const char* hint = e != ENOENT        ? ""
+                     : a.argv[0][0] == '-' ? " (options of dibs go before its PATH, STORE or TARGET: from there on "
+                                             "every argument is data, and COMMAND begins after them)"
+                                           : " (is it on PATH?)";
+  const std::string msg = fmt::format("dibs: cannot run '{}': {}{}\n", a.argv[0], std::strerror(e), hint);
   (void)!::write(2, msg.data(), msg.size());
   ::_exit(e == ENOENT ? ex::not_found : ex::cannot_exec);
 }
@@ -310,11 +320,6 @@ struct lock_args {
   std::string lease = "10s";
 };
 
-// The lease lock's own store, as lock_file makes it: the lock file is the
-// record itself, written in place.
-dibs::file_store_options lock_store_options() {
-  return dibs::file_store_options{.mode = 0644, .suffix = "", .key_is_file_name = true, .in_place = true};
-}
 
 std::string conflict_message(const std::string& path, const std::optional<dibs::lock_holder>& h, bool waited) {
   return fmt::format("dibs lock: '{}' is held{}{}; {}", path, h ? fmt::format(" by {}", *h) : std::string{},
@@ -322,118 +327,108 @@ std::string conflict_message(const std::string& path, const std::optional<dibs::
                      "wait longer (-w), or see who holds it with 'dibs status " + path + "'");
 }
 
-// The lease lock. The lock is taken by the child that becomes COMMAND
-// (fork, lock, exec), so the record names COMMAND's own pid and start time:
-// the lock lasts exactly as long as COMMAND, however dibs ends. dibs, the
-// parent, renews the lease every third of it and removes the record when
-// COMMAND has ended. If dibs is killed, COMMAND keeps the lock until it
-// exits (then the next taker breaks it on proof at once: the pid is gone),
-// or for one lease after dibs's last renewal, whichever comes first.
+// The lease lock, held on behalf of COMMAND (lease_options::on_behalf_of):
+// dibs forks the child that becomes COMMAND, takes the lock naming the
+// child's pid and start time, then lets the child exec. dibs renews the lease
+// while COMMAND runs and removes the record when it has ended. If dibs is
+// killed, COMMAND keeps the lock until it exits (then the next taker breaks
+// it on proof at once: the pid is gone), or for one lease after dibs's last
+// renewal, whichever comes first.
 int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
   const milliseconds lease = parse_duration("--lease", a.lease);
   if (lease < milliseconds{300}) fail(ex::usage, "dibs lock: --lease must be at least 300ms");
-  // Checks the path and opens the directory now, so that the parent reports
-  // a bad one before anything runs.
-  const auto dir = dibs::detail::lock_dir(a.path);
-  dibs::file_store store{dir, lock_store_options()};
-  const std::string key = std::filesystem::path(a.path).filename().string();
-
-  int pipefd[2];
-  if (::pipe2(pipefd, O_CLOEXEC) != 0) fail(ex::software, "dibs lock: pipe failed");
-  signal_gate g;
+  // The token goes to the child through `go`; a lost lease is told to the
+  // main thread through `lost` (from the library's renewal thread), so that
+  // only the thread that reaps COMMAND ever signals it.
+  int go[2], lost[2];
+  // `go` is a socket pair so that a send to a child that has died meanwhile
+  // fails with EPIPE instead of raising SIGPIPE (whose disposition COMMAND
+  // would inherit if dibs ignored it).
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) != 0 || ::pipe2(lost, O_CLOEXEC | O_NONBLOCK) != 0)
+    fail(ex::software, "dibs lock: pipe failed");
+  signal_gate g;  // before the renewal thread starts: it must not take the forwarded signals
   const pid_t pid = ::fork();
   if (pid < 0) fail(ex::software, fmt::format("dibs lock: fork failed: {}", std::strerror(errno)));
   if (pid == 0) {
-    ::close(pipefd[0]);
+    ::close(go[1]);
     g.restore_in_child();
-    int code = ex::software;
-    try {
-      dibs::lock_file lk{a.path, dibs::lease_options{.lease = lease, .renew = false}};
-      const bool got = a.nonblock || (wait && wait->count() == 0) ? lk.try_lock()
-                       : wait                                     ? lk.try_lock_for(*wait)
-                                                                  : (lk.lock(), true);
-      if (!got) {
-        std::optional<dibs::lock_holder> h;
-        try {
-          h = lk.holder();
-        } catch (...) {
-        }
-        std::cerr << conflict_message(a.path, h, !a.nonblock && wait) << '\n';
-        std::cerr.flush();
-        ::_exit(a.conflict_code);
-      }
-      const dibs::version token = lk.token();
-      ::setenv("DIBS_TOKEN", std::to_string(token).c_str(), 1);
-      if (::write(pipefd[1], &token, sizeof token) != static_cast<ssize_t>(sizeof token)) ::_exit(ex::software);
-      exec_args ea{a.command, {}};
-      exec_or_die(ea);  // the lock_file is never destroyed here: the hold is COMMAND's
-    } catch (const std::system_error& e) {
-      const auto [c, hint] = classify(e);
-      std::cerr << "dibs lock: " << e.what() << (hint ? fmt::format(" ({})", hint) : "") << '\n';
-      code = c;
-    } catch (const std::exception& e) {
-      std::cerr << "dibs lock: " << e.what() << '\n';
+    dibs::version token = 0;
+    ssize_t n;
+    while ((n = ::read(go[0], &token, sizeof token)) < 0 && errno == EINTR) {
     }
-    std::cerr.flush();
-    ::_exit(code);
+    if (n != static_cast<ssize_t>(sizeof token)) ::_exit(ex::software);  // dibs did not get the lock (or died)
+    ::setenv("DIBS_TOKEN", std::to_string(token).c_str(), 1);
+    exec_args ea{a.command, {}};
+    exec_or_die(ea);
   }
-  ::close(pipefd[1]);
-
-  bool holding = false;
-  dibs::version token = 0, version = 0;
-  auto renew = [&] {
-    if (!holding) return;
-    try {
-      const auto r = store.read(key);
-      if (r && r->version == version) {
-        if (auto o = dibs::detail::parse_owner(r->value)) {
-          o->written_ms = dibs::detail::wall_ms();
-          const std::string value = std::string(dibs::detail::lease_magic) + fmt::format("token {}\n", token) +
-                                    dibs::detail::format_owner(*o);
-          if (auto v = store.replace(key, version, value)) {
-            version = *v;
-            return;
-          }
-        }
-      }
-      holding = false;
-      std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}): it was taken over; stopping COMMAND with "
-                               "SIGTERM\n",
-                               a.path, token);
-      ::kill(pid, SIGTERM);
-    } catch (const std::system_error& e) {
-      // A failed renewal is tried again at the next tick; the lease covers it.
-      std::cerr << "dibs lock: renewal failed (will retry): " << e.what() << '\n';
+  ::close(go[0]);
+  // Ends the child that waits for `go`: nothing runs.
+  auto abandon = [&] {
+    ::close(go[1]);
+    int st = 0;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
   };
-  int pfd = pipefd[0];
-  const int status = supervise(g, pid, lease / 3, renew, pfd, [&] {
-    dibs::version t = 0;
-    if (::read(pfd, &t, sizeof t) == static_cast<ssize_t>(sizeof t)) {
-      holding = true;
-      token = version = t;
-      return true;
+  std::optional<dibs::lock_file> lk;
+  try {
+    lk.emplace(a.path, dibs::lease_options{.lease = lease, .on_lost = [fd = lost[1]] { (void)!::write(fd, "x", 1); },
+                                           .on_behalf_of = pid});
+    bool got = false;
+    if (a.nonblock || (wait && wait->count() == 0)) {
+      got = lk->try_lock();
+    } else {
+      // Waits in slices, so that a signal meant for COMMAND ends the wait
+      // (forwarded to the waiting child, it ends dibs as it would COMMAND).
+      const auto until = wait ? steady::now() + *wait : steady::time_point::max();
+      while (!got) {
+        const auto left = until - steady::now();
+        if (left <= steady::duration::zero()) break;
+        got = lk->try_lock_for(std::min<steady::duration>(left, milliseconds{100}));
+        for (int s; !got && (s = g.next()) != 0;) {
+          int st = 0;
+          if (s == SIGCHLD) {
+            // The waiting child was ended from outside: nothing to run, nothing to lock for.
+            if (::waitpid(pid, &st, WNOHANG) == pid) return status_code(st);
+            continue;
+          }
+          ::kill(pid, s);
+          while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+          }
+          return status_code(st);
+        }
+      }
     }
-    return false;  // closed: COMMAND runs (or the child gave up)
-  });
-  if (!holding) {
-    // COMMAND may have ended before its token was read (SIGCHLD and the
-    // pipe came in one poll): the pipe still holds it, and its write end is
-    // closed, so this read does not block.
-    dibs::version t = 0;
-    if (::read(pfd, &t, sizeof t) == static_cast<ssize_t>(sizeof t)) {
-      holding = true;
-      token = version = t;
+    if (!got) {
+      std::optional<dibs::lock_holder> h;
+      try {
+        h = lk->holder();
+      } catch (...) {
+      }
+      abandon();
+      std::cerr << conflict_message(a.path, h, !a.nonblock && wait) << '\n';
+      return a.conflict_code;
     }
+  } catch (...) {
+    abandon();
+    throw;
   }
-  ::close(pipefd[0]);
-  if (holding) {
-    try {
-      (void)store.erase(key, version);  // a compare-and-set: a lock taken over is left to its new holder
-    } catch (const std::system_error& e) {
-      std::cerr << "dibs lock: could not remove the lock record of '" << a.path << "': " << e.what()
-                << " (it is stale now: the next taker breaks it)\n";
-    }
+  const dibs::version token = lk->token();
+  (void)::send(go[1], &token, sizeof token, MSG_NOSIGNAL);  // if the child is gone, supervise reaps it below
+  ::close(go[1]);
+  const int status = supervise(g, pid, std::nullopt, [] {}, lost[0], [&] {
+    char c;
+    if (::read(lost[0], &c, 1) != 1) return true;
+    std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}): it was taken over or its lease ran out "
+                             "unrenewed; stopping COMMAND with SIGTERM\n",
+                             a.path, token);
+    ::kill(pid, SIGTERM);
+    return false;
+  });
+  try {
+    lk->unlock();  // a compare-and-set: a lock taken over is left to its new holder
+  } catch (const std::system_error& e) {
+    std::cerr << "dibs lock: could not remove the lock record of '" << a.path << "': " << e.what()
+              << " (it is stale now: the next taker breaks it)\n";
   }
   return status_code(status);
 }
@@ -490,6 +485,7 @@ struct log_args {
   std::uint64_t keep = 0;
   std::string sync = "none";
   std::string timeout = "10s";
+  bool from_stdin = false;  // no argument after PATH
 };
 
 int cmd_log(log_args& a) {
@@ -503,7 +499,7 @@ int cmd_log(log_args& a) {
                                   dibs::durability::none);
   o.lock_timeout = parse_duration("dibs log --timeout", a.timeout);
   dibs::shared_log log{a.path, o};
-  if (!a.text.empty()) {
+  if (!a.from_stdin) {
     std::string record;
     for (const auto& t : a.text) {
       if (!record.empty()) record += ' ';
@@ -606,14 +602,24 @@ struct claim_args {
   std::string lease = "60s";
   std::uint32_t max_attempts = 5;
   bool quiet = false;
+  int exit_base = ex::completed;  // dibs's own outcomes exit exit_base + 0..5
 };
 
 int cmd_claim(claim_args& a) {
   if (a.command.empty()) fail(ex::usage, "dibs claim: no COMMAND to run; write: dibs claim STORE KEY -- COMMAND [ARGS...]");
   if (!a.has_next && a.key.empty()) fail(ex::usage, "dibs claim: no KEY; write: dibs claim STORE KEY -- COMMAND, or --next PREFIX");
-  if (a.has_next && !a.key.empty())
-    fail(ex::usage, fmt::format("dibs claim: both a KEY ('{}') and --next given; give one", a.key));
   if (a.max_attempts == 0) fail(ex::usage, "dibs claim --max-attempts: must be at least 1");
+  {
+    // The moved codes must not meet success, dibs's errors (64-77) or
+    // 126/127, which keep their meaning.
+    const int lo = a.exit_base, hi = a.exit_base + (ex::claim_lost - ex::completed);
+    if (lo < 1 || hi > 255 || (lo <= ex::noperm && hi >= ex::usage) || (lo <= ex::not_found && hi >= ex::cannot_exec))
+      fail(ex::usage, fmt::format("dibs claim --exit-base: {} would make the codes {}-{}; choose N with N >= 1 and "
+                                  "N+5 <= 255 that meets neither 64-77 nor 126-127, e.g. 200",
+                                  a.exit_base, lo, hi));
+  }
+  // dibs's own outcome `code` (one of ex::completed ... ex::claim_lost), moved by --exit-base.
+  auto outcome = [&](int code) { return code - ex::completed + a.exit_base; };
   dibs::claim_options o;
   o.lease = parse_duration("dibs claim --lease", a.lease);
   o.max_attempts = a.max_attempts;
@@ -631,22 +637,22 @@ int cmd_claim(claim_args& a) {
       c = claims.claim_next(a.next);
       if (!c) {
         say(fmt::format("dibs claim: nothing claimable under prefix '{}' in {}", a.next, a.store));
-        return ex::empty;
+        return outcome(ex::empty);
       }
     } else {
       c = claims.try_claim(a.key);
       if (!c) {
         const auto s = claims.status(a.key);
         switch (s.state) {
-          case dibs::claim_state::completed: say(fmt::format("dibs claim: '{}' is already completed", a.key)); return ex::completed;
+          case dibs::claim_state::completed: say(fmt::format("dibs claim: '{}' is already completed", a.key)); return outcome(ex::completed);
           case dibs::claim_state::failed:
             say(fmt::format("dibs claim: '{}' failed for good after {} attempts ({}); see 'dibs status {}'", a.key,
                             s.attempts, s.error, a.store));
-            return ex::failed;
+            return outcome(ex::failed);
           case dibs::claim_state::damaged:
             say(fmt::format("dibs claim: the record of '{}' is damaged: {}", a.key, s.error.empty() ? damaged_what : s.error));
-            return ex::damaged;
-          default: say(fmt::format("dibs claim: '{}' is held by another worker: {}", a.key, s)); return ex::taken;
+            return outcome(ex::damaged);
+          default: say(fmt::format("dibs claim: '{}' is held by another worker: {}", a.key, s)); return outcome(ex::taken);
         }
       }
     }
@@ -667,13 +673,17 @@ int cmd_claim(claim_args& a) {
       } catch (const std::system_error& e) {
         if (e.code() != dibs::errc::lease_lost) throw;
         std::cerr << "dibs claim: " << e.what() << '\n';
-        return ex::claim_lost;
+        return outcome(ex::claim_lost);
       }
       return ex::ok;
     }
     const bool last = c->attempts() >= a.max_attempts;
     (void)c->release(fmt::format("COMMAND exited {}", code));
     if (last) say(fmt::format("dibs claim: '{}' failed for good: attempt {} of {} exited {}", key, a.max_attempts, a.max_attempts, code));
+    if (code >= outcome(ex::completed) && code <= outcome(ex::claim_lost))
+      say(fmt::format("dibs claim: '{}': COMMAND ran and exited {}, a code dibs also uses for its own outcomes ({}-{}); "
+                      "the item was given back; to tell the two apart, move dibs's codes with --exit-base (e.g. 200)",
+                      key, code, outcome(ex::completed), outcome(ex::claim_lost)));
     return code;
   });
 }
@@ -782,6 +792,24 @@ std::int64_t unix_ms(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<milliseconds>(t.time_since_epoch()).count();
 }
 
+// Returns: `ms` as "60 s" (whole seconds, or 10 s and more), else "250 ms".
+std::string span(milliseconds ms) {
+  const auto n = ms.count();
+  if ((n != 0 && n % 1000 == 0) || n >= 10'000 || n <= -10'000) return fmt::format("{} s", n / 1000);
+  return fmt::format("{} ms", n);
+}
+
+// Returns: local time "12:03:07", with the date before it if not today.
+std::string clock_time(std::chrono::system_clock::time_point t) {
+  const time_t at = std::chrono::system_clock::to_time_t(t);
+  const time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm a{}, b{};
+  if (!::localtime_r(&at, &a) || !::localtime_r(&now, &b)) return fmt::format("unix {}", at);
+  char out[32];
+  const bool today = a.tm_year == b.tm_year && a.tm_yday == b.tm_yday;
+  return std::strftime(out, sizeof out, today ? "%H:%M:%S" : "%Y-%m-%d %H:%M:%S", &a) ? out : "?";
+}
+
 struct status_args {
   std::string target;
   std::string prefix;
@@ -833,14 +861,21 @@ int cmd_status(status_args& a) {
                                   a.target, a.target));
   dibs::lock_file lk{a.target};
   const auto h = lk.holder();  // reads the record; takes nothing
+  // What the next taker would do: take a free lock, or one whose holder is
+  // provably gone, at once (the library's proof rule: h->gone); break an
+  // expired one once it has seen it unchanged for a lease; wait for a held one.
+  const char* state = !h || h->gone                          ? "free"
+                      : h->lease_left && h->lease_left->count() < 0 ? "expired"
+                                                                   : "held";
   if (a.json) {
     if (!h) {
-      fmt::print("{{\"path\": {}, \"held\": false}}\n", json_string(a.target));
+      fmt::print("{{\"path\": {}, \"state\": \"free\", \"held\": false}}\n", json_string(a.target));
     } else {
-      fmt::print("{{\"path\": {}, \"held\": true, \"host\": {}, \"pid\": {}, \"since_ms\": {}, \"lease_ms\": {}, "
-                 "\"lease_left_ms\": {}, \"token\": {}}}\n",
-                 json_string(a.target), json_string(h->host), h->pid, h->since ? unix_ms(*h->since) : 0,
-                 h->lease.count(), h->lease_left ? std::to_string(h->lease_left->count()) : "null", h->token);
+      fmt::print("{{\"path\": {}, \"state\": \"{}\", \"held\": {}, \"gone\": {}, \"host\": {}, \"pid\": {}, "
+                 "\"since_ms\": {}, \"lease_ms\": {}, \"lease_left_ms\": {}, \"token\": {}}}\n",
+                 json_string(a.target), state, h->gone ? "false" : "true", h->gone ? "true" : "false",
+                 json_string(h->host), h->pid, h->since ? unix_ms(*h->since) : 0, h->lease.count(),
+                 h->lease_left ? std::to_string(h->lease_left->count()) : "null", h->token);
     }
     return ex::ok;
   }
@@ -848,38 +883,117 @@ int cmd_status(status_args& a) {
     fmt::print("{}: free\n", a.target);
     return ex::ok;
   }
-  fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {}\n", "HOST", "PID", "SINCE", "LEASE", "LEFT", "TOKEN");
-  fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {}\n", h->host, h->pid,
-             h->since ? dibs::detail::format_wall(*h->since) : "?", dibs::detail::format_span(h->lease),
-             h->lease_left ? dibs::detail::format_span(*h->lease_left) : "?", h->token);
+  if (h->gone) {
+    fmt::print("{}: free: its holder, pid {} on {} (token {}), is gone; the next lock breaks it at once\n", a.target,
+               h->pid, h->host, h->token);
+    return ex::ok;
+  }
+  fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}\n", "HOST", "PID", "SINCE", "LEASE", "LEFT", "TOKEN", "STATE");
+  fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}\n", h->host, h->pid, h->since ? clock_time(*h->since) : "?",
+             span(h->lease), h->lease_left ? span(*h->lease_left) : "?", h->token, state);
+  if (std::string_view{state} == "expired")
+    fmt::print("{}: expired: pid {} on {} stopped renewing (its lease ran out {} ago, as the time in its record says); the "
+               "next lock breaks it once it has seen it unchanged for a lease ({})\n",
+               a.target, h->pid, h->host, span(-*h->lease_left), span(h->lease));
   return ex::ok;
 }
+
+// ---------------------------------------------------------------------------
+// The command line. As with flock(1) (getopt's "+"), a subcommand's options
+// end at its first argument that is not an option (or at "--"): from there
+// on everything is data, taken verbatim, never parsed as an option. So a key
+// named '--next=order' or a log line '--help' is a key or a line, whatever
+// it looks like. CLI11 is given the options alone.
+
+// Returns: true if `sub` has an option named `name` (long, without its
+// dashes, or one short letter) that takes a value.
+bool takes_value(const CLI::App& sub, std::string_view name, bool is_long) {
+  for (const CLI::Option* o : sub.get_options()) {
+    const bool named = is_long ? o->check_lname(std::string(name)) : o->check_sname(std::string(name));
+    if (named) return o->get_items_expected_min() > 0;
+  }
+  return false;  // unknown: CLI11 will say so
+}
+
+// Returns: the index in argv of the first data argument of `sub`, whose
+// arguments start at argv[first]; `*dashes`: the index of the "--" that
+// ended the options, or -1.
+int data_start(const CLI::App& sub, int argc, char** argv, int first, int* dashes) {
+  *dashes = -1;
+  int i = first;
+  while (i < argc) {
+    const std::string_view a{argv[i]};
+    if (a == "--") {
+      *dashes = i;
+      return i + 1;
+    }
+    if (a.size() < 2 || a[0] != '-') return i;  // "-" alone is data too
+    ++i;
+    if (a[1] == '-') {
+      if (a.find('=') == std::string_view::npos && takes_value(sub, a.substr(2), true)) ++i;
+      continue;
+    }
+    for (std::size_t k = 1; k < a.size(); ++k) {  // a cluster: -nE0, -w 5
+      if (takes_value(sub, a.substr(k, 1), false)) {
+        if (k + 1 == a.size()) ++i;  // the value is the next argument
+        break;
+      }
+    }
+  }
+  return std::min(i, argc);
+}
+
+// A subcommand's data arguments, taken in order.
+struct data_args {
+  std::vector<std::string> v;
+  std::size_t at = 0;
+  bool done() const { return at == v.size(); }
+  std::string take() { return v[at++]; }
+  // Returns: the rest, without one "--" before it (the separator of
+  // 'PATH -- COMMAND'). A "--" that is the very last argument is data.
+  std::vector<std::string> rest() {
+    if (v.size() - at >= 2 && v[at] == "--") ++at;
+    std::vector<std::string> r(v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
+    at = v.size();
+    return r;
+  }
+};
+
+// The synopses printed as each subcommand's usage line (CLI11 knows only
+// the options).
+struct usage_formatter : CLI::Formatter {
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    static const std::pair<const char*, const char*> synopses[] = {
+        {"lock", "[OPTIONS] PATH [--] COMMAND [ARGS...]"},
+        {"log", "[OPTIONS] PATH [--] [TEXT...]"},
+        {"claim", "[OPTIONS] STORE KEY [--] COMMAND [ARGS...]\n       dibs claim [OPTIONS] --next PREFIX STORE [--] COMMAND [ARGS...]"},
+        {"retry", "[OPTIONS] [--] COMMAND [ARGS...]"},
+        {"status", "[OPTIONS] TARGET"},
+    };
+    for (const auto& [sub, synopsis] : synopses)
+      if (app->get_name() == sub) return fmt::format("Usage: dibs {} {}\n", sub, synopsis);
+    return CLI::Formatter::make_usage(app, std::move(name));
+  }
+};
+
+constexpr const char* data_rule = R"(
+Options go first: the first argument that is not an option (or '--') ends
+them, and it and everything after it are data, taken as written, whatever
+they look like (a key '--next=x', a log line '--help').)";
 
 }  // namespace
 
 int main(int argc, char** argv) {
   program_argv = argv;
-  // Everything after the first "--" is COMMAND (or, for log, TEXT), taken
-  // verbatim: CLI11 never sees it.
-  std::vector<std::string> after;
-  int cli_argc = argc;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string_view{argv[i]} == "--") {
-      cli_argc = i;
-      for (int k = i + 1; k < argc; ++k) after.emplace_back(argv[k]);
-      break;
-    }
-  }
 
   CLI::App app{"dibs: locks, a shared log, exactly-once claims and retries for shell scripts", "dibs"};
+  app.formatter(std::make_shared<usage_formatter>());  // before the subcommands: they copy it
   app.require_subcommand(1);
   app.footer(std::string("\n") + exit_code_table + "\n" + store_table +
              "\nSee 'dibs SUBCOMMAND --help' and docs/guide-shell.md.");
 
   lock_args la;
   auto* lock = app.add_subcommand("lock", "Run COMMAND holding a lock on PATH (as flock(1))");
-  lock->add_option("path", la.path, "The lock file")->required();
-  lock->add_option("command", la.command, "COMMAND [ARGS...] (after --)");
   lock->add_flag("-n,--nonblock", la.nonblock, "Fail (exit 1, or -E) rather than wait if the lock is held");
   lock->add_option("-w,--wait,--timeout", la.wait, "Wait at most DURATION (10s, 500ms, 2m; a bare number is seconds)");
   lock->add_option("-E,--conflict-exit-code", la.conflict_code, "Exit code when the lock is not had (default 1)");
@@ -888,7 +1002,8 @@ int main(int argc, char** argv) {
                  "its descriptor (DIBS_LOCK_FD), as with flock(1)'s default");
   lock->add_option("--lease", la.lease, "Lease lock: how long a lock is respected after dibs stops renewing it")
       ->capture_default_str();
-  lock->footer(R"(
+  lock->footer(std::string(data_rule) + R"(
+
 The default lock is dibs's lease lock (dibs::lock_file): the lock file is a
 readable record (host, pid, since, token); a lock whose holder died is broken
 at once on proof, and COMMAND gets its fencing token in DIBS_TOKEN. The lock
@@ -904,33 +1019,39 @@ Examples:
 
   log_args lg;
   auto* logc = app.add_subcommand("log", "Append TEXT, or each line of standard input, to a log shared by many writers");
-  logc->add_option("path", lg.path, "The log file")->required();
-  logc->add_option("text", lg.text, "TEXT... (joined by spaces); none: read lines from standard input");
   logc->add_option("--rotate-size", lg.rotate_size, "Rotate to PATH.1, PATH.2, ... at this size (bytes, or 10M, 512K); 0: never")
       ->capture_default_str();
   logc->add_option("--keep", lg.keep, "Rotated files to keep (0: all)")->capture_default_str();
   logc->add_option("--sync", lg.sync, "Durability: none (the kernel's), record (fdatasync each), batch")->capture_default_str();
   logc->add_option("--timeout", lg.timeout, "Give up (exit 75, nothing written) if the log stays locked this long")
       ->capture_default_str();
-  logc->footer(R"(
-Every line is appended whole and once, never torn or interleaved with another
-writer's (dibs or C++ dibs::shared_log). Exit 0: every line is in the log.
-Every writer of the log must go through dibs (not '>>').
+  logc->footer(std::string(data_rule) + R"(
+
+TEXT (its words joined by spaces) is one line; with no argument after PATH,
+each line of standard input is one. Every line is appended whole and once,
+never torn or interleaved with another writer's (dibs or C++
+dibs::shared_log). Exit 0: every line is in the log. Every writer of the log
+must go through dibs (not '>>').
 
 Examples:
   dibs log /var/log/batch.log "job $JOB done"
+  while read -r line; do dibs log batch.log -- "$line"; done < lines
   ./job.sh 2>&1 | dibs log --rotate-size 10M --keep 5 /var/log/batch.log
 )");
 
   claim_args ca;
   auto* claim = app.add_subcommand("claim", "Run COMMAND only if KEY is claimed now; completed on exit 0");
-  claim->add_option("store", ca.store, "STORE, e.g. dir:/srv/claims (see below)")->required();
-  claim->add_option("key", ca.key, "The item's KEY");
   claim->add_option("--next", ca.next, "Claim the next claimable item whose key starts with PREFIX; its key is passed as COMMAND's last argument");
   claim->add_option("--lease", ca.lease, "How long a claim is respected once its worker stops renewing")->capture_default_str();
   claim->add_option("--max-attempts", ca.max_attempts, "Failed runs before the item fails for good")->capture_default_str();
-  claim->add_flag("-q,--quiet", ca.quiet, "No message for the 'nothing run' exits (10-14)");
-  claim->footer(std::string(R"(
+  claim->add_flag("-q,--quiet", ca.quiet, "No message for the 'nothing run' exits (10-14, or as moved by --exit-base)");
+  claim->add_option("--exit-base", ca.exit_base,
+                    "dibs's own outcomes exit N..N+5 instead of 10..15 (completed N, held N+1, failed N+2, damaged "
+                    "N+3, nothing under --next N+4, claim lost N+5); COMMAND's status is passed through unchanged, so "
+                    "choose N outside COMMAND's codes")
+      ->capture_default_str();
+  claim->footer(std::string(data_rule) + R"(
+
 COMMAND runs with DIBS_KEY, DIBS_TOKEN (the claim's fencing token, larger for
 every new claim of the key) and DIBS_ATTEMPT. Exit 0: the item is marked
 completed. Any other status: the item is given back (claimable again) and
@@ -938,7 +1059,7 @@ dibs exits with that status; after --max-attempts runs it is failed for good.
 If dibs is killed, COMMAND is killed too and the item is claimable again at
 once (the worker is provably gone).
 
-)") + store_table + R"(
+)" + store_table + R"(
 Examples:
   dibs claim dir:/srv/claims invoice-17 -- ./send-invoice 17
   ls inbox | xargs -P4 -I{} dibs claim -q dir:/srv/claims {} -- ./handle inbox/{}
@@ -947,7 +1068,6 @@ Examples:
 
   retry_args ra;
   auto* retry = app.add_subcommand("retry", "Re-run COMMAND with backoff while it exits with a transient code");
-  retry->add_option("command", ra.command, "COMMAND [ARGS...] (after --)");
   retry->add_option("-a,--attempts", ra.attempts, "Runs at most")->capture_default_str();
   retry->add_option("-d,--deadline", ra.deadline, "Start no run after this long (sleeps are cut to it)");
   retry->add_option("--initial", ra.initial, "First delay")->capture_default_str();
@@ -958,7 +1078,8 @@ Examples:
       ->delimiter(',')
       ->capture_default_str();
   retry->add_flag("-v,--verbose", ra.verbose, "Say each retry on standard error");
-  retry->footer(R"(
+  retry->footer(std::string(data_rule) + R"(
+
 Exits with COMMAND's last status. Signals (INT, TERM, HUP, QUIT, USR1, USR2)
 are forwarded to COMMAND; one that comes during a sleep ends dibs with 128+N.
 A run is never cut short: use timeout(1) inside for that.
@@ -970,10 +1091,11 @@ Examples:
 
   status_args sa;
   auto* status = app.add_subcommand("status", "Who holds a lock file, or the items of a claim store by state");
-  status->add_option("target", sa.target, "A lock file, or a STORE (dir:..., sqlite:..., postgres:...)")->required();
   status->add_option("--prefix", sa.prefix, "Only items whose key starts with PREFIX");
   status->add_flag("--json", sa.json, "JSON for programs instead of a table");
-  status->footer(R"(
+  status->footer(std::string(data_rule) + R"(
+
+TARGET: a lock file, or a STORE (dir:..., sqlite:..., postgres:...).
 Reads only: takes no lock, changes nothing.
 
 Examples:
@@ -981,9 +1103,32 @@ Examples:
   dibs status --json dir:/srv/claims | jq '.[] | select(.state == "failed")'
 )");
 
+  // CLI11 gets the options; the data after them is taken apart below.
+  std::vector<char*> cli_argv(argv, argv + std::min(argc, 2));
+  data_args data;
+  if (argc >= 2) {
+    const CLI::App* sub = nullptr;
+    for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; }))
+      if (s->get_name() == argv[1]) sub = s;
+    if (!sub) {
+      cli_argv.assign(argv, argv + argc);  // top-level options, or an unknown subcommand: CLI11 says which
+    } else {
+      int dashes = -1;
+      const int start = data_start(*sub, argc, argv, 2, &dashes);
+      for (int i = 2; i < start; ++i)
+        if (i != dashes) cli_argv.push_back(argv[i]);
+      data.v.assign(argv + start, argv + argc);
+    }
+  }
+  // What a subcommand needs as its first data argument; says so if absent.
+  auto need = [&](const char* sub, const char* what, const char* synopsis) {
+    if (data.done()) fail(ex::usage, fmt::format("dibs {}: no {}; write: dibs {} {}", sub, what, sub, synopsis));
+    return data.take();
+  };
+
   try {
     try {
-      app.parse(cli_argc, argv);
+      app.parse(static_cast<int>(cli_argv.size()), cli_argv.data());
     } catch (const CLI::CallForHelp& e) {
       return app.exit(e);
     } catch (const CLI::CallForAllHelp& e) {
@@ -995,23 +1140,35 @@ Examples:
       return ex::usage;
     }
     if (lock->parsed()) {
-      la.command.insert(la.command.end(), after.begin(), after.end());
+      la.path = need("lock", "PATH", "[OPTIONS] PATH -- COMMAND [ARGS...]");
+      la.command = data.rest();
       return cmd_lock(la);
     }
     if (logc->parsed()) {
-      lg.text.insert(lg.text.end(), after.begin(), after.end());
+      lg.path = need("log", "PATH", "[OPTIONS] PATH [--] [TEXT...]");
+      lg.text = data.rest();
+      lg.from_stdin = lg.text.empty();
       return cmd_log(lg);
     }
     if (claim->parsed()) {
-      ca.command = after;
       ca.has_next = claim->count("--next") > 0;
+      ca.store = need("claim", "STORE", "[OPTIONS] STORE KEY -- COMMAND [ARGS...]");
+      if (!ca.has_next) ca.key = need("claim", "KEY", "[OPTIONS] STORE KEY -- COMMAND [ARGS...], or --next PREFIX");
+      ca.command = data.rest();
       return cmd_claim(ca);
     }
     if (retry->parsed()) {
-      ra.command.insert(ra.command.end(), after.begin(), after.end());
+      ra.command = data.rest();
       return cmd_retry(ra);
     }
-    if (status->parsed()) return cmd_status(sa);
+    if (status->parsed()) {
+      sa.target = need("status", "TARGET", "[OPTIONS] TARGET");
+      if (!data.done())
+        fail(ex::usage, fmt::format("dibs status: '{}' after TARGET '{}' is not expected (options go before TARGET; "
+                                    "one TARGET at a time)",
+                                    data.take(), sa.target));
+      return cmd_status(sa);
+    }
   } catch (const failure& f) {
     std::cerr << f.msg << '\n';
     return f.code;

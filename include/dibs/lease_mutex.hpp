@@ -45,6 +45,15 @@
 // renewal on as `token`; before that it is the record's version). A wait
 // cancelled through a stop token names the holder it waited on.
 //
+// Holding for another process: with lease_options::on_behalf_of = pid, the
+// record names that process (its pid and start time) instead of this one,
+// while this object takes, renews and releases the hold as usual. That is
+// how a launcher holds a lock for a COMMAND it starts (dibs lock: fork,
+// lock on behalf of the child, let it exec): once the child is gone, any
+// taker breaks the lock on proof (a), even while this object still renews
+// it; and if this process dies, the hold stays with the child until it
+// ends, or for one lease without renewal.
+//
 // Moving: a lease_mutex (and a lock_file) is a movable handle. A held lock
 // moved to another object stays held and is renewed by that object; the
 // moved-from one holds nothing and may only be destroyed or assigned to.
@@ -52,7 +61,11 @@
 // use of it.
 #pragma once
 
+#include <signal.h>
+#include <sys/types.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -97,6 +110,9 @@ struct lease_options {
   /// Waiting between tries (woken early by the store's change notification,
   /// where it has one).
   exponential_backoff wait{std::chrono::microseconds{500}, 2.0, std::chrono::milliseconds{50}, jitter::full};
+  /// The process the lock is held for; 0: this process. See "Holding for
+  /// another process" at the top of this header.
+  pid_t on_behalf_of = 0;
 };
 
 namespace detail {
@@ -117,14 +133,20 @@ class lease_mutex : public detail::timed_lockable<lease_mutex<Store>> {
   friend class detail::timed_lockable<lease_mutex<Store>>;
 
 public:
-  /// Requires: `store` outlives this object. Throws: errc::invalid_argument
-  /// for a bad key or a lease shorter than 3 ms.
+  /// Requires: `store` outlives this object. With opts.on_behalf_of: that
+  /// pid names a live process of this host, in this process's PID namespace
+  /// (a child this process forked, typically, not yet reaped).
+  /// Effects: with opts.on_behalf_of, reads that process's start time now;
+  /// every record this object writes names it as the holder.
+  /// Throws: errc::invalid_argument for a bad key or a lease shorter than
+  /// 3 ms; std::errc::no_such_process if opts.on_behalf_of names no process.
   lease_mutex(Store& store, std::string key, lease_options opts = {})
       : store_(&store), key_(std::move(key)), opts_(std::move(opts)) {
     validate_key(key_, "dibs::lease_mutex");
     if (opts_.lease < std::chrono::milliseconds{3})
       throw std::system_error(make_error_code(errc::invalid_argument),
                               fmt::format("dibs::lease_mutex '{}': lease must be at least 3 ms", key_));
+    if (opts_.on_behalf_of != 0) behalf_ = other_process(opts_.on_behalf_of);
   }
   lease_mutex(const lease_mutex&) = delete;
   lease_mutex& operator=(const lease_mutex&) = delete;
@@ -202,7 +224,8 @@ public:
 
   /// Effects: reads the lock's record; takes nothing, changes nothing.
   /// Returns: who holds the lock now (see lock_holder), or nothing if it is
-  /// free. Throws: as the store's read (errc::timed_out if the record stays
+  /// free; `gone` is this header's proof rule (a), the one a taker breaks
+  /// the lock by at once. Throws: as the store's read (errc::timed_out if the record stays
   /// mid-write by another process for a second: it is stopped);
   /// errc::corrupt_record for a record that is not a dibs lease.
   std::optional<lock_holder> holder() const {
@@ -224,6 +247,8 @@ public:
       } else if (held_ && version_ != before && attempt < 5) {
         continue;  // renewed while the record was read: what was read is already old, read again
       }
+      // Also for this object's own hold on behalf of a process that has ended.
+      h.gone = detail::provably_dead(owner);
       return h;
     }
   }
@@ -251,7 +276,7 @@ private:
   // record's version no longer is the token (from the first renewal on),
   // the token.
   std::string value(std::int64_t since_ms, dibs::version token) const {
-    detail::owner_id me = detail::this_process(opts_.lease);
+    detail::owner_id me = behalf_ ? *behalf_ : detail::this_process(opts_.lease);
     me.since_ms = since_ms;
     me.written_ms = detail::wall_ms();
     std::string v(detail::lease_magic);
@@ -286,6 +311,23 @@ private:
     return h;
   }
 
+  // Returns: the identity of process `pid` as proof rule (a) reads it: this
+  // host, boot and namespaces; its start time where this process's /proc is
+  // its own PID namespace's (else 0: unknown, so only "no such pid" proves
+  // it gone). Throws: std::errc::no_such_process if there is no such process.
+  detail::owner_id other_process(pid_t pid) const {
+    detail::owner_id o = detail::this_process(opts_.lease);
+    o.pid = pid;
+    o.start = 0;
+    if (::kill(pid, 0) != 0 && errno == ESRCH)
+      throw std::system_error(std::make_error_code(std::errc::no_such_process),
+                              fmt::format("dibs::lease_mutex '{}': on_behalf_of names pid {}, which does not exist "
+                                          "(start the process first, and do not reap it before the lock is released)",
+                                          key_, pid));
+    if (detail::this_process_info_cached().proc_own) o.start = detail::process_start(pid).value_or(0);
+    return o;
+  }
+
   void check_not_moved_from() const {
     if (!store_)
       throw std::system_error(std::make_error_code(std::errc::operation_not_permitted),
@@ -300,6 +342,7 @@ private:
     key_ = std::move(o.key_);
     o.key_.clear();
     opts_ = std::move(o.opts_);
+    behalf_ = std::exchange(o.behalf_, std::nullopt);
     held_ = o.held_.exchange(false);
     holder_pid_ = o.holder_pid_.exchange(0);
     hold_.assign(o.hold_);
@@ -467,6 +510,7 @@ private:
   Store* store_ = nullptr;  // nullptr: moved from
   std::string key_;
   lease_options opts_;
+  std::optional<detail::owner_id> behalf_;  // the process the records name, if not this one
   mutable std::mutex m_;
   std::atomic<bool> held_{false};
   std::atomic<pid_t> holder_pid_{0};   // the process that holds it (a forked child's copy is not it)

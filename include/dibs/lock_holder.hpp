@@ -42,6 +42,10 @@ struct lock_holder {
   dibs::version token = 0;
   /// True if it is this very object that holds the lock.
   bool mine = false;
+  /// True if the holder is provably gone (lease_mutex.hpp's proof rule (a):
+  /// same host and boot, its pid gone or reused): the next lock() breaks the
+  /// lock at once.
+  bool gone = false;
 
   friend bool operator==(const lock_holder&, const lock_holder&) = default;
 };

@@ -98,3 +98,33 @@ SH
   run dibs claim sqlite:"$PWD/q.db" job-1 -- true
   [ "$status" -eq 10 ]
 }
+
+@test "a COMMAND that exits 10 is told apart from 'already completed': --exit-base moves dibs's own codes" {
+  mkdir c
+  # Default codes: the collision is said on standard error; the item was
+  # given back, not completed.
+  run dibs claim dir:c t -- sh -c 'echo ran >> runs; exit 10'
+  [ "$status" -eq 10 ]
+  [[ "$output" == *"--exit-base"* ]]
+  [[ "$(dibs status --json dir:c)" == *'"state": "released", "attempts": 1'* ]]
+  # Moved: COMMAND's 10 stays 10, dibs's "already completed" is 200.
+  run dibs claim --exit-base 200 dir:c t -- sh -c 'echo ran >> runs; exit 10'
+  [ "$status" -eq 10 ]
+  run dibs claim --exit-base 200 dir:c t -- sh -c 'echo ran >> runs'
+  [ "$status" -eq 0 ]
+  run dibs claim --exit-base 200 dir:c t -- sh -c 'echo ran >> runs; exit 10'
+  [ "$status" -eq 200 ]
+  [ "$(wc -l < runs)" -eq 3 ]
+  dibs claim dir:c h -- sleep 1 &
+  sleep 0.3
+  run dibs claim --exit-base 200 dir:c h -- true
+  [ "$status" -eq 201 ]
+  wait
+  run dibs claim --exit-base 200 --next zzz dir:c -- true
+  [ "$status" -eq 204 ]
+  # A base whose range meets dibs's errors is refused, naming the range.
+  run dibs claim --exit-base 60 dir:c u -- touch ran
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"60-65"* ]]
+  [ ! -e ran ]
+}

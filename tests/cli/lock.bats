@@ -146,3 +146,41 @@ echo $$ >> journal
   [ "$status" -eq 65 ]
   [[ "$output" == *"fuser -v k.lock"* ]]
 }
+
+@test "dibs status says what the next taker would do: free if the holder is gone, held with pid/host/token, expired if stopped" {
+  host=$(hostname)
+  # Held: a live COMMAND holds it (the record names COMMAND's pid).
+  dibs lock --lease 30s x.lock -- sleep 30 &
+  dpid=$!
+  sleep 0.5
+  cpid=$(pgrep -P "$dpid" -x sleep)
+  run dibs status x.lock
+  [ "$status" -eq 0 ]
+  echo "$output" >&3
+  [[ "${lines[1]}" =~ ^$host\ +$cpid\ +.*\ +[0-9]+\ +held$ ]]
+  run dibs status --json x.lock
+  [[ "$output" == *'"state": "held", "held": true, "gone": false'*"\"pid\": $cpid"* ]]
+  # Gone: dibs and COMMAND SIGKILLed; the record stays, naming a dead pid.
+  kill -KILL "$dpid" "$cpid"
+  wait "$dpid" || true
+  grep -qx "pid $cpid" x.lock
+  run dibs status x.lock
+  echo "$output" >&3
+  [[ "$output" == "x.lock: free: its holder, pid $cpid on $host (token "*"), is gone; the next lock breaks it at once" ]]
+  run dibs status --json x.lock
+  [[ "$output" == *'"state": "free", "held": false, "gone": true'* ]]
+  # Expired: the renewing dibs is stopped (its COMMAND lives on), past its lease.
+  dibs lock --lease 1s y.lock -- sleep 30 &
+  dpid=$!
+  sleep 0.5
+  cpid=$(pgrep -P "$dpid" -x sleep)
+  kill -STOP "$dpid"
+  sleep 1.5
+  run dibs status y.lock
+  echo "$output" >&3
+  kill -CONT "$dpid"
+  kill -TERM "$dpid"
+  wait "$dpid" || true
+  [[ "${lines[1]}" == *" expired" ]]
+  [[ "${lines[2]}" == "y.lock: expired: pid $cpid on $host stopped renewing"* ]]
+}
