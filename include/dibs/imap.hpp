@@ -28,7 +28,16 @@
 //     errc::timed_out (transient), and the session is closed; the next
 //     command connects and logs in again by itself. A caller that had sent a
 //     write when that happened cannot know whether it was applied
-//     (run_write() says errc::outcome_unknown then);
+//     (run_write() says errc::outcome_unknown then). Connecting as a whole
+//     (name resolution, the TCP connect to each address, TLS handshake,
+//     greeting, login) takes options::timeout at most: a server whose
+//     accept queue is full is errc::timed_out naming host:port;
+//   - a malformed reply (a number that is not one, or out of IMAP's range,
+//     where the client or its callers read one; a literal or line over
+//     options::max_line, refused before it is read): std::errc::protocol_error
+//     naming the server and quoting the start of the line; not transient. The
+//     session is closed (what else was in flight cannot be read reliably):
+//     under run_write() that is errc::outcome_unknown, never a reply dropped;
 //   - a login refused: std::errc::permission_denied, naming server and user;
 //   - TLS: a server certificate that does not verify (wrong CA, not for the
 //     host): std::errc::permission_denied, with OpenSSL's verify result
@@ -596,7 +605,10 @@ public:
 
   /// Sends `commands` (each without tag; literals written "{n+}\r\n..."
   /// through quote()) in one go and returns their replies in order. Throws:
-  /// errc::connection_lost or errc::timed_out if the connection fails.
+  /// errc::connection_lost or errc::timed_out if the connection fails,
+  /// std::errc::protocol_error for a malformed reply (the session is then
+  /// closed), errc::invalid_argument for a literal whose size is not its
+  /// length (write literals with quote()).
   std::vector<reply> run(const std::vector<std::string>& commands) {
     if (!connected()) connect();
     const bool plus = has("LITERAL+");
@@ -651,8 +663,8 @@ public:
   reply run(const std::string& command) { return std::move(run(std::vector<std::string>{command}).front()); }
 
   /// As run(), for commands that change something: if the connection fails
-  /// after they were sent, throws errc::outcome_unknown instead (they may
-  /// or may not have been applied).
+  /// or a reply is malformed after they were sent, throws
+  /// errc::outcome_unknown instead (they may or may not have been applied).
   std::vector<reply> run_write(const std::vector<std::string>& commands) {
     if (!connected()) connect();
     try {
