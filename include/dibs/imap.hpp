@@ -1124,14 +1124,15 @@ private:
   // options::max_line bytes of it (a literal announced larger is refused
   // before it is read: the server may lie about its size).
   std::string read_line(std::chrono::steady_clock::time_point until) {
+    const std::size_t limit = std::min<std::size_t>(opts_.max_line, SIZE_MAX / 2);  // SIZE_MAX: no limit, no wrap
     std::string line;
     std::size_t scanned = 0;
     for (;;) {
       const auto eol = in_.find("\r\n", scanned);
       if (eol == std::string::npos) {
-        if (line.size() + in_.size() > opts_.max_line + 1)
-          malformed(line.empty() ? std::string_view(in_) : std::string_view(line), fmt::format("a line longer than options::max_line ({} bytes) without its end",
-                                            opts_.max_line));
+        if (line.size() + in_.size() > limit + 1)
+          malformed(line.empty() ? std::string_view(in_) : std::string_view(line),
+                    fmt::format("a line longer than options::max_line ({} bytes) without its end", opts_.max_line));
         scanned = in_.size() > 0 ? in_.size() - 1 : 0;
         fill(until);
         continue;
@@ -1148,7 +1149,7 @@ private:
         }
       }
       const std::size_t head = line.size() + eol + 2;
-      if (head > opts_.max_line + 2 || (n && *n > opts_.max_line + 2 - head))
+      if (head > limit + 2 || (n && *n > limit + 2 - head))
         malformed(line.empty() ? std::string_view(in_).substr(0, eol) : std::string_view(line),
                   n ? fmt::format("a literal of {} bytes, more than options::max_line ({} bytes) allows", *n,
                                   opts_.max_line)
