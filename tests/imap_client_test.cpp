@@ -6,7 +6,8 @@
 // plaintext, a TLS handshake that never comes (TLS itself:
 // imap_tls_test.cpp, against Dovecot); options::timeout bounding the whole
 // connect (a full accept queue, a slow greeting); malformed replies (numbers
-// that are none, a literal that lies about its size).
+// that are none, a literal that lies about its size); untagged lines said
+// while a literal waits for the server's go-ahead.
 #include <dibs/imap.hpp>
 #include <dibs/imap_store.hpp>
 
@@ -619,4 +620,21 @@ TEST_CASE("imap::session: a literal larger than options::max_line is refused bef
       check_malformed(e, server.port, "options::max_line (1000 bytes)");
     }
   }
+}
+
+TEST_CASE("imap::session: what the server says while a literal waits for its go-ahead is kept in the command's reply") {
+  scripted_server server([&](int fd) {
+    say(fd, "* OK [CAPABILITY IMAP4rev1] ready\r\n");
+    hear(fd, "\r\n");
+    say(fd, "d1 OK [CAPABILITY IMAP4rev1 UIDPLUS] logged in\r\n");
+    hear(fd, "}\r\n");
+    say(fd, "* 5 EXISTS\r\n+ go ahead\r\n");
+    hear(fd, "x\r\n");
+    say(fd, "* 6 EXISTS\r\nd2 OK [APPENDUID 7 42] done\r\n");
+    hear(fd, "LOGOUT\r\n");
+  });
+  dibs::imap::session s{at(server.port)};
+  const auto r = s.run("APPEND box " + dibs::imap::quote("\r\nx"));
+  CHECK(r.ok());
+  CHECK(r.untagged == std::vector<std::string>{"5 EXISTS", "6 EXISTS"});
 }

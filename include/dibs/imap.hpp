@@ -80,6 +80,7 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -644,10 +645,15 @@ public:
         part.append(c, pos, mark - pos).append("}\r\n");
         send(part);
         for (const auto until = deadline();;) {
-          const auto line = read_reply_line(until);
+          auto line = read_reply_line(until);
           if (line.starts_with("+")) break;
           if (line.starts_with(tags.back() + ' '))
             fail(errc::connection_lost, fmt::format("the server refused a literal: {}", detail::excerpt(line)));
+          if (detail::istarts_with(line, "* BYE"))
+            fail(errc::connection_lost, fmt::format("the server said {}", detail::excerpt(line.substr(2))));
+          // Said while this command is the only one open: its reply's, as
+          // collect() would file it (an EXISTS here is news a caller needs).
+          if (line.starts_with("* ")) early_.push_back(line.substr(2));
         }
         part.assign(c, mark + 4, n);
         pos = mark + 4 + n;
@@ -748,6 +754,7 @@ public:
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
     in_.clear();
+    early_.clear();
   }
 
 private:
@@ -1177,6 +1184,7 @@ private:
   std::vector<reply> collect(const std::vector<std::string>& tags) {
     std::vector<reply> replies(tags.size());
     std::vector<bool> done(tags.size());
+    if (!tags.empty()) replies.front().untagged = std::exchange(early_, {});
     const auto until = deadline();
     // i: the first command not yet completed (untagged lines go to it).
     for (std::size_t i = 0; i < tags.size(); i = static_cast<std::size_t>(std::find(done.begin(), done.end(), false) - done.begin())) {
@@ -1233,6 +1241,7 @@ private:
   pid_t pid_ = 0;
   std::uint64_t tag_ = 0;
   std::string in_;
+  std::vector<std::string> early_;  // untagged lines read while a literal waited for "+", for the next collect()
   std::vector<std::string> caps_;
 };
 
