@@ -4,7 +4,10 @@
 // refused login, BYE; before the login: capabilities asked when the
 // greeting has none, LOGINDISABLED, STARTTLS missing or followed by injected
 // plaintext, a TLS handshake that never comes (TLS itself:
-// imap_tls_test.cpp, against Dovecot).
+// imap_tls_test.cpp, against Dovecot); options::timeout bounding the whole
+// connect (a full accept queue, a slow greeting); malformed replies (numbers
+// that are none, a literal that lies about its size); untagged lines said
+// while a literal waits for the server's go-ahead.
 #include <dibs/imap.hpp>
 #include <dibs/imap_store.hpp>
 
@@ -15,9 +18,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 using dibs::imap::value;
 
@@ -114,7 +119,8 @@ struct scripted_server {
   }
 };
 
-void say(int fd, const std::string& s) { (void)!::write(fd, s.data(), s.size()); }
+// MSG_NOSIGNAL: a client that hung up must not kill the test with SIGPIPE.
+void say(int fd, const std::string& s) { (void)!::send(fd, s.data(), s.size(), MSG_NOSIGNAL); }
 
 // Reads up to and including `until` (or to the end); returns what came.
 std::string hear(int fd, const std::string& until) {
@@ -338,4 +344,297 @@ TEST_CASE("imap::options: the port follows the TLS mode when it is left empty, a
   CHECK_THROWS_WITH(dibs::imap::options::from_env(), Catch::Contains("none, starttls or implicit"));
   ::unsetenv("DIBS_IMAP_TLS");
   ::unsetenv("DIBS_IMAP_CA_FILE");
+}
+
+namespace {
+
+using std::chrono::steady_clock;
+
+// A listening socket whose accept queue is full: it never accepts, and
+// the kernel drops every further SYN (the client's connect() would retry
+// for about two minutes).
+struct full_listener {
+  int listener = -1;
+  std::string port;
+  std::vector<int> queued;
+
+  full_listener() {
+    listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+    port = std::to_string(ntohs(a.sin_port));
+    REQUIRE(::listen(listener, 0) == 0);
+    for (int i = 0; i < 3; ++i) {  // fill the queue (non-blocking: the later ones hang in SYN_SENT)
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      (void)::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+      queued.push_back(fd);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  }
+  ~full_listener() {
+    for (const int fd : queued) ::close(fd);
+    ::close(listener);
+  }
+};
+
+// Returns: the error of opening a session with `o` (fails the test if it
+// opens), and how long that took.
+std::pair<std::system_error, steady_clock::duration> refused(const dibs::imap::options& o) {
+  const auto start = steady_clock::now();
+  try {
+    dibs::imap::session s{o};
+  } catch (const std::system_error& e) {
+    return {e, steady_clock::now() - start};
+  }
+  FAIL("the session opened");
+  throw std::logic_error("unreachable");
+}
+
+}  // namespace
+
+TEST_CASE("imap::session: connecting to a server whose accept queue is full gives up after options::timeout") {
+  full_listener server;
+  auto o = at(server.port);
+  o.timeout = std::chrono::seconds{2};
+  const auto [e, took] = refused(o);
+  CHECK(e.code() == dibs::errc::timed_out);
+  CHECK(dibs::is_transient(e.code()));
+  CHECK_THAT(e.what(), Catch::Contains("cannot connect to 127.0.0.1:" + server.port + " within 2000 ms"));
+  CHECK(took >= std::chrono::milliseconds{1900});
+  CHECK(took < std::chrono::seconds{3});
+  // The store opens its session the same way.
+  const auto start = steady_clock::now();
+  try {
+    dibs::imap_store store{o, {.folder = "dibs"}};
+    FAIL("a store opened on a server that never accepts");
+  } catch (const std::system_error& e2) {
+    CHECK(e2.code() == dibs::errc::timed_out);
+    CHECK_THAT(e2.what(), Catch::Contains("127.0.0.1:" + server.port));
+  }
+  CHECK(steady_clock::now() - start < std::chrono::seconds{3});
+}
+
+TEST_CASE("imap::session: options::timeout bounds the whole connect, not each step of it") {
+  // Each reply comes after 1.2 s: well within 2 s one by one, but greeting
+  // and capabilities together take longer.
+  scripted_server server([&](int fd) {
+    std::this_thread::sleep_for(std::chrono::milliseconds{1200});
+    say(fd, "* OK ready\r\n");
+    hear(fd, "\r\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds{1200});
+    say(fd, "* CAPABILITY IMAP4rev1\r\nd1 OK done\r\n");
+    hear(fd, "\r\n");
+    say(fd, "d2 OK logged in\r\n");
+    hear(fd, "never");
+  });
+  auto o = at(server.port);
+  o.timeout = std::chrono::seconds{2};
+  const auto [e, took] = refused(o);
+  CHECK(e.code() == dibs::errc::timed_out);
+  CHECK_THAT(e.what(), Catch::Contains("u@127.0.0.1:" + server.port) && Catch::Contains("no reply within 2000 ms"));
+  CHECK(took < std::chrono::milliseconds{2500});
+}
+
+TEST_CASE("STARTTLS: a server that accepts the STARTTLS and never answers the handshake is timed_out, naming it") {
+  scripted_server server([&](int fd) {
+    say(fd, "* OK [CAPABILITY IMAP4rev1 STARTTLS] ready\r\n");
+    hear(fd, "STARTTLS\r\n");
+    say(fd, "d1 OK Begin TLS negotiation now\r\n");
+    hear(fd, "never");  // reads the ClientHello, says nothing
+  });
+  auto o = at(server.port);
+  o.tls = dibs::imap::tls_mode::starttls;
+  o.timeout = std::chrono::seconds{2};
+  const auto [e, took] = refused(o);
+  CHECK(e.code() == dibs::errc::timed_out);
+  CHECK(dibs::is_transient(e.code()));
+  CHECK_THAT(e.what(), Catch::Contains("127.0.0.1:" + server.port) && Catch::Contains("TLS handshake did not finish"));
+  CHECK(took < std::chrono::seconds{3});
+}
+
+namespace {
+
+// Reads one command, its literals included; returns it (empty at the end).
+std::string command(int fd) {
+  std::string c = hear(fd, "\r\n");
+  while (c.ends_with("+}\r\n")) {
+    const auto open = c.rfind('{');
+    const auto n = std::stoul(c.substr(open + 1));
+    std::string bytes(n, '\0');
+    for (std::size_t got = 0; got < n;) {
+      const auto r = ::read(fd, bytes.data() + got, n - got);
+      if (r <= 0) return {};
+      got += static_cast<std::size_t>(r);
+    }
+    c += bytes + hear(fd, "\r\n");
+  }
+  return c;
+}
+
+// A server with LITERAL+, UIDPLUS and QRESYNC that answers every command
+// OK, and says `untagged` (then `code` in its OK) to the first command
+// that starts with `when`.
+std::function<void(int)> answering(std::string when, std::string untagged, std::string code = {}) {
+  return [=](int fd) {
+    say(fd, "* OK [CAPABILITY IMAP4rev1 LITERAL+ UIDPLUS QRESYNC] ready\r\n");
+    bool said = false;
+    for (std::string c; !(c = command(fd)).empty();) {
+      const auto tag = c.substr(0, c.find(' '));
+      const auto verb = c.substr(tag.size() + 1);
+      if (verb.starts_with("SELECT")) say(fd, "* OK [UIDVALIDITY 7] ok\r\n");
+      if (!said && verb.starts_with(when)) {
+        said = true;
+        say(fd, untagged + tag + " OK " + (code.empty() ? "" : "[" + code + "] ") + "done\r\n");
+      } else {
+        say(fd, tag + " OK [CAPABILITY IMAP4rev1 LITERAL+ UIDPLUS QRESYNC] done\r\n");
+      }
+    }
+  };
+}
+
+void check_malformed(const std::system_error& e, const std::string& port, const std::string& quoted) {
+  CHECK(e.code() == std::errc::protocol_error);
+  CHECK_FALSE(dibs::is_transient(e.code()));
+  CHECK_THAT(e.what(), Catch::Contains("u@127.0.0.1:" + port) && Catch::Contains("malformed reply") &&
+                           Catch::Contains(quoted));
+}
+
+}  // namespace
+
+TEST_CASE("imap::session: a malformed number in a reply is a protocol_error naming the server and quoting it") {
+  // Each form, as an untagged line of a NOOP's reply.
+  for (const std::string line :
+       {"* OK [UIDVALIDITY abc] UIDs valid", "* OK [UIDVALIDITY 4294967296] UIDs valid", "* OK [UIDNEXT -1] next",
+        "* OK [HIGHESTMODSEQ 1x] x", "* VANISHED x:y", "* VANISHED (EARLIER) 1:99999999999", "* VANISHED 3,,4",
+        "* 12abc EXISTS", "* 99999999999 EXISTS", "* 1 FETCH (UID abc FLAGS ())", "* 1 FETCH (UID 4294967296)",
+        "* 0 FETCH (UID 1)", "* 1 FETCH (MODSEQ (x))", "* 1 FETCH UID 1", "* SEARCH 1 2 x", "* ESEARCH (TAG \"d2\") UID ALL 1:x"}) {
+    INFO(line);
+    scripted_server server(answering("NOOP", line + "\r\n"));
+    dibs::imap::session s{at(server.port)};
+    try {
+      s.run("NOOP");
+      FAIL("a malformed reply was taken");
+    } catch (const std::system_error& e) {
+      check_malformed(e, server.port, line.substr(0, 12));
+    }
+    CHECK_FALSE(s.connected());  // the session is broken: the next command connects anew
+  }
+  // Well-formed ones at the limits pass.
+  scripted_server server(answering("NOOP", "* OK [UIDVALIDITY 4294967295] ok\r\n* VANISHED (EARLIER) 1:4294967295,7\r\n"
+                                           "* 4294967295 EXISTS\r\n* 1 FETCH (UID 4294967295 MODSEQ (9223372036854775807))\r\n",
+                                   "APPENDUID 1 3:5,9"));
+  dibs::imap::session s{at(server.port)};
+  const auto r = s.run("NOOP");
+  CHECK(r.ok());
+  CHECK(r.untagged.size() == 4);
+}
+
+TEST_CASE("imap::session: a malformed reply to a pipelined write is outcome_unknown, never its reply dropped") {
+  scripted_server server(answering("APPEND", "* VANISHED x:y\r\n", "APPENDUID 7 42"));
+  dibs::imap::session s{at(server.port)};
+  try {
+    s.run_write({"APPEND box {1+}\r\nx", "NOOP"});
+    FAIL("a malformed reply was taken");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == dibs::errc::outcome_unknown);
+    CHECK_THAT(e.what(), Catch::Contains("u@127.0.0.1:" + server.port) && Catch::Contains("'* VANISHED x:y'"));
+  }
+  CHECK_FALSE(s.connected());
+  // A tagged reply's code is checked too.
+  scripted_server tagged(answering("APPEND", "", "APPENDUID 7 x"));
+  dibs::imap::session t{at(tagged.port)};
+  CHECK_THROWS_MATCHES(t.run_write({"APPEND box {1+}\r\nx"}), std::system_error,
+                       Catch::Matchers::Predicate<std::system_error>(
+                           [](const auto& e) { return e.code() == dibs::errc::outcome_unknown; }));
+}
+
+TEST_CASE("imap_store: a malformed UIDVALIDITY or VANISHED is a system_error naming the server, not std::invalid_argument") {
+  {
+    scripted_server server(answering("SELECT", "* OK [UIDVALIDITY abc] UIDs valid\r\n"));
+    try {
+      dibs::imap_store store{at(server.port), {.folder = "dibs"}};
+      FAIL("a store opened on a malformed UIDVALIDITY");
+    } catch (const std::system_error& e) {
+      check_malformed(e, server.port, "UIDVALIDITY abc");
+    }
+  }
+  // VANISHED with the reply to the APPEND of a create: the record may be
+  // written; the caller must hear outcome_unknown.
+  scripted_server server(answering("APPEND", "* VANISHED x:y\r\n", "APPENDUID 7 1"));
+  dibs::imap_store store{at(server.port), {.folder = "dibs"}};
+  try {
+    store.create("k", "v");
+    FAIL("a malformed reply to a write was taken");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == dibs::errc::outcome_unknown);
+    CHECK_THAT(e.what(), Catch::Contains("127.0.0.1:" + server.port) && Catch::Contains("VANISHED x:y"));
+  }
+}
+
+TEST_CASE("imap::session: a literal larger than options::max_line is refused before it is read") {
+  std::size_t sent = 0;
+  {
+    scripted_server server([&](int fd) {
+      say(fd, "* OK [CAPABILITY IMAP4rev1 LITERAL+] ready\r\n");
+      const auto login = command(fd);
+      say(fd, login.substr(0, login.find(' ')) + " OK [CAPABILITY IMAP4rev1 LITERAL+] done\r\n");
+      command(fd);
+      say(fd, "* 1 FETCH (UID 1 BODY[TEXT] {2000000000}\r\n");
+      const std::string chunk(1 << 20, 'x');  // as fast as the client takes it, until it hangs up
+      for (ssize_t n; (n = ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL)) > 0;) sent += static_cast<std::size_t>(n);
+    });
+    dibs::imap::session s{at(server.port)};
+    const auto start = steady_clock::now();
+    try {
+      s.run("UID FETCH 1 BODY[TEXT]");
+      FAIL("a 2 GB literal was read");
+    } catch (const std::system_error& e) {
+      check_malformed(e, server.port, "* 1 FETCH (UID 1 BODY[TEXT] {2000000000}");
+      CHECK_THAT(e.what(), Catch::Contains("a literal of 2000000000 bytes, more than options::max_line (67108864 bytes)"));
+    }
+    CHECK(steady_clock::now() - start < std::chrono::seconds{1});
+  }
+  CHECK(sent < 64u << 20);  // what the socket buffers took before the client hung up; never read into memory
+  // At a small limit: a line that fits passes, a literal or a line without
+  // an end that does not is refused.
+  for (const auto& [reply, ok] : std::vector<std::pair<std::string, bool>>{
+           {"* 1 FETCH (UID 1 BODY[TEXT] {900}\r\n" + std::string(900, 'a') + ")\r\n", true},
+           {"* 1 FETCH (UID 1 BODY[TEXT] {1000}\r\n" + std::string(1000, 'a') + ")\r\n", false},
+           {"* OK " + std::string(5000, 'a'), false}}) {
+    scripted_server server(answering("NOOP", reply));
+    auto o = at(server.port);
+    o.max_line = 1000;
+    dibs::imap::session s{o};
+    if (ok) {
+      CHECK(s.run("NOOP").untagged.size() == 1);
+      continue;
+    }
+    try {
+      s.run("NOOP");
+      FAIL("a line over options::max_line was read");
+    } catch (const std::system_error& e) {
+      check_malformed(e, server.port, "options::max_line (1000 bytes)");
+    }
+  }
+}
+
+TEST_CASE("imap::session: what the server says while a literal waits for its go-ahead is kept in the command's reply") {
+  scripted_server server([&](int fd) {
+    say(fd, "* OK [CAPABILITY IMAP4rev1] ready\r\n");
+    hear(fd, "\r\n");
+    say(fd, "d1 OK [CAPABILITY IMAP4rev1 UIDPLUS] logged in\r\n");
+    hear(fd, "}\r\n");
+    say(fd, "* 5 EXISTS\r\n+ go ahead\r\n");
+    hear(fd, "x\r\n");
+    say(fd, "* 6 EXISTS\r\nd2 OK [APPENDUID 7 42] done\r\n");
+    hear(fd, "LOGOUT\r\n");
+  });
+  dibs::imap::session s{at(server.port)};
+  const auto r = s.run("APPEND box " + dibs::imap::quote("\r\nx"));
+  CHECK(r.ok());
+  CHECK(r.untagged == std::vector<std::string>{"5 EXISTS", "6 EXISTS"});
 }

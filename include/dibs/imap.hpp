@@ -28,7 +28,16 @@
 //     errc::timed_out (transient), and the session is closed; the next
 //     command connects and logs in again by itself. A caller that had sent a
 //     write when that happened cannot know whether it was applied
-//     (run_write() says errc::outcome_unknown then);
+//     (run_write() says errc::outcome_unknown then). Connecting as a whole
+//     (name resolution, the TCP connect to each address, TLS handshake,
+//     greeting, login) takes options::timeout at most: a server whose
+//     accept queue is full is errc::timed_out naming host:port;
+//   - a malformed reply (a number that is not one, or out of IMAP's range,
+//     where the client or its callers read one; a literal or line over
+//     options::max_line, refused before it is read): std::errc::protocol_error
+//     naming the server and quoting the start of the line; not transient. The
+//     session is closed (what else was in flight cannot be read reliably):
+//     under run_write() that is errc::outcome_unknown, never a reply dropped;
 //   - a login refused: std::errc::permission_denied, naming server and user;
 //   - TLS: a server certificate that does not verify (wrong CA, not for the
 //     host): std::errc::permission_denied, with OpenSSL's verify result
@@ -57,15 +66,21 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -91,9 +106,16 @@ struct options {
   std::string port;
   std::string user;
   std::string password;
-  /// How long a reply (and the TLS handshake) may take before the
-  /// connection is given up.
+  /// How long connecting may take (name resolution, the TCP connect to
+  /// each address the name resolves to, the TLS handshake, greeting and
+  /// login: all of it together), and each reply after that, before the
+  /// connection is given up (errc::timed_out).
   std::chrono::milliseconds timeout{30'000};
+  /// The most bytes one response line may hold, its literals included (a
+  /// message fetched whole is one line). A literal announced larger is
+  /// refused before a byte of it is read (std::errc::protocol_error), so a
+  /// server that lies about a size cannot make the client allocate it.
+  std::size_t max_line = 64 * 1024 * 1024;
   /// TLS: none (plain, the default), starttls or implicit.
   tls_mode tls = tls_mode::none;
   /// With TLS: the CA certificates (PEM) to verify the server's certificate
@@ -171,6 +193,56 @@ inline bool istarts_with(std::string_view s, std::string_view prefix) noexcept {
   return s.size() >= prefix.size() && iequals(s.substr(0, prefix.size()), prefix);
 }
 
+// The largest number (nz-number) IMAP has, RFC 3501 9: message numbers,
+// UIDs, UIDVALIDITY are 32 bits; a mod-sequence 63 (RFC 7162 7).
+inline constexpr std::uint64_t max_number = 0xffff'ffffu;
+inline constexpr std::uint64_t max_modseq = 0x7fff'ffff'ffff'ffffu;
+
+// Returns: `s` as a number of at most `max`, or nullopt if it is not one
+// (empty, a sign, another character, too large). What a server sends is
+// read only through this: std::stoul would accept "12abc", wrap at 64 bits
+// and throw std::invalid_argument, which names nothing.
+inline std::optional<std::uint64_t> to_number(std::string_view s, std::uint64_t max) noexcept {
+  if (s.empty() || s.front() < '0' || s.front() > '9') return std::nullopt;
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  if (ec != std::errc{} || end != s.data() + s.size() || n > max) return std::nullopt;
+  return n;
+}
+
+inline bool is_nz_number(std::string_view s) noexcept {
+  const auto n = to_number(s, max_number);
+  return n && *n != 0;
+}
+
+// Returns: true if `s` is a set of UIDs as a server reports them ("3:5,9":
+// no '*', RFC 4315 4 uid-set).
+inline bool is_uid_set(std::string_view s) noexcept {
+  for (;;) {
+    const auto comma = s.find(',');
+    const auto part = s.substr(0, comma);
+    const auto colon = part.find(':');
+    if (!is_nz_number(part.substr(0, colon))) return false;
+    if (colon != std::string_view::npos && !is_nz_number(part.substr(colon + 1))) return false;
+    if (comma == std::string_view::npos) return true;
+    s.remove_prefix(comma + 1);
+  }
+}
+
+// Returns: at most the first 100 bytes of what a server sent, control
+// characters and bytes past ASCII shown as \xNN, for an error message.
+inline std::string excerpt(std::string_view s) {
+  std::string out;
+  const auto n = std::min<std::size_t>(s.size(), 100);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c >= 0x7f) fmt::format_to(std::back_inserter(out), "\\x{:02x}", c);
+    else out.push_back(static_cast<char>(c));
+  }
+  if (n < s.size()) fmt::format_to(std::back_inserter(out), "... ({} bytes)", s.size());
+  return out;
+}
+
 // Parses the elements of `s` from `pos` up to the end or a ')' that closes
 // an enclosing list.
 inline std::vector<value> parse_items(std::string_view s, std::size_t& pos) {
@@ -196,9 +268,8 @@ inline std::vector<value> parse_items(std::string_view s, std::size_t& pos) {
       out.push_back({value::kind::string, std::move(text), {}});
     } else if (c == '{') {
       const auto close = s.find('}', pos);
-      std::size_t n = 0;
-      for (auto i = pos + 1; i < close && i < s.size(); ++i)
-        if (s[i] >= '0' && s[i] <= '9') n = n * 10 + static_cast<std::size_t>(s[i] - '0');
+      const auto size = to_number(s.substr(pos + 1, close == std::string_view::npos ? 0 : close - pos - 1), SIZE_MAX);
+      const std::size_t n = static_cast<std::size_t>(size.value_or(0));
       pos = close == std::string_view::npos ? s.size() : close + 1;
       if (s.substr(pos, 2) == "\r\n") pos += 2;
       out.push_back({value::kind::string, std::string(s.substr(pos, n)), {}});
@@ -289,6 +360,60 @@ inline bool is_ip_address(const std::string& host) noexcept {
   return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
+// Resolves host and port for TCP by `until`. getaddrinfo() cannot be
+// given a deadline, so a name (not an address) is resolved on a thread of
+// its own that is left behind if it takes too long: it frees what it finds
+// once it is done. Returns: getaddrinfo()'s result, or nullopt if `until`
+// passed first.
+inline std::optional<int> resolve(const std::string& host, const std::string& port,
+                                  std::chrono::steady_clock::time_point until, addrinfo** found) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  if (is_ip_address(host)) {
+    hints.ai_flags = AI_NUMERICHOST;
+    return ::getaddrinfo(host.c_str(), port.c_str(), &hints, found);
+  }
+  struct lookup {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false, abandoned = false;
+    int rc = 0;
+    addrinfo* found = nullptr;
+  };
+  auto job = std::make_shared<lookup>();
+  try {
+    std::thread([job, host, port, hints] {
+      addrinfo* f = nullptr;
+      const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &f);
+      std::lock_guard lock{job->m};
+      if (job->abandoned) {
+        if (rc == 0) ::freeaddrinfo(f);
+        return;
+      }
+      job->rc = rc;
+      job->found = f;
+      job->done = true;
+      job->cv.notify_one();
+    }).detach();
+  } catch (const std::system_error&) {  // no thread to be had: resolve here, unbounded
+    return ::getaddrinfo(host.c_str(), port.c_str(), &hints, found);
+  }
+  std::unique_lock lock{job->m};
+  if (!job->cv.wait_until(lock, until, [&] { return job->done; })) {
+    job->abandoned = true;
+    return std::nullopt;
+  }
+  *found = job->found;
+  return job->rc;
+}
+
+// Returns: the address `a` as text ("127.0.0.1", "::1"), for messages.
+inline std::string address_text(const addrinfo* a) {
+  char host[NI_MAXHOST] = "?";
+  (void)::getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof host, nullptr, 0, NI_NUMERICHOST);
+  return host;
+}
+
 }  // namespace detail
 
 /// Returns: the elements of one response line (without its "* " or tag).
@@ -302,6 +427,112 @@ inline std::vector<value> parse(std::string_view line) {
   }
   return all;
 }
+
+namespace detail {
+
+// Returns: what is wrong in a FETCH response's items (empty: nothing).
+inline std::string malformed_fetch(std::string_view text) {
+  const auto v = parse(text);
+  if (v.size() != 1 || v[0].kind != value::kind::list) return "a FETCH response without its list of items";
+  const auto& items = v[0].items;
+  if (items.size() % 2 != 0) return "a FETCH item without a value";
+  for (std::size_t i = 0; i < items.size(); i += 2) {
+    const auto& name = items[i];
+    const auto& val = items[i + 1];
+    if (name.is("UID") && (val.kind != value::kind::atom || !is_nz_number(val.text)))
+      return "a FETCH UID that is not a number from 1 to 4294967295";
+    if (name.is("RFC822.SIZE") && (val.kind != value::kind::atom || !to_number(val.text, max_number)))
+      return "a FETCH RFC822.SIZE that is not a 32-bit number";
+    if (name.is("MODSEQ") && (val.kind != value::kind::list || val.items.size() != 1 ||
+                              val.items[0].kind != value::kind::atom || !to_number(val.items[0].text, max_modseq)))
+      return "a FETCH MODSEQ that is not one 63-bit number in parentheses";
+  }
+  return {};
+}
+
+// Returns: what is wrong in a response code (what is inside "[...]", RFC
+// 3501 7.1, RFC 4315 3, RFC 7162 3.1.2.1) whose arguments are numbers.
+inline std::string malformed_code(std::string_view code) {
+  const auto sp = code.find(' ');
+  const auto name = code.substr(0, sp);
+  const auto args = sp == std::string_view::npos ? std::string_view{} : code.substr(sp + 1);
+  std::vector<std::string_view> words;
+  for (std::size_t at = 0; at <= args.size() && !args.empty();) {
+    const auto end = std::min(args.find(' ', at), args.size());
+    words.push_back(args.substr(at, end - at));
+    at = end + 1;
+  }
+  if (iequals(name, "UIDVALIDITY") || iequals(name, "UIDNEXT") || iequals(name, "UNSEEN")) {
+    if (words.size() != 1 || !is_nz_number(words[0]))
+      return fmt::format("{} is not a number from 1 to 4294967295", name);
+  } else if (iequals(name, "HIGHESTMODSEQ")) {
+    if (words.size() != 1 || !to_number(words[0], max_modseq)) return "HIGHESTMODSEQ is not a 63-bit number";
+  } else if (iequals(name, "APPENDUID")) {
+    if (words.size() != 2 || !is_nz_number(words[0]) || !is_uid_set(words[1]))
+      return "APPENDUID is not a UIDVALIDITY and a UID set";
+  } else if (iequals(name, "COPYUID")) {
+    if (words.size() != 3 || !is_nz_number(words[0]) || !is_uid_set(words[1]) || !is_uid_set(words[2]))
+      return "COPYUID is not a UIDVALIDITY and two UID sets";
+  }
+  return {};
+}
+
+// Returns: what is wrong with the numbers in a response line (empty if
+// nothing is): message numbers, UIDs and UID sets, the response codes
+// that carry numbers, SEARCH, ESEARCH and VANISHED. Everything a caller
+// reads as a number was checked here first, so a caller never meets a
+// malformed one.
+inline std::string malformed(std::string_view line) {
+  if (line.starts_with('+')) return {};
+  const bool untagged = line.starts_with("* ");
+  const auto tag_end = line.find(' ');
+  if (tag_end == std::string_view::npos) return untagged ? "an empty untagged response" : "a tagged reply without a status";
+  auto rest = line.substr(tag_end + 1);
+  const auto word_end = rest.find(' ');
+  const auto word = rest.substr(0, word_end);
+  rest = word_end == std::string_view::npos ? std::string_view{} : rest.substr(word_end + 1);
+  if (iequals(word, "OK") || iequals(word, "NO") || iequals(word, "BAD") || iequals(word, "PREAUTH") ||
+      iequals(word, "BYE")) {
+    if (!rest.starts_with('[')) return {};
+    const auto close = rest.find(']');
+    if (close == std::string_view::npos) return "a response code without its closing ']'";
+    return malformed_code(rest.substr(1, close - 1));
+  }
+  if (!untagged) return {};
+  if (!word.empty() && word.front() >= '0' && word.front() <= '9') {  // "* 12 EXISTS", "* 3 FETCH (...)"
+    const auto kind = rest.substr(0, rest.find(' '));
+    const auto n = to_number(word, max_number);
+    if (!n) return fmt::format("a message number in {} that is not a 32-bit number", kind);
+    if (*n == 0 && (iequals(kind, "EXPUNGE") || iequals(kind, "FETCH"))) return fmt::format("{} of message 0", kind);
+    if (iequals(kind, "FETCH")) return malformed_fetch(rest.substr(kind.size()));
+    return {};
+  }
+  if (iequals(word, "EXISTS") || iequals(word, "RECENT") || iequals(word, "EXPUNGE") || iequals(word, "FETCH"))
+    return fmt::format("{} without its message number", word);
+  if (iequals(word, "VANISHED")) {  // RFC 7162 3.2.10
+    if (istarts_with(rest, "(EARLIER) ")) rest.remove_prefix(10);
+    return is_uid_set(rest) ? std::string{} : "VANISHED with no UID set (numbers from 1 to 4294967295)";
+  }
+  if (iequals(word, "SEARCH")) {  // numbers, then perhaps "(MODSEQ n)" (RFC 7162 3.1.5)
+    for (const auto& v : parse(rest))
+      if (v.kind == value::kind::atom && !is_nz_number(v.text)) return "SEARCH with something other than numbers";
+    return {};
+  }
+  if (iequals(word, "ESEARCH")) {  // RFC 4731: [(TAG "x")] [UID] ALL set | MIN n | MAX n | COUNT n ...
+    const auto v = parse(rest);
+    std::size_t i = !v.empty() && v[0].kind == value::kind::list ? 1 : 0;
+    if (i < v.size() && v[i].is("UID")) ++i;
+    for (; i + 1 < v.size(); i += 2) {
+      const bool set = v[i].is("ALL");
+      const bool number = v[i].is("MIN") || v[i].is("MAX") || v[i].is("COUNT");
+      if ((set && !is_uid_set(v[i + 1].text)) || (number && !to_number(v[i + 1].text, max_number)))
+        return fmt::format("ESEARCH {} with a malformed value", v[i].text);
+    }
+  }
+  return {};
+}
+
+}  // namespace detail
 
 /// Returns: `s` as an IMAP string: quoted if it can be, else a literal.
 inline std::string quote(std::string_view s) {
@@ -375,7 +606,10 @@ public:
 
   /// Sends `commands` (each without tag; literals written "{n+}\r\n..."
   /// through quote()) in one go and returns their replies in order. Throws:
-  /// errc::connection_lost or errc::timed_out if the connection fails.
+  /// errc::connection_lost or errc::timed_out if the connection fails,
+  /// std::errc::protocol_error for a malformed reply (the session is then
+  /// closed), errc::invalid_argument for a literal whose size is not its
+  /// length (write literals with quote()).
   std::vector<reply> run(const std::vector<std::string>& commands) {
     if (!connected()) connect();
     const bool plus = has("LITERAL+");
@@ -385,7 +619,7 @@ public:
     for (const auto& c : commands) {
       tags.push_back(fmt::format("d{}", ++tag_));
       if (plus || c.find("+}\r\n") == std::string::npos) {
-        out += tags.back() + ' ' + c + "\r\n";
+        out.append(tags.back()).append(" ").append(c).append("\r\n");
         continue;
       }
       // A server without LITERAL+ confirms each literal with "+" first.
@@ -399,16 +633,31 @@ public:
         const auto mark = c.find("+}\r\n", pos);
         if (mark == std::string::npos) break;
         const auto open = c.rfind('{', mark);
-        const auto n = static_cast<std::size_t>(std::stoull(c.substr(open + 1, mark - open - 1)));
-        send(part + c.substr(pos, mark - pos) + "}\r\n");
-        for (const auto until = std::chrono::steady_clock::now() + opts_.timeout;;) {
-          const auto line = read_line(until);
+        const auto size = open == std::string::npos || open < pos
+                              ? std::nullopt
+                              : detail::to_number(std::string_view(c).substr(open + 1, mark - open - 1), SIZE_MAX);
+        if (!size || *size > c.size() - (mark + 4))
+          throw std::system_error(make_error_code(errc::invalid_argument),
+                                  fmt::format("dibs::imap: {}: the command '{}' has a literal whose size is not its "
+                                              "length: write it with imap::quote()",
+                                              where(), detail::excerpt(c)));
+        const auto n = static_cast<std::size_t>(*size);
+        part.append(c, pos, mark - pos).append("}\r\n");
+        send(part);
+        for (const auto until = deadline();;) {
+          auto line = read_reply_line(until);
           if (line.starts_with("+")) break;
-          if (line.starts_with(tags.back() + ' ')) fail(errc::connection_lost, "the server refused a literal: " + line);
+          if (line.starts_with(tags.back() + ' '))
+            fail(errc::connection_lost, fmt::format("the server refused a literal: {}", detail::excerpt(line)));
+          if (detail::istarts_with(line, "* BYE"))
+            fail(errc::connection_lost, fmt::format("the server said {}", detail::excerpt(line.substr(2))));
+          // Said while this command is the only one open: its reply's, as
+          // collect() would file it (an EXISTS here is news a caller needs).
+          if (line.starts_with("* ")) early_.push_back(line.substr(2));
         }
-        part = c.substr(mark + 4, n);
+        part.assign(c, mark + 4, n);
         pos = mark + 4 + n;
-        if (c.find("+}\r\n", pos) == std::string::npos) part += c.substr(pos) + "\r\n";
+        if (c.find("+}\r\n", pos) == std::string::npos) part.append(c, pos).append("\r\n");
       }
       out = part;
     }
@@ -420,14 +669,17 @@ public:
   reply run(const std::string& command) { return std::move(run(std::vector<std::string>{command}).front()); }
 
   /// As run(), for commands that change something: if the connection fails
-  /// after they were sent, throws errc::outcome_unknown instead (they may
-  /// or may not have been applied).
+  /// or a reply is malformed after they were sent, throws
+  /// errc::outcome_unknown instead (they may or may not have been applied).
   std::vector<reply> run_write(const std::vector<std::string>& commands) {
     if (!connected()) connect();
     try {
       return run(commands);
     } catch (const std::system_error& e) {
-      if (e.code() == make_error_code(errc::connection_lost) || e.code() == make_error_code(errc::timed_out))
+      // A malformed reply closes the connection as a lost one does: the
+      // write's own reply may have been among what was not read.
+      if (e.code() == make_error_code(errc::connection_lost) || e.code() == make_error_code(errc::timed_out) ||
+          e.code() == std::errc::protocol_error)
         throw std::system_error(make_error_code(errc::outcome_unknown), e.what());
       throw;
     }
@@ -437,8 +689,9 @@ public:
   /// server, user, `what` was done, and what the server said.
   void check(const reply& r, std::string_view what) const {
     if (r.ok()) return;
-    throw std::system_error(code_of(r), fmt::format("dibs::imap: {} on {}: the server said {} {}{}", what, where(),
-                                                   r.status, r.code.empty() ? "" : "[" + r.code + "] ", r.text));
+    throw std::system_error(code_of(r), fmt::format("dibs::imap: {} on {}: the server said {} {}{}{}{}", what, where(),
+                                                   r.status, r.code.empty() ? "" : "[", r.code,
+                                                   r.code.empty() ? "" : "] ", r.text));
   }
 
   /// Waits in IDLE (RFC 2177) until the server reports a change of the
@@ -452,10 +705,10 @@ public:
     }
     if (!connected()) connect();
     const auto tag = fmt::format("d{}", ++tag_);
-    send(tag + " IDLE\r\n");
-    const auto until = std::chrono::steady_clock::now() + opts_.timeout;
+    send(fmt::format("{} IDLE\r\n", tag));
+    const auto until = deadline();
     for (;;) {
-      const auto line = read_line(until);
+      const auto line = read_reply_line(until);
       if (line.starts_with("+")) break;
       if (line.starts_with(tag)) return true;  // refused: treat as a change and poll
     }
@@ -465,8 +718,9 @@ public:
       const auto left = end - std::chrono::steady_clock::now();
       if (left <= std::chrono::nanoseconds::zero() || !readable(std::chrono::duration_cast<std::chrono::milliseconds>(left)))
         break;
-      const auto line = read_line(std::chrono::steady_clock::now() + opts_.timeout);
-      if (detail::istarts_with(line, "* BYE")) fail(errc::connection_lost, "the server said " + line);
+      const auto line = read_reply_line(deadline());
+      if (detail::istarts_with(line, "* BYE"))
+        fail(errc::connection_lost, fmt::format("the server said {}", detail::excerpt(line.substr(2))));
       changed = line.find(" EXISTS") != std::string::npos || line.find(" EXPUNGE") != std::string::npos ||
                 line.find(" FETCH") != std::string::npos || line.find(" RECENT") != std::string::npos;
     }
@@ -500,6 +754,7 @@ public:
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
     in_.clear();
+    early_.clear();
   }
 
 private:
@@ -508,6 +763,16 @@ private:
     throw std::system_error(ec, fmt::format("dibs::imap: {}: {}", where(), why));
   }
   [[noreturn]] void fail(errc e, std::string_view why) { fail(make_error_code(e), why); }
+  // A reply that breaks the protocol: the connection is closed (what else
+  // is in flight cannot be read reliably: a write's reply among it is then
+  // outcome_unknown through run_write()). Not transient: the same server
+  // is likely to say the same again.
+  [[noreturn]] void malformed(std::string_view line, std::string_view why) {
+    fail(std::make_error_code(std::errc::protocol_error),
+         fmt::format("the server sent a malformed reply ({}): '{}'; the connection is closed (is it an IMAP "
+                     "server? if so, report this to its operator)",
+                     why, detail::excerpt(line)));
+  }
 
   static std::error_code code_of(const reply& r) {
     const std::string_view code = std::string_view(r.code).substr(0, r.code.find(' '));
@@ -530,29 +795,19 @@ private:
     pid_ = ::getpid();
     caps_.clear();
     const auto until = std::chrono::steady_clock::now() + opts_.timeout;
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* found = nullptr;
-    if (const int rc = ::getaddrinfo(opts_.host.c_str(), opts_.port.c_str(), &hints, &found); rc != 0)
-      throw std::system_error(make_error_code(errc::connection_lost),
-                              fmt::format("dibs::imap: cannot find server {}:{}: {}", opts_.host, opts_.port,
-                                          ::gai_strerror(rc)));
-    int err = 0;
-    for (addrinfo* a = found; a && fd_ < 0; a = a->ai_next) {
-      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-      if (fd < 0) { err = errno; continue; }
-      if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) fd_ = fd;
-      else { err = errno; ::close(fd); }
-    }
-    ::freeaddrinfo(found);
-    if (fd_ < 0)
-      throw std::system_error(std::error_code(err, std::generic_category()),
-                              fmt::format("dibs::imap: cannot connect to {}:{} ({}); is the IMAP server running?",
-                                          opts_.host, opts_.port, std::strerror(err)));
+    // Every reply while connecting (greeting, STARTTLS, LOGIN) shares the
+    // one deadline: a reconnect inside a timed call takes options::timeout
+    // at most, not that much per step.
+    connecting_until_ = until;
+    struct done_connecting {
+      session& s;
+      ~done_connecting() { s.connecting_until_.reset(); }
+    } guard{*this};
+    open_socket(until);
     if (opts_.tls == tls_mode::implicit) handshake(until);
-    const auto greeting = read_line(until);
+    const auto greeting = read_reply_line(until);
     if (!detail::istarts_with(greeting, "* OK") && !detail::istarts_with(greeting, "* PREAUTH"))
-      fail(errc::connection_lost, "the server greeted with '" + greeting + "'");
+      fail(errc::connection_lost, fmt::format("the server greeted with '{}'", detail::excerpt(greeting)));
     // What the server can do before the login: from the greeting, or asked.
     if (const auto open = greeting.find('['); open != std::string::npos &&
                                               detail::istarts_with(std::string_view(greeting).substr(open + 1), "CAPABILITY"))
@@ -569,7 +824,8 @@ private:
              "(usually 993) if it has one. Nothing was sent in the clear");
       const auto r = run("STARTTLS");
       if (!r.ok())
-        fail(std::make_error_code(std::errc::not_supported), "the server refused STARTTLS: " + r.status + " " + r.text);
+        fail(std::make_error_code(std::errc::not_supported),
+             fmt::format("the server refused STARTTLS: {} {}", r.status, r.text));
       // What came after the OK came before the handshake, unprotected: an
       // attacker's injection (CVE-2011-0411), never to be read as the server's.
       if (!in_.empty())
@@ -593,11 +849,81 @@ private:
       throw std::system_error(
           transient ? make_error_code(errc::connection_lost) : std::make_error_code(std::errc::permission_denied),
           fmt::format("dibs::imap: {}:{} refused the login of user '{}': {}{}{}", opts_.host, opts_.port, opts_.user,
-                      login.code.empty() ? "" : "[" + login.code + "] ", text,
+                      login.code.empty() ? "" : fmt::format("[{}] ", login.code), text,
                       transient ? "" : "; check the user name and password"));
     }
     if (detail::istarts_with(login.code, "CAPABILITY")) set_caps(login.code);
     else ask_caps();
+  }
+
+  // Connects fd_ to the first address of the server that answers by
+  // `until` (each address tried gets an equal share of the time left), and
+  // leaves it non-blocking: every read and write after this poll()s with a
+  // deadline. Throws: errc::timed_out if the time ran out (the server's
+  // accept queue full, packets dropped); the connect's own error (refused,
+  // unreachable: transient) otherwise; both name host and port.
+  void open_socket(std::chrono::steady_clock::time_point until) {
+    addrinfo* found = nullptr;
+    const auto rc = detail::resolve(opts_.host, opts_.port, until, &found);
+    if (!rc)
+      throw std::system_error(make_error_code(errc::timed_out),
+                              fmt::format("dibs::imap: cannot find server {}:{}: the name was not resolved within "
+                                          "{} ms (options::timeout); is DNS reachable?",
+                                          opts_.host, opts_.port, opts_.timeout.count()));
+    if (*rc != 0)
+      throw std::system_error(make_error_code(errc::connection_lost),
+                              fmt::format("dibs::imap: cannot find server {}:{}: {}", opts_.host, opts_.port,
+                                          ::gai_strerror(*rc)));
+    std::size_t left = 0;
+    for (const addrinfo* a = found; a; a = a->ai_next) ++left;
+    int err = 0;
+    bool timed_out = false;
+    std::string tried;
+    for (const addrinfo* a = found; a && fd_ < 0; a = a->ai_next, --left) {
+      const auto share = (until - std::chrono::steady_clock::now()) / static_cast<int>(left);
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+      int e = fd < 0 ? errno : 0;
+      if (fd >= 0 && ::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+        e = errno;
+        if (e == EINPROGRESS) {
+          const auto ms = std::chrono::ceil<std::chrono::milliseconds>(share).count();
+          pollfd p{fd, POLLOUT, 0};
+          int ready = 0;
+          while (ms > 0 && (ready = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(ms, INT_MAX)))) < 0 &&
+                 errno == EINTR) {
+          }
+          socklen_t len = sizeof e;
+          if (ready <= 0) e = ETIMEDOUT;
+          else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
+        }
+      }
+      if (fd >= 0 && e == 0) {
+        fd_ = fd;
+        break;
+      }
+      if (fd >= 0) ::close(fd);
+      err = e;
+      timed_out = timed_out || e == ETIMEDOUT;
+      fmt::format_to(std::back_inserter(tried), "{}{}: {}", tried.empty() ? "" : ", ", detail::address_text(a),
+                     e == ETIMEDOUT ? "no answer in time" : std::strerror(e));
+    }
+    ::freeaddrinfo(found);
+    if (fd_ >= 0) return;
+    if (timed_out)
+      throw std::system_error(make_error_code(errc::timed_out),
+                              fmt::format("dibs::imap: cannot connect to {}:{} within {} ms (options::timeout): {}; "
+                                          "is the IMAP server running and accepting connections?",
+                                          opts_.host, opts_.port, opts_.timeout.count(), tried));
+    throw std::system_error(std::error_code(err, std::generic_category()),
+                            fmt::format("dibs::imap: cannot connect to {}:{} ({}); is the IMAP server running?",
+                                        opts_.host, opts_.port, tried));
+  }
+
+  // Returns: when the reply being read must have come: options::timeout
+  // from now, or sooner while connecting.
+  std::chrono::steady_clock::time_point deadline() const {
+    const auto until = std::chrono::steady_clock::now() + opts_.timeout;
+    return connecting_until_ ? std::min(until, *connecting_until_) : until;
   }
 
   void set_caps(const std::string& caps) {
@@ -614,19 +940,17 @@ private:
   // TLS on the connected socket (implicit: at once; starttls: after the
   // server's OK), the server's certificate verified against the CA file or
   // the system's store, and that it names the host. The socket is
-  // non-blocking from here on: every TLS read and write poll()s with a
+  // non-blocking (open_socket()): every TLS read and write poll()s with a
   // deadline. Throws: not transient for a certificate that does not verify
   // or a handshake the server or client refused; transient for a
   // connection lost or a handshake not done by `until`.
   void handshake(std::chrono::steady_clock::time_point until) {
     if (!ctx_) ctx_ = make_context();
-    if (const int flags = ::fcntl(fd_, F_GETFL); flags < 0 || ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK) < 0)
-      fail(errc::connection_lost, fmt::format("cannot make the socket non-blocking: {}", std::strerror(errno)));
     BIO* bio = detail::tls_bio_method() ? BIO_new(detail::tls_bio_method()) : nullptr;
     ssl_ = bio ? SSL_new(ctx_) : nullptr;
     if (!ssl_) {
       if (bio) BIO_free(bio);
-      fail(std::make_error_code(std::errc::not_enough_memory), "cannot set up TLS: " + detail::tls_errors());
+      fail(std::make_error_code(std::errc::not_enough_memory), fmt::format("cannot set up TLS: {}", detail::tls_errors()));
     }
     BIO_set_data(bio, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd_)));
     BIO_set_init(bio, 1);
@@ -681,7 +1005,7 @@ private:
     SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
     if (!ctx)
       throw std::system_error(std::make_error_code(std::errc::not_enough_memory),
-                              "dibs::imap: cannot set up TLS: " + detail::tls_errors());
+                              fmt::format("dibs::imap: cannot set up TLS: {}", detail::tls_errors()));
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     SSL_CTX_set_verify(ctx, opts_.verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, nullptr);
@@ -737,7 +1061,7 @@ private:
   }
 
   void tls_send(const std::string& data) {
-    const auto until = std::chrono::steady_clock::now() + opts_.timeout;
+    const auto until = deadline();
     for (std::size_t done = 0; done < data.size();) {
       ERR_clear_error();
       const int n = SSL_write(ssl_, data.data() + done, static_cast<int>(std::min<std::size_t>(data.size() - done, INT_MAX)));
@@ -758,9 +1082,15 @@ private:
 
   void send(const std::string& data) {
     if (ssl_) return tls_send(data);
+    const auto until = deadline();
     for (std::size_t done = 0; done < data.size();) {
       const auto n = ::send(fd_, data.data() + done, data.size() - done, MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {  // the server reads slower than we write
+        if (!wait_io(SSL_ERROR_WANT_WRITE, until))
+          fail(errc::timed_out, fmt::format("sending did not finish within {} ms", opts_.timeout.count()));
+        continue;
+      }
       if (n < 0) fail(errc::connection_lost, fmt::format("sending failed: {}", std::strerror(errno)));
       done += static_cast<std::size_t>(n);
     }
@@ -781,60 +1111,87 @@ private:
       if (!tls_read(until)) fail(errc::timed_out, fmt::format("no reply within {} ms", opts_.timeout.count()));
       return;
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-    if (left.count() <= 0 || !readable(left))
-      fail(errc::timed_out, fmt::format("no reply within {} ms", opts_.timeout.count()));
     char buf[65536];
-    ssize_t n;
-    while ((n = ::recv(fd_, buf, sizeof buf, 0)) < 0 && errno == EINTR) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || !readable(left))
+        fail(errc::timed_out, fmt::format("no reply within {} ms", opts_.timeout.count()));
+      ssize_t n;
+      while ((n = ::recv(fd_, buf, sizeof buf, 0)) < 0 && errno == EINTR) {
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;  // woken for nothing: wait again
+      if (n <= 0) fail(errc::connection_lost, n == 0 ? "the server closed the connection" : std::strerror(errno));
+      in_.append(buf, static_cast<std::size_t>(n));
+      return;
     }
-    if (n <= 0) fail(errc::connection_lost, n == 0 ? "the server closed the connection" : std::strerror(errno));
-    in_.append(buf, static_cast<std::size_t>(n));
   }
 
   // One logical line: a line, and if it ends in a literal "{n}", its n
-  // bytes and the rest of the line after them, and so on.
+  // bytes and the rest of the line after them, and so on; never more than
+  // options::max_line bytes of it (a literal announced larger is refused
+  // before it is read: the server may lie about its size).
   std::string read_line(std::chrono::steady_clock::time_point until) {
+    const std::size_t limit = std::min<std::size_t>(opts_.max_line, SIZE_MAX / 2);  // SIZE_MAX: no limit, no wrap
     std::string line;
     std::size_t scanned = 0;
     for (;;) {
       const auto eol = in_.find("\r\n", scanned);
       if (eol == std::string::npos) {
+        if (line.size() + in_.size() > limit + 1)
+          malformed(line.empty() ? std::string_view(in_) : std::string_view(line),
+                    fmt::format("a line longer than options::max_line ({} bytes) without its end", opts_.max_line));
         scanned = in_.size() > 0 ? in_.size() - 1 : 0;
         fill(until);
         continue;
       }
-      std::size_t n = 0;
-      bool literal = eol > 0 && in_[eol - 1] == '}';
-      if (literal) {
+      std::optional<std::uint64_t> n;
+      if (eol > 0 && in_[eol - 1] == '}') {
         const auto open = in_.rfind('{', eol);
-        literal = open != std::string::npos;
-        for (auto i = open + 1; literal && i + 1 < eol; ++i) {
-          if (in_[i] < '0' || in_[i] > '9') literal = false;
-          else n = n * 10 + static_cast<std::size_t>(in_[i] - '0');
+        if (open != std::string::npos) {
+          const auto digits = std::string_view(in_).substr(open + 1, eol - 1 - (open + 1));
+          n = detail::to_number(digits, UINT64_MAX);
+          // Digits only, yet no number: more than 64 bits' worth.
+          if (!n && !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos)
+            n = UINT64_MAX;
         }
       }
-      if (!literal) {
-        line += in_.substr(0, eol);
+      const std::size_t head = line.size() + eol + 2;
+      if (head > limit + 2 || (n && *n > limit + 2 - head))
+        malformed(line.empty() ? std::string_view(in_).substr(0, eol) : std::string_view(line),
+                  n ? fmt::format("a literal of {} bytes, more than options::max_line ({} bytes) allows", *n,
+                                  opts_.max_line)
+                    : fmt::format("a line longer than options::max_line ({} bytes)", opts_.max_line));
+      if (!n) {
+        line.append(in_, 0, eol);
         in_.erase(0, eol + 2);
         return line;
       }
-      while (in_.size() < eol + 2 + n) fill(until);
-      line += in_.substr(0, eol + 2 + n);
-      in_.erase(0, eol + 2 + n);
+      const auto size = eol + 2 + static_cast<std::size_t>(*n);
+      while (in_.size() < size) fill(until);
+      line.append(in_, 0, size);
+      in_.erase(0, size);
       scanned = 0;
     }
+  }
+
+  // read_line(), and the line's numbers checked (detail::malformed).
+  std::string read_reply_line(std::chrono::steady_clock::time_point until) {
+    auto line = read_line(until);
+    if (const auto why = detail::malformed(line); !why.empty()) malformed(line, why);
+    return line;
   }
 
   std::vector<reply> collect(const std::vector<std::string>& tags) {
     std::vector<reply> replies(tags.size());
     std::vector<bool> done(tags.size());
-    const auto until = std::chrono::steady_clock::now() + opts_.timeout;
+    if (!tags.empty()) replies.front().untagged = std::exchange(early_, {});
+    const auto until = deadline();
     // i: the first command not yet completed (untagged lines go to it).
     for (std::size_t i = 0; i < tags.size(); i = static_cast<std::size_t>(std::find(done.begin(), done.end(), false) - done.begin())) {
-      auto line = read_line(until);
+      auto line = read_reply_line(until);
       if (line.starts_with("* ")) {
-        if (detail::istarts_with(line, "* BYE")) fail(errc::connection_lost, "the server said " + line.substr(2));
+        if (detail::istarts_with(line, "* BYE"))
+          fail(errc::connection_lost, fmt::format("the server said {}", detail::excerpt(line.substr(2))));
         // ESEARCH names its command (RFC 4731): a server running pipelined
         // commands side by side may answer a later one first.
         std::size_t to = i;
@@ -879,9 +1236,12 @@ private:
     ctx_ = nullptr;
   }
   SSL* ssl_ = nullptr;      // the connection's TLS state (null: plain)
+  // While connecting: when the whole of it must be done.
+  std::optional<std::chrono::steady_clock::time_point> connecting_until_;
   pid_t pid_ = 0;
   std::uint64_t tag_ = 0;
   std::string in_;
+  std::vector<std::string> early_;  // untagged lines read while a literal waited for "+", for the next collect()
   std::vector<std::string> caps_;
 };
 
