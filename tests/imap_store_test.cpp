@@ -237,6 +237,35 @@ TEST_CASE("4 processes race marker_claim over 100 keys with compaction at grace 
   CHECK(left <= 110);
 }
 
+TEST_CASE("a person clearing $DibsBase in dibs's folder after compaction never makes a completed item claimable again") {
+  const auto f = imap::fresh_folder("clearbase");
+  auto s = open_compacting(f);
+  dibs::marker_claim<dibs::imap_store> claims{s};
+  for (const auto* key : {"order/1", "order/2"}) {
+    auto c = claims.try_claim(key);
+    REQUIRE(c);
+    c->complete("shipped");
+  }
+  (void)s.read("order/1");  // sends what compaction owes
+  dibs::imap::session person{imap::options()};
+  REQUIRE(imap::messages(person, f) == 2);  // compacted: one message per key, the history below it gone
+  // Any mail client can do this: take the keyword off every message.
+  person.check(person.run("SELECT " + dibs::imap::quote(f)), "select");
+  person.check(person.run("UID STORE 1:* -FLAGS ($DibsBase)"), "store");
+  auto fresh = open_store(f);  // another worker, reading the folder from scratch
+  dibs::marker_claim<dibs::imap_store> others{fresh};
+  for (auto* cl : {&claims, &others})
+    for (const auto* key : {"order/1", "order/2"}) {
+      INFO(key);
+      const auto st = cl->status(key);
+      CHECK(st.state == dibs::claim_state::completed);
+      CHECK(st.result == "shipped");
+      CHECK_FALSE(cl->try_claim(key));  // nobody does the work again
+    }
+  CHECK(fresh.keys() == std::vector<std::string>{"order/1", "order/2"});
+  CHECK(imap::messages(person, f) == 2);  // no claim was written
+}
+
 TEST_CASE("versions carry the folder's UIDVALIDITY, and a folder re-created under an open store is ESTALE") {
   const auto f = imap::fresh_folder("validity");
   auto s = open_store(f);
