@@ -45,7 +45,8 @@ struct run_result {
 // a server crash); then the parent waits until every message is completed.
 template <class During>
 run_result run_workers(const std::string& mailbox, const std::string& claims_folder, int workers, int expected,
-                       During during, std::chrono::milliseconds lease = 5s) {
+                       During during, std::chrono::milliseconds lease = 5s,
+                       std::chrono::milliseconds handling = std::chrono::milliseconds{0}) {
   dibs_test::temp_dir dir;
   const auto journal_dir = dir.path / "journal";
   const auto stop = dir.path / "stop";
@@ -68,6 +69,7 @@ run_result run_workers(const std::string& mailbox, const std::string& claims_fol
           if (!m) continue;
           if (m->raw().find("Subject: order") == std::string::npos) return 5;  // not the message delivered
           if (!dibs_test::write_fenced_effect(journal, m->key(), m->token())) return 4;  // a stale claim: never
+          std::this_thread::sleep_for(handling);
           m->complete(std::to_string(m->token()));
         } catch (const std::system_error& e) {
           if (!dibs::is_transient(e.code()) && e.code() != dibs::errc::outcome_unknown) throw;
@@ -184,6 +186,58 @@ TEST_CASE("imap_mailbox: the server SIGKILLed and restarted mid-run: nothing los
   CHECK(r.effects_match == 300);
   CHECK(r.shown_completed == 300);
   CHECK(r.shown_other == 0);
+}
+
+TEST_CASE("imap_mailbox: the server SIGKILLed and restarted 5 times mid-run, answering NO [SERVERBUG] after each: "
+          "no message failed, each handled once") {
+  // A server killed during an APPEND leaves the message's file behind
+  // without its index entry (sdbox), and after the restart Dovecot answers
+  // the next APPEND to that folder NO [SERVERBUG] while it rebuilds the
+  // index. Each kill here leaves such a file (a copy of a delivered mail:
+  // foreign to dibs), so that each restart does it: the server's trouble,
+  // never the handler's, so it must cost no worker its life and no message
+  // an attempt.
+  const auto mailbox = dibs_test::imap::fresh_folder("crashes");
+  const auto claims = dibs_test::imap::fresh_folder("crashesclaims");
+  constexpr int total = 150, crashes_wanted = 5;
+  {
+    dibs::imap::session s{dibs_test::imap::options()};
+    s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+    deliver(s, mailbox, 0, total);
+  }
+  const auto leave_a_file = [&] {
+    const auto mails = dibs_test::imap::folder_dir(claims) / "dbox-Mails";
+    std::uint32_t last = 0;
+    for (const auto& f : std::filesystem::directory_iterator(mails))
+      if (const auto name = f.path().filename().string(); name.starts_with("u."))
+        last = std::max(last, static_cast<std::uint32_t>(std::stoul(name.substr(2))));
+    const auto mail = dibs_test::imap::folder_dir(mailbox) / "dbox-Mails" / "u.1";
+    REQUIRE(dibs_test::sh(fmt::format("cp -p '{}' '{}'", mail.string(), (mails / fmt::format("u.{}", last + 1)).string())) == 0);
+  };
+  int crashes = 0;
+  const auto r = run_workers(
+      mailbox, claims, 4, total,
+      [&](std::vector<pid_t>&, auto&) {
+        for (; crashes < crashes_wanted; ++crashes) {
+          std::this_thread::sleep_for(400ms);
+          dibs_test::imap::kill_server();
+          leave_a_file();
+          dibs_test::imap::restart_server();
+        }
+      },
+      5s, 100ms);  // workers spend most of their time handling: the first write after a restart is mostly a completion
+  CHECK(crashes == crashes_wanted);
+  CHECK(r.messages == total);
+  CHECK(r.completed == total);
+  CHECK(r.effects_match == total);
+  CHECK(r.shown_completed == total);
+  CHECK(r.shown_other == 0);
+  std::ifstream log(dibs_test::imap::dir() + "/dovecot.log");
+  int rebuilt = 0;
+  for (std::string line; std::getline(log, line);)
+    rebuilt += line.find(claims) != std::string::npos && line.find("already exists, rebuilding index") != std::string::npos;
+  INFO("APPENDs answered NO [SERVERBUG]: " << rebuilt);
+  CHECK(rebuilt >= crashes_wanted);
 }
 
 TEST_CASE("imap_mailbox: keyed by Message-ID, a message without one is keyed by its UID, and said so") {

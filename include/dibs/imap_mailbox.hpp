@@ -31,8 +31,11 @@
 //
 // next() waits for new mail with IDLE (RFC 2177), not by polling, and looks
 // again at least every third of the claims' lease (at most 2 s) for claims of workers
-// that are gone. Failures of the server (restarting, unreachable) are
-// waited out inside next() until its wait ends; a refused login, a mailbox
+// that are gone. Failures of the server (restarting, unreachable, and
+// for 30 s after a reconnect an internal error, NO [SERVERBUG], which
+// Dovecot answers while it repairs what a crash left) are waited out
+// inside next() until its wait ends, and the store (imap_store) treats
+// them as transient too: they cost no message an attempt; a refused login, a mailbox
 // that does not exist or is read-only throw, naming server and mailbox.
 // One thread uses an imap_mailbox (and the mail it hands out) at a time; it
 // needs its own connection
@@ -174,6 +177,7 @@ public:
       } catch (const std::system_error& e) {
         if (!is_transient(e.code()) && e.code() != make_error_code(errc::outcome_unknown)) throw;
         selected_ = false;
+        if (!session_.connected()) recovery_.lost();
         if (std::chrono::steady_clock::now() >= end) return std::nullopt;
         std::this_thread::sleep_for(std::chrono::milliseconds{200});
       }
@@ -219,7 +223,7 @@ private:
                               fmt::format("dibs::imap_mailbox: {} does not exist (the server said: {}); create it or "
                                           "name the mailbox the mail arrives in",
                                           where(), r.text));
-    session_.check(r, fmt::format("selecting {}", where()));
+    recovery_.check(session_, r, fmt::format("selecting {}", where()));
     if (imap::detail::istarts_with(r.code, "READ-ONLY"))
       throw std::system_error(std::make_error_code(std::errc::permission_denied),
                               fmt::format("dibs::imap_mailbox: {} is read-only for this user; dibs shows the state "
@@ -238,6 +242,7 @@ private:
       validity_ = validity;
     }
     selected_ = true;
+    recovery_.reconnected();
   }
 
   static std::error_code session_code(const imap::reply& r) {
@@ -319,7 +324,7 @@ private:
       also.insert(also.begin(), {"NOOP", fmt::format("UID FETCH {}:* {}", from, fetch_items)});
       const auto r = session_.run(also);
       also.clear();
-      session_.check(r[1], what);
+      recovery_.check(session_, r[1], what);
       bool grew = false;
       for (auto& line : imap::untagged_of(r)) {
         grew = grew || line.ends_with(" EXISTS");
@@ -519,7 +524,7 @@ private:
     commands.push_back(fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid));
     ready();
     const auto replies = session_.run(commands);
-    session_.check(replies.back(), fmt::format("reading message UID {} in {}", uid, where()));  // gives it back
+    recovery_.check(session_, replies.back(), fmt::format("reading message UID {} in {}", uid, where()));  // gives it back
     for (std::size_t i = 0; i + 1 < replies.size(); ++i)
       if (!replies[i].ok())
         note(fmt::format("could not show '{}' on message UID {} in {} ({} {}); it is shown when a watcher next "
@@ -552,6 +557,7 @@ private:
   std::set<std::uint32_t> pending_;
   std::map<std::uint32_t, std::chrono::steady_clock::time_point> held_;
   std::map<std::uint32_t, std::string> unshown_;  // keywords a failure kept from being shown
+  imap::detail::server_recovery recovery_;       // a server's internal error right after a reconnect: transient
   std::mt19937_64 rng_{std::random_device{}()};
 };
 

@@ -64,7 +64,9 @@
 // Dovecot has both (dibs is tested against Dovecot 2.3).
 //
 // Failures: the server unreachable, restarting, or the connection lost:
-// transient (the next operation reconnects); a write whose reply was lost:
+// transient (the next operation reconnects); a NO [SERVERBUG] within 30 s
+// of connecting again after a lost connection (Dovecot repairing what a
+// crash left behind): transient, and EIO (not transient) at other times; a write whose reply was lost:
 // errc::outcome_unknown (the policies read back); a refused login: not
 // transient, naming user and server; the folder deleted and re-created
 // under the store (a new UIDVALIDITY): ESTALE (generic_category), not
@@ -185,6 +187,50 @@ inline std::int64_t parse_date(std::string_view d) {
   const std::int64_t offset = (zone / 100 * 3600 + zone % 100 * 60) * (sign == '-' ? -1 : 1);
   return static_cast<std::int64_t>(::timegm(&t)) - offset;
 }
+
+// Tells a server's internal error while it recovers from a crash from one
+// that lasts. Killed in the middle of an APPEND, Dovecot leaves the
+// message's file without its index entry (sdbox); after the restart it
+// answers the next APPEND there NO [SERVERBUG] and rebuilds the index, and
+// the next one succeeds. The same reply also means a folder it cannot
+// write, for good. So a SERVERBUG within `span` of connecting again after
+// a lost connection is transient, and any other is not.
+class server_recovery {
+public:
+  static constexpr std::chrono::seconds span{30};
+
+  /// Effects: notes that the connection was lost (the server may have crashed).
+  void lost() noexcept { lost_ = true; }
+  /// Effects: notes that the session is connected again, if it was lost.
+  void reconnected() noexcept {
+    if (!lost_) return;
+    lost_ = false;
+    since_ = std::chrono::steady_clock::now();
+  }
+  /// Returns: true from a lost connection until `span` after connecting again.
+  bool recovering() const noexcept {
+    return lost_ || (since_ && std::chrono::steady_clock::now() - *since_ < span);
+  }
+  /// Throws: as s.check(r, what); but for a NO [SERVERBUG] while
+  /// recovering(), errc::connection_lost (transient). The connection is
+  /// left open (closing it would count as losing it again): the caller
+  /// selects its folder again before the next command.
+  void check(const session& s, const reply& r, std::string_view what) const {
+    if (r.ok() || !recovering() || !iequals(std::string_view(r.code).substr(0, r.code.find(' ')), "SERVERBUG")) {
+      s.check(r, what);
+      return;
+    }
+    throw std::system_error(make_error_code(errc::connection_lost),
+                            fmt::format("dibs::imap: {} on {}: the server said {} [{}] {} soon after its connection "
+                                        "was lost and made again (a server repairing what a crash left behind): "
+                                        "try again",
+                                        what, s.where(), r.status, r.code, r.text));
+  }
+
+private:
+  bool lost_ = false;
+  std::optional<std::chrono::steady_clock::time_point> since_;
+};
 
 inline std::string uid_set(const std::vector<std::uint32_t>& uids) {
   std::string s;
@@ -344,6 +390,17 @@ private:
   // UID), and reads every record in it into the mirror.
   void ready() {
     if (session_.connected() && selected_) return;
+    try {
+      select_folder();
+    } catch (const std::system_error&) {
+      if (!session_.connected()) recovery_.lost();
+      throw;
+    }
+    recovery_.reconnected();
+    sync({});
+  }
+
+  void select_folder() {
     selected_ = false;
     mirror_.clear();
     by_key_.clear();
@@ -357,12 +414,12 @@ private:
         throw std::system_error(std::make_error_code(std::errc::not_supported),
                                 fmt::format("dibs::imap_store: the server of {} lacks {}, which dibs needs {}",
                                             where(), cap, why));
-    session_.check(session_.run("ENABLE QRESYNC"), "enabling QRESYNC");
+    check(session_.run("ENABLE QRESYNC"), "enabling QRESYNC");
     const auto created = session_.run(fmt::format("CREATE {}", imap::quote(opts_.folder)));
     if (!created.ok() && !imap::detail::iequals(created.code, "ALREADYEXISTS"))
-      session_.check(created, fmt::format("creating the folder '{}' for dibs's records", opts_.folder));
+      check(created, fmt::format("creating the folder '{}' for dibs's records", opts_.folder));
     const auto r = session_.run(fmt::format("SELECT {}", imap::quote(opts_.folder)));
-    session_.check(r, fmt::format("selecting dibs's folder '{}'", opts_.folder));
+    check(r, fmt::format("selecting dibs's folder '{}'", opts_.folder));
     if (imap::detail::istarts_with(r.code, "READ-ONLY"))
       throw std::system_error(std::make_error_code(std::errc::permission_denied),
                               fmt::format("dibs::imap_store: {} is read-only for this user; dibs needs to add and "
@@ -383,7 +440,14 @@ private:
     }
     uid_validity_ = validity;
     selected_ = true;
-    sync({});
+  }
+
+  // As session::check, with a server's internal error right after a
+  // reconnect transient (server_recovery); the folder is selected again
+  // before the next command after any refusal.
+  void check(const imap::reply& r, std::string_view what) {
+    if (!r.ok()) selected_ = false;
+    recovery_.check(session_, r, what);
   }
 
   // Runs commands on the selected folder; expunges owed by earlier writes go
@@ -399,7 +463,10 @@ private:
       replies.erase(replies.begin(), replies.begin() + static_cast<std::ptrdiff_t>(owed));
       return replies;
     } catch (const std::system_error& e) {
-      if (!session_.connected()) selected_ = false;
+      if (!session_.connected()) {
+        selected_ = false;
+        recovery_.lost();
+      }
       if (!writes && detail::outcome_unknown(e))  // only the tidying was in doubt: harmless either way
         throw std::system_error(make_error_code(errc::connection_lost), e.what());
       throw;
@@ -442,7 +509,7 @@ private:
         continue;
       }
       if (attempt == 5) {
-        session_.check(replies.back(), fmt::format("reading records in {}", where()));
+        check(replies.back(), fmt::format("reading records in {}", where()));
         throw std::system_error(make_error_code(errc::connection_lost),
                                 fmt::format("dibs::imap_store: message UID {} in {} could not be read (it neither "
                                             "came whole nor vanished)",
@@ -638,8 +705,10 @@ private:
       base = static_cast<std::uint32_t>(expected & 0xffffffffu);
     }
     // The same write again after its outcome was unknown (the policies
-    // repeat it when the read-back says it was not applied) carries the
-    // same nonce: if the first one still lands, late, only one of them counts.
+    // repeat it when the read-back says it was not applied), or after a
+    // transient failure (a server's internal error answered to its APPEND
+    // is one, right after a restart), carries the same nonce: if the first
+    // one still lands, late, only one of them counts.
     const bool again = unknown_ && unknown_->key == key && unknown_->o == o && unknown_->base == base &&
                        unknown_->value == value;
     const std::string nonce = again ? unknown_->nonce : fmt::format("n{:016x}", rng_());
@@ -647,7 +716,7 @@ private:
     try {
       return write_once(key, o, base, value, nonce);
     } catch (const std::system_error& e) {
-      if (detail::outcome_unknown(e)) unknown_ = unknown_write{std::string(key), o, base, std::string(value), nonce};
+      if (detail::outcome_unknown(e) || is_transient(e.code())) unknown_ = unknown_write{std::string(key), o, base, std::string(value), nonce};
       throw;
     }
   }
@@ -667,8 +736,8 @@ private:
       // it again, which says so (ESTALE), before reporting the refusal.
       selected_ = false;
       ready();
-      session_.check(appended.front(),
-                     fmt::format("appending a record of key '{}' to {}", detail::show_key(key), where()));
+      check(appended.front(),
+                      fmt::format("appending a record of key '{}' to {}", detail::show_key(key), where()));
     }
     // APPENDUID <uidvalidity> <uid>
     const auto fields = imap::parse(appended.front().code);
@@ -786,7 +855,8 @@ private:
   std::map<std::string, std::vector<std::uint32_t>> by_key_;        // their UIDs by key, ascending
   std::map<std::uint32_t, std::pair<std::string, std::string>> damaged_;  // UID -> key tag, what is wrong
   std::vector<std::string> owed_;
-  std::optional<unknown_write> unknown_;  // the last write whose outcome was unknown
+  std::optional<unknown_write> unknown_;  // the last write whose outcome was unknown (or that failed transiently)
+  imap::detail::server_recovery recovery_;
   std::mt19937_64 rng_{std::random_device{}()};
 };
 
