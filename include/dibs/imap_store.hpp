@@ -415,10 +415,21 @@ private:
                                 fmt::format("dibs::imap_store: the server of {} lacks {}, which dibs needs {}",
                                             where(), cap, why));
     check(session_.run("ENABLE QRESYNC"), "enabling QRESYNC");
-    const auto created = session_.run(fmt::format("CREATE {}", imap::quote(opts_.folder)));
-    if (!created.ok() && !imap::detail::iequals(created.code, "ALREADYEXISTS"))
-      check(created, fmt::format("creating the folder '{}' for dibs's records", opts_.folder));
-    const auto r = session_.run(fmt::format("SELECT {}", imap::quote(opts_.folder)));
+    // SELECT first, CREATE only if the folder is missing: a CREATE takes
+    // the server's lock of the folder list, which a server killed during
+    // one leaves behind (Dovecot then makes every CREATE wait 60 s for it,
+    // and every store reconnecting after the crash with it).
+    auto r = session_.run(fmt::format("SELECT {}", imap::quote(opts_.folder)));
+    const std::string_view refused = std::string_view(r.code).substr(0, r.code.find(' '));
+    // Dovecot 2.3 says "NO Mailbox doesn't exist: X", without [NONEXISTENT].
+    if (!r.ok() && r.status == "NO" &&
+        (imap::detail::iequals(refused, "NONEXISTENT") || imap::detail::iequals(refused, "TRYCREATE") ||
+         (refused.empty() && r.text.find("exist") != std::string::npos))) {
+      const auto created = session_.run(fmt::format("CREATE {}", imap::quote(opts_.folder)));
+      if (!created.ok() && !imap::detail::iequals(created.code, "ALREADYEXISTS"))
+        check(created, fmt::format("creating the folder '{}' for dibs's records", opts_.folder));
+      r = session_.run(fmt::format("SELECT {}", imap::quote(opts_.folder)));
+    }
     check(r, fmt::format("selecting dibs's folder '{}'", opts_.folder));
     if (imap::detail::istarts_with(r.code, "READ-ONLY"))
       throw std::system_error(std::make_error_code(std::errc::permission_denied),
