@@ -14,7 +14,9 @@
 // copy is one item), or with key_by::message_id "mail/<mailbox>/id/<Message-ID>"
 // (a message delivered twice, or moved away and back, is one item; a
 // message without a Message-ID is then keyed by its UID, and on_note says
-// so). The keywords on the message are a view, set after the store decided,
+// so; a copy found expunged when claimed is never the item's end: another
+// copy is handed out, or the claim is given back for the copy that comes
+// back). The keywords on the message are a view, set after the store decided,
 // never read to decide anything:
 //
 //   $Processing   a worker holds the claim
@@ -29,8 +31,11 @@
 //
 // next() waits for new mail with IDLE (RFC 2177), not by polling, and looks
 // again at least every third of the claims' lease (at most 2 s) for claims of workers
-// that are gone. Failures of the server (restarting, unreachable) are
-// waited out inside next() until its wait ends; a refused login, a mailbox
+// that are gone. Failures of the server (restarting, unreachable, and
+// for 30 s after a reconnect an internal error, NO [SERVERBUG], which
+// Dovecot answers while it repairs what a crash left) are waited out
+// inside next() until its wait ends, and the store (imap_store) treats
+// them as transient too: they cost no message an attempt; a refused login, a mailbox
 // that does not exist or is read-only throw, naming server and mailbox.
 // One thread uses an imap_mailbox (and the mail it hands out) at a time; it
 // needs its own connection
@@ -172,6 +177,7 @@ public:
       } catch (const std::system_error& e) {
         if (!is_transient(e.code()) && e.code() != make_error_code(errc::outcome_unknown)) throw;
         selected_ = false;
+        if (!session_.connected()) recovery_.lost();
         if (std::chrono::steady_clock::now() >= end) return std::nullopt;
         std::this_thread::sleep_for(std::chrono::milliseconds{200});
       }
@@ -217,7 +223,7 @@ private:
                               fmt::format("dibs::imap_mailbox: {} does not exist (the server said: {}); create it or "
                                           "name the mailbox the mail arrives in",
                                           where(), r.text));
-    session_.check(r, fmt::format("selecting {}", where()));
+    recovery_.check(session_, r, fmt::format("selecting {}", where()));
     if (imap::detail::istarts_with(r.code, "READ-ONLY"))
       throw std::system_error(std::make_error_code(std::errc::permission_denied),
                               fmt::format("dibs::imap_mailbox: {} is read-only for this user; dibs shows the state "
@@ -236,6 +242,7 @@ private:
       validity_ = validity;
     }
     selected_ = true;
+    recovery_.reconnected();
   }
 
   static std::error_code session_code(const imap::reply& r) {
@@ -309,11 +316,15 @@ private:
   // The untagged lines of "UID FETCH <from>:*", read again while the reply
   // says new mail came meanwhile (a FETCH reads the session's view as of
   // the previous command; see imap_store's sync()).
-  std::vector<std::string> fetch_all(std::uint32_t from, const std::string& what) {
+  // `also`: commands sent with the first round (their untagged lines are
+  // returned with the rest; their failure is not checked).
+  std::vector<std::string> fetch_all(std::uint32_t from, const std::string& what, std::vector<std::string> also = {}) {
     std::vector<std::string> lines;
     for (int round = 0;; ++round) {
-      const auto r = session_.run({"NOOP", fmt::format("UID FETCH {}:* {}", from, fetch_items)});
-      session_.check(r[1], what);
+      also.insert(also.begin(), {"NOOP", fmt::format("UID FETCH {}:* {}", from, fetch_items)});
+      const auto r = session_.run(also);
+      also.clear();
+      recovery_.check(session_, r[1], what);
       bool grew = false;
       for (auto& line : imap::untagged_of(r)) {
         grew = grew || line.ends_with(" EXISTS");
@@ -323,10 +334,39 @@ private:
     }
   }
 
+  // Also forgets the messages it holds pending that were expunged since
+  // (moved to another folder, deleted): a message moved away and back is
+  // a new UID, and its old UID must not stand for it (claimed through the
+  // old UID, it would be found gone and the copy that came back never
+  // handed out). The SEARCH runs on a view that has every UID seen before
+  // (a view only loses messages by expunges), so a pending UID missing
+  // from it is gone for good.
   void refresh() {
     ready();
     const bool first = last_uid_ == 0;
-    auto fresh = parse(fetch_all(last_uid_ + 1, fmt::format("looking for new mail in {}", where())));
+    const auto seen_before = last_uid_;
+    std::vector<std::string> also;
+    if (!pending_.empty()) also.push_back(fmt::format("UID SEARCH UID {}:{}", *pending_.begin(), seen_before));
+    const auto lines = fetch_all(last_uid_ + 1, fmt::format("looking for new mail in {}", where()), also);
+    if (!also.empty()) {
+      std::set<std::uint32_t> present;
+      bool searched = false;
+      for (const auto& line : lines) {
+        const auto v = imap::parse(line);
+        if (v.empty() || !v[0].is("SEARCH")) continue;
+        searched = true;
+        for (std::size_t i = 1; i < v.size(); ++i)
+          if (const auto n = v[i].number()) present.insert(static_cast<std::uint32_t>(*n));
+      }
+      // "* SEARCH" with no UIDs is still a reply; none at all: it failed, and nothing is forgotten.
+      if (searched)
+        for (const auto uid : std::vector<std::uint32_t>(pending_.begin(), pending_.end()))
+          if (uid <= seen_before && !present.count(uid)) {
+            done(uid);
+            unshown_.erase(uid);
+          }
+    }
+    auto fresh = parse(lines);
     std::erase_if(fresh, [&](const auto& e) { return e.first <= last_uid_; });
     if (fresh.empty()) return;
     std::map<std::string, claim_status> states;
@@ -415,7 +455,8 @@ private:
     for (const auto uid : order) {
       const auto held = held_.find(uid);
       if (held != held_.end() && held->second > now) continue;  // someone else's, looked at lately
-      const auto& s = known_.at(uid);
+      if (!known_.count(uid)) continue;  // forgotten meanwhile (expunged, or settled)
+      const auto s = known_.at(uid);
       std::optional<claims_type::claim> c;
       try {
         c = claims_.try_claim(s.key);
@@ -432,44 +473,76 @@ private:
         else held_[uid] = now + recheck();
         continue;
       }
-      // $Processing and the message in one round trip; the other keywords
-      // are taken off only where they can be (a message claimed before, or
-      // one a person marked).
-      const bool marked = std::any_of(
-          s.flags.begin(), s.flags.end(), [&](const std::string& f) {
-            return imap::detail::iequals(f, opts_.processing_keyword) || imap::detail::iequals(f, opts_.completed_keyword) ||
-                   imap::detail::iequals(f, opts_.failed_keyword);
-          });
-      auto commands = keyword_commands(uid, opts_.processing_keyword, c->attempts() > 1 || marked);
-      commands.push_back(fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid));
-      ready();
-      const auto replies = session_.run(commands);
-      session_.check(replies.back(), fmt::format("reading message UID {} in {}", uid, where()));  // gives it back
-      for (std::size_t i = 0; i + 1 < replies.size(); ++i)
-        if (!replies[i].ok())
-          note(fmt::format("could not show '{}' on message UID {} in {} ({} {}); it is shown when a watcher next "
-                           "scans the mailbox",
-                           opts_.processing_keyword, uid, where(), replies[i].status, replies[i].text));
-      std::string raw;
-      bool found = false;
-      for (const auto& line : imap::untagged_of(replies)) {
-        const auto v = imap::parse(line);
-        if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != imap::value::kind::list) continue;
-        const auto& items = v[2].items;
-        for (std::size_t i = 0; i + 1 < items.size(); i += 2)
-          if (imap::detail::istarts_with(items[i].text, "BODY[")) raw = items[i + 1].text, found = true;
-      }
-      const auto id = s.message_id;
       // Still pending here until it is completed or failed: a claim given
       // back (or dropped) is looked at again after `recheck`.
       held_[uid] = now + recheck();
-      if (!found) {  // expunged meanwhile (by a person): nothing to handle, and nothing hidden
+      if (auto raw = take(uid, s, *c)) return mail{this, std::move(*c), uid, s.message_id, std::move(*raw)};
+      done(uid);
+      if (opts_.key == imap_mailbox_options::key_by::uid || s.message_id.empty()) {
+        // This copy was the item, and it is gone for good (a UID is never
+        // used again): nothing to handle, and nothing hidden.
         note(fmt::format("message UID {} in {} was expunged before it was handled", uid, where()));
         c->complete("expunged before it was handled");
-        done(uid);
         continue;
       }
-      return mail{this, std::move(*c), uid, id, std::move(raw)};
+      // The item is the Message-ID: another copy of it may be here (a
+      // second delivery, or the message moved away and back under a new
+      // UID), and the claim holds for that copy.
+      refresh();
+      std::optional<std::string> raw;
+      std::uint32_t copy = 0;
+      for (const auto& [u, other] : std::map<std::uint32_t, seen>(known_))
+        if (u != uid && other.key == s.key) {
+          held_[u] = now + recheck();
+          if ((raw = take(u, other, *c))) {
+            copy = u;
+            break;
+          }
+          done(u);
+        }
+      if (raw) return mail{this, std::move(*c), copy, s.message_id, std::move(*raw)};
+      // No copy is here now (moved away, maybe to come back): given back,
+      // never completed, so that a copy that comes back is handed out.
+      note(fmt::format("message UID {} ({}) in {} was expunged before it was handled, and no other copy of it is "
+                       "there: it is handed out when one comes back",
+                       uid, s.message_id, where()));
+      c->release("expunged before it was handled; no other copy was in the mailbox");
+    }
+    return std::nullopt;
+  }
+
+  // Shows $Processing on message `uid` (claimed by `c`) and reads it, in one
+  // round trip. Returns: the whole message, or nothing if it was expunged.
+  std::optional<std::string> take(std::uint32_t uid, const seen& s, const claims_type::claim& c) {
+    // The other keywords are taken off only where they can be (a message
+    // claimed before, or one a person marked).
+    const bool marked = std::any_of(s.flags.begin(), s.flags.end(), [&](const std::string& f) {
+      return imap::detail::iequals(f, opts_.processing_keyword) || imap::detail::iequals(f, opts_.completed_keyword) ||
+             imap::detail::iequals(f, opts_.failed_keyword);
+    });
+    auto commands = keyword_commands(uid, opts_.processing_keyword, c.attempts() > 1 || marked);
+    commands.push_back(fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid));
+    ready();
+    const auto replies = session_.run(commands);
+    recovery_.check(session_, replies.back(), fmt::format("reading message UID {} in {}", uid, where()));  // gives it back
+    for (std::size_t i = 0; i + 1 < replies.size(); ++i)
+      if (!replies[i].ok())
+        note(fmt::format("could not show '{}' on message UID {} in {} ({} {}); it is shown when a watcher next "
+                         "scans the mailbox",
+                         opts_.processing_keyword, uid, where(), replies[i].status, replies[i].text));
+    for (const auto& line : imap::untagged_of(replies)) {
+      const auto v = imap::parse(line);
+      if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != imap::value::kind::list) continue;
+      const auto& items = v[2].items;
+      std::optional<std::uint32_t> which;
+      std::optional<std::string> body;
+      for (std::size_t i = 0; i + 1 < items.size(); i += 2) {
+        if (items[i].is("UID")) which = static_cast<std::uint32_t>(items[i + 1].number().value_or(0));
+        else if (imap::detail::istarts_with(items[i].text, "BODY[")) body = items[i + 1].text;
+      }
+      // Dovecot answers an empty body for a message expunged by another
+      // session before this one was told: gone, as if not found.
+      if (body && !body->empty() && which.value_or(uid) == uid) return body;
     }
     return std::nullopt;
   }
@@ -484,6 +557,7 @@ private:
   std::set<std::uint32_t> pending_;
   std::map<std::uint32_t, std::chrono::steady_clock::time_point> held_;
   std::map<std::uint32_t, std::string> unshown_;  // keywords a failure kept from being shown
+  imap::detail::server_recovery recovery_;       // a server's internal error right after a reconnect: transient
   std::mt19937_64 rng_{std::random_device{}()};
 };
 

@@ -32,13 +32,19 @@
 //     (QRESYNC's VANISHED, RFC 7162) and marked: a read is one round trip
 //     that carries only what is new, and a write is the APPEND and that
 //     read, whatever the size of the folder;
-//   - old messages are removed without changing what any replay says: the
-//     keyword $DibsBase on a message that counted says "replay from here";
-//     only after it is set are the messages below it expunged, and only
-//     those older than compact_grace, so a writer still waiting to learn
-//     whether its write counted finds its message (one that does not says
-//     errc::outcome_unknown, and the policies read back). A lost race's
-//     message is expunged by its writer (it never changed anything).
+//   - old messages are removed without changing what any replay says: a
+//     writer whose write counted APPENDs a base record, "base <UID>
+//     present|absent" with the key and value, a fact about the key after
+//     that UID; only after the server has committed it are the messages at
+//     or below that UID expunged, and only those older than compact_grace,
+//     so a writer still waiting to learn whether its write counted finds
+//     its message (one that does not says errc::outcome_unknown, and the
+//     policies read back). A replay starts from the latest such fact. It is
+//     a message's own content, which nobody changes: no keyword a person
+//     can clear in a mail client decides anything (stores before base
+//     records marked the start with the keyword $DibsBase, which is still
+//     read in folders compacted so). A lost race's message is expunged by
+//     its writer (it never changed anything).
 // A read goes on until the server reports nothing new came meanwhile, so
 // the mirror is the folder as it was at one moment (Dovecot runs a FETCH
 // on the session's view as of the previous command); a writer decides only
@@ -58,7 +64,9 @@
 // Dovecot has both (dibs is tested against Dovecot 2.3).
 //
 // Failures: the server unreachable, restarting, or the connection lost:
-// transient (the next operation reconnects); a write whose reply was lost:
+// transient (the next operation reconnects); a NO [SERVERBUG] within 30 s
+// of connecting again after a lost connection (Dovecot repairing what a
+// crash left behind): transient, and EIO (not transient) at other times; a write whose reply was lost:
 // errc::outcome_unknown (the policies read back); a refused login: not
 // transient, naming user and server; the folder deleted and re-created
 // under the store (a new UIDVALIDITY): ESTALE (generic_category), not
@@ -180,6 +188,50 @@ inline std::int64_t parse_date(std::string_view d) {
   return static_cast<std::int64_t>(::timegm(&t)) - offset;
 }
 
+// Tells a server's internal error while it recovers from a crash from one
+// that lasts. Killed in the middle of an APPEND, Dovecot leaves the
+// message's file without its index entry (sdbox); after the restart it
+// answers the next APPEND there NO [SERVERBUG] and rebuilds the index, and
+// the next one succeeds. The same reply also means a folder it cannot
+// write, for good. So a SERVERBUG within `span` of connecting again after
+// a lost connection is transient, and any other is not.
+class server_recovery {
+public:
+  static constexpr std::chrono::seconds span{30};
+
+  /// Effects: notes that the connection was lost (the server may have crashed).
+  void lost() noexcept { lost_ = true; }
+  /// Effects: notes that the session is connected again, if it was lost.
+  void reconnected() noexcept {
+    if (!lost_) return;
+    lost_ = false;
+    since_ = std::chrono::steady_clock::now();
+  }
+  /// Returns: true from a lost connection until `span` after connecting again.
+  bool recovering() const noexcept {
+    return lost_ || (since_ && std::chrono::steady_clock::now() - *since_ < span);
+  }
+  /// Throws: as s.check(r, what); but for a NO [SERVERBUG] while
+  /// recovering(), errc::connection_lost (transient). The connection is
+  /// left open (closing it would count as losing it again): the caller
+  /// selects its folder again before the next command.
+  void check(const session& s, const reply& r, std::string_view what) const {
+    if (r.ok() || !recovering() || !iequals(std::string_view(r.code).substr(0, r.code.find(' ')), "SERVERBUG")) {
+      s.check(r, what);
+      return;
+    }
+    throw std::system_error(make_error_code(errc::connection_lost),
+                            fmt::format("dibs::imap: {} on {}: the server said {} [{}] {} soon after its connection "
+                                        "was lost and made again (a server repairing what a crash left behind): "
+                                        "try again",
+                                        what, s.where(), r.status, r.code, r.text));
+  }
+
+private:
+  bool lost_ = false;
+  std::optional<std::chrono::steady_clock::time_point> since_;
+};
+
 inline std::string uid_set(const std::vector<std::uint32_t>& uids) {
   std::string s;
   for (const auto u : uids) s += (s.empty() ? "" : ",") + std::to_string(u);
@@ -205,7 +257,10 @@ struct imap_store_options {
 
 class imap_store {
 public:
-  /// The keyword marking a message from which a key's replay starts.
+  /// The keyword with which stores before base records marked the message
+  /// a key's replay starts from. It is still read in folders compacted
+  /// that way, and never set: a keyword is a flag any mail client can
+  /// clear, so the replay's start is a record of its own (see compaction).
   static constexpr std::string_view base_keyword = "$DibsBase";
 
   /// Connects, logs in, creates the folder if absent, selects it and reads
@@ -302,12 +357,15 @@ public:
   imap::session& session() noexcept { return session_; }
 
 private:
-  enum class op { create, replace, erase };
+  // base: not a write but a fact written by compaction, "after the
+  // message UID <base>, the key was <present?, value>".
+  enum class op { create, replace, erase, base };
 
   struct message {
     imap_store::op op = op::create;
-    std::uint32_t base = 0;    // the UID a replace or erase names
-    bool is_base = false;      // carries $DibsBase
+    std::uint32_t base = 0;    // the UID a replace or erase names; for a base record, the UID it speaks of
+    bool present = false;      // a base record's: the key held a value after `base`
+    bool is_base = false;      // carries $DibsBase (set by stores before base records)
     std::int64_t arrived = 0;  // INTERNALDATE, seconds since the epoch by the server's clock
     std::string nonce;         // the write's: the same in a repeat of a write whose outcome was unknown
     std::string key;
@@ -332,6 +390,17 @@ private:
   // UID), and reads every record in it into the mirror.
   void ready() {
     if (session_.connected() && selected_) return;
+    try {
+      select_folder();
+    } catch (const std::system_error&) {
+      if (!session_.connected()) recovery_.lost();
+      throw;
+    }
+    recovery_.reconnected();
+    sync({});
+  }
+
+  void select_folder() {
     selected_ = false;
     mirror_.clear();
     by_key_.clear();
@@ -345,12 +414,23 @@ private:
         throw std::system_error(std::make_error_code(std::errc::not_supported),
                                 fmt::format("dibs::imap_store: the server of {} lacks {}, which dibs needs {}",
                                             where(), cap, why));
-    session_.check(session_.run("ENABLE QRESYNC"), "enabling QRESYNC");
-    const auto created = session_.run(fmt::format("CREATE {}", imap::quote(opts_.folder)));
-    if (!created.ok() && !imap::detail::iequals(created.code, "ALREADYEXISTS"))
-      session_.check(created, fmt::format("creating the folder '{}' for dibs's records", opts_.folder));
-    const auto r = session_.run(fmt::format("SELECT {}", imap::quote(opts_.folder)));
-    session_.check(r, fmt::format("selecting dibs's folder '{}'", opts_.folder));
+    check(session_.run("ENABLE QRESYNC"), "enabling QRESYNC");
+    // SELECT first, CREATE only if the folder is missing: a CREATE takes
+    // the server's lock of the folder list, which a server killed during
+    // one leaves behind (Dovecot then makes every CREATE wait 60 s for it,
+    // and every store reconnecting after the crash with it).
+    auto r = session_.run(fmt::format("SELECT {}", imap::quote(opts_.folder)));
+    const std::string_view refused = std::string_view(r.code).substr(0, r.code.find(' '));
+    // Dovecot 2.3 says "NO Mailbox doesn't exist: X", without [NONEXISTENT].
+    if (!r.ok() && r.status == "NO" &&
+        (imap::detail::iequals(refused, "NONEXISTENT") || imap::detail::iequals(refused, "TRYCREATE") ||
+         (refused.empty() && r.text.find("exist") != std::string::npos))) {
+      const auto created = session_.run(fmt::format("CREATE {}", imap::quote(opts_.folder)));
+      if (!created.ok() && !imap::detail::iequals(created.code, "ALREADYEXISTS"))
+        check(created, fmt::format("creating the folder '{}' for dibs's records", opts_.folder));
+      r = session_.run(fmt::format("SELECT {}", imap::quote(opts_.folder)));
+    }
+    check(r, fmt::format("selecting dibs's folder '{}'", opts_.folder));
     if (imap::detail::istarts_with(r.code, "READ-ONLY"))
       throw std::system_error(std::make_error_code(std::errc::permission_denied),
                               fmt::format("dibs::imap_store: {} is read-only for this user; dibs needs to add and "
@@ -360,9 +440,6 @@ private:
     for (const auto& u : r.untagged) {
       if (const auto at = u.find("[UIDVALIDITY "); at != std::string::npos)
         validity = static_cast<std::uint32_t>(std::stoul(u.substr(at + 13)));
-      // Compaction needs the keyword $DibsBase kept: without it, no compaction.
-      if (u.find("[PERMANENTFLAGS ") != std::string::npos)
-        can_mark_ = u.find("\\*") != std::string::npos || u.find(base_keyword) != std::string::npos;
     }
     if (uid_validity_ != 0 && validity != uid_validity_) {
       session_.drop();
@@ -374,7 +451,14 @@ private:
     }
     uid_validity_ = validity;
     selected_ = true;
-    sync({});
+  }
+
+  // As session::check, with a server's internal error right after a
+  // reconnect transient (server_recovery); the folder is selected again
+  // before the next command after any refusal.
+  void check(const imap::reply& r, std::string_view what) {
+    if (!r.ok()) selected_ = false;
+    recovery_.check(session_, r, what);
   }
 
   // Runs commands on the selected folder; expunges owed by earlier writes go
@@ -390,7 +474,10 @@ private:
       replies.erase(replies.begin(), replies.begin() + static_cast<std::ptrdiff_t>(owed));
       return replies;
     } catch (const std::system_error& e) {
-      if (!session_.connected()) selected_ = false;
+      if (!session_.connected()) {
+        selected_ = false;
+        recovery_.lost();
+      }
       if (!writes && detail::outcome_unknown(e))  // only the tidying was in doubt: harmless either way
         throw std::system_error(make_error_code(errc::connection_lost), e.what());
       throw;
@@ -433,7 +520,7 @@ private:
         continue;
       }
       if (attempt == 5) {
-        session_.check(replies.back(), fmt::format("reading records in {}", where()));
+        check(replies.back(), fmt::format("reading records in {}", where()));
         throw std::system_error(make_error_code(errc::connection_lost),
                                 fmt::format("dibs::imap_store: message UID {} in {} could not be read (it neither "
                                             "came whole nor vanished)",
@@ -515,12 +602,21 @@ private:
     if (fields[2].is("create")) m.op = op::create;
     else if (fields[2].is("replace")) m.op = op::replace;
     else if (fields[2].is("erase")) m.op = op::erase;
+    else if (fields[2].is("base")) m.op = op::base;
     else return damaged("an unknown operation in its X-Dibs-Record header");
     std::size_t next = 3;
     if (m.op != op::create) {
-      if (fields.size() < 4 || !fields[3].number()) return damaged("no base UID in its X-Dibs-Record header");
+      if (fields.size() < 4 || !fields[3].number() || *fields[3].number() == 0 ||
+          *fields[3].number() > std::numeric_limits<std::uint32_t>::max())
+        return damaged("no base UID in its X-Dibs-Record header");
       m.base = static_cast<std::uint32_t>(*fields[3].number());
       next = 4;
+    }
+    if (m.op == op::base) {  // "base <uid> present|absent"
+      if (fields.size() < 5 || !(fields[4].is("present") || fields[4].is("absent")))
+        return damaged("a base record that says neither present nor absent");
+      m.present = fields[4].is("present");
+      next = 5;
     }
     if (fields.size() > next && fields[next].text.starts_with('n')) m.nonce = fields[next].text;
     // Body: "key <base64>\r\nvalue\r\n<base64 lines>"
@@ -540,7 +636,9 @@ private:
   }
 
   // The key's state after its messages up to and including UID `upto`:
-  // replayed from the last message marked $DibsBase (or from nothing).
+  // replayed from the latest fact about it at or below `upto` (a base
+  // record naming that UID, or a message marked $DibsBase by an older
+  // store), or from nothing.
   state state_of(std::string_view key, std::uint32_t upto) const {
     const auto tag = imap::detail::key_tag(key);
     for (const auto& [uid, bad] : damaged_)
@@ -553,39 +651,46 @@ private:
     state s;
     const auto it = by_key_.find(std::string(key));
     if (it == by_key_.end()) return s;
-    std::vector<const message*> msgs;
-    std::vector<std::uint32_t> uids;
-    for (const auto uid : it->second)
-      if (uid <= upto) uids.push_back(uid), msgs.push_back(&mirror_.at(uid));
-    std::size_t from = 0;
-    for (std::size_t i = msgs.size(); i-- > 0;)
-      if (msgs[i]->is_base) {
-        s = {msgs[i]->op != op::erase, uids[i], msgs[i]->value};
-        from = i + 1;
-        break;
+    // A base record is a fact about the UID it names, true wherever it
+    // sits: compaction writes it after deciding from a whole view, and
+    // removes only messages at or below that UID, so every message above
+    // it is still there to replay.
+    std::uint32_t from = 0;
+    for (const auto uid : it->second) {
+      const auto& m = mirror_.at(uid);
+      if (m.op == op::base && m.base <= upto && m.base > from) {
+        from = m.base;
+        s = {m.present, m.base, m.value};
+      } else if (m.op != op::base && m.is_base && uid <= upto && uid > from) {
+        from = uid;
+        s = {m.op != op::erase, uid, m.value};
       }
+    }
     std::set<std::string_view> nonces;  // a write repeated after an unknown outcome counts once
-    for (std::size_t i = 0; i < msgs.size(); ++i) {
-      const auto& m = *msgs[i];
+    for (const auto uid : it->second) {
+      if (uid > upto) break;
+      const auto& m = mirror_.at(uid);
+      if (m.op == op::base) continue;
       const bool repeat = !m.nonce.empty() && !nonces.insert(m.nonce).second;
-      if (i < from || repeat) continue;
+      if (uid <= from || repeat) continue;
       if (m.op == op::create ? s.present : !s.present || s.uid != m.base) continue;  // a lost race
-      s = {m.op != op::erase, uids[i], m.value};
+      s = {m.op != op::erase, uid, m.value};
     }
     return s;
   }
 
+  // `tail`: the write's nonce; for a base record, "present" or "absent".
   std::string message_text(std::string_view key, op o, std::uint32_t base, std::string_view value,
-                           const std::string& nonce) {
+                           const std::string& tail) {
     std::string shown;
     for (const char c : detail::show_key(key).substr(0, 60)) shown += (c >= 0x20 && c < 0x7f) ? c : '?';
-    const auto name = o == op::create ? "create" : o == op::replace ? "replace" : "erase";
+    const auto name = o == op::create ? "create" : o == op::replace ? "replace" : o == op::erase ? "erase" : "base";
     std::string text = fmt::format(
         "From: dibs <dibs@dibs.invalid>\r\nSubject: dibs {} {}\r\nMessage-ID: <{:016x}{:016x}@dibs.invalid>\r\n"
         "X-Dibs-Record: 1 {} {}{}{} {}\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=us-ascii\r\n\r\n"
         "key {}\r\nvalue\r\n",
         name, shown, rng_(), rng_(), imap::detail::key_tag(key), name, o == op::create ? "" : " ",
-        o == op::create ? std::string{} : std::to_string(base), nonce, imap::detail::base64(key));
+        o == op::create ? std::string{} : std::to_string(base), tail, imap::detail::base64(key));
     const auto b64 = imap::detail::base64(value);
     for (std::size_t i = 0; i < b64.size(); i += 76) text.append(b64, i, 76).append("\r\n");
     return text;
@@ -611,8 +716,10 @@ private:
       base = static_cast<std::uint32_t>(expected & 0xffffffffu);
     }
     // The same write again after its outcome was unknown (the policies
-    // repeat it when the read-back says it was not applied) carries the
-    // same nonce: if the first one still lands, late, only one of them counts.
+    // repeat it when the read-back says it was not applied), or after a
+    // transient failure (a server's internal error answered to its APPEND
+    // is one, right after a restart), carries the same nonce: if the first
+    // one still lands, late, only one of them counts.
     const bool again = unknown_ && unknown_->key == key && unknown_->o == o && unknown_->base == base &&
                        unknown_->value == value;
     const std::string nonce = again ? unknown_->nonce : fmt::format("n{:016x}", rng_());
@@ -620,7 +727,7 @@ private:
     try {
       return write_once(key, o, base, value, nonce);
     } catch (const std::system_error& e) {
-      if (detail::outcome_unknown(e)) unknown_ = unknown_write{std::string(key), o, base, std::string(value), nonce};
+      if (detail::outcome_unknown(e) || is_transient(e.code())) unknown_ = unknown_write{std::string(key), o, base, std::string(value), nonce};
       throw;
     }
   }
@@ -640,8 +747,8 @@ private:
       // it again, which says so (ESTALE), before reporting the refusal.
       selected_ = false;
       ready();
-      session_.check(appended.front(),
-                     fmt::format("appending a record of key '{}' to {}", detail::show_key(key), where()));
+      check(appended.front(),
+                      fmt::format("appending a record of key '{}' to {}", detail::show_key(key), where()));
     }
     // APPENDUID <uidvalidity> <uid>
     const auto fields = imap::parse(appended.front().code);
@@ -674,9 +781,11 @@ private:
     std::uint32_t first = uid;
     for (const auto u : mine)
       if (u < first && mirror_.at(u).nonce == nonce) first = u;
-    // A replay from a $DibsBase above it no longer shows what came before.
+    // A replay from a fact about a later UID no longer shows what came
+    // before it (compaction may have removed it).
     const bool above = std::any_of(mine.begin(), mine.end(), [&](std::uint32_t u) {
-      return u > first && mirror_.at(u).is_base;
+      const auto& m = mirror_.at(u);
+      return m.op == op::base ? m.base > first : u > first && m.is_base;
     });
     if (!mirror_.count(uid) || above)
       throw std::system_error(make_error_code(errc::outcome_unknown),
@@ -686,24 +795,56 @@ private:
     const bool counts = state_of(key, first).uid == first;
     if (first != uid || !counts) owe_expunge({uid});  // this message changed nothing: tidied with the next command
     if (!counts) return std::nullopt;
-    // Compaction: the messages before this one that are old enough. The
-    // keyword goes first, in its own round trip: the expunge must never be
-    // seen without it.
+    // Compaction: the messages before this one that are old enough (and
+    // this one too if the grace is 0) give way to a base record.
     const auto now = mirror_.at(first).arrived;
     std::vector<std::uint32_t> old;
     for (const auto u : mine)
-      if (u < first && mirror_.at(u).arrived + opts_.compact_grace.count() <= now) old.push_back(u);
-    if (can_mark_ && !old.empty() && static_cast<int>(old.size()) + 1 >= opts_.compact_after) {
-      const auto marked = run({fmt::format("UID STORE {} +FLAGS ({})", first, base_keyword)}, true);
-      // Only if the server kept the keyword (it answers with the flags).
-      bool kept = false;
-      for (const auto& line : marked.front().untagged) kept = kept || line.find(base_keyword) != std::string::npos;
-      if (marked.front().ok() && kept) {
-        mirror_.at(first).is_base = true;
-        owe_expunge(old);
-      }
-    }
+      if (u <= first && mirror_.at(u).arrived + opts_.compact_grace.count() <= now) old.push_back(u);
+    const auto before = static_cast<int>(old.size()) - (std::count(old.begin(), old.end(), first) ? 1 : 0);
+    if (before > 0 && before + 1 >= opts_.compact_after) compact(key, first, old);
     return version_of(first);
+  }
+
+  // Writes the base record "after UID `current`, the key is <its state>"
+  // and, once the server has committed it, expunges `old` (messages at or
+  // below `current`). The record is a message of its own, never changed
+  // after it is written: what a replay from it says depends on no keyword
+  // a person can clear (a keyword marked the start before), and the
+  // expunge is never seen without it. Best effort: the write it follows
+  // has counted whatever happens here, and what is left is compacted next
+  // time.
+  void compact(std::string_view key, std::uint32_t current, const std::vector<std::uint32_t>& old) {
+    const auto s = state_of(key, current);
+    const auto text = message_text(key, op::base, current, s.value, s.present ? "present" : "absent");
+    try {
+      const auto appended = run({fmt::format("APPEND {} (\\Seen) {{{}+}}\r\n{}", imap::quote(opts_.folder),
+                                             text.size(), text)},
+                                true);
+      const auto fields = imap::parse(appended.front().code);
+      if (!appended.front().ok() || fields.size() < 3 || !fields[0].is("APPENDUID") || !fields[1].number() ||
+          !fields[2].number() || static_cast<std::uint32_t>(*fields[1].number()) != uid_validity_)
+        return;
+      // In the mirror now, so that it never lacks the fact while it lacks
+      // what the expunge removes (the next read fetches it, and skips it).
+      const auto uid = static_cast<std::uint32_t>(*fields[2].number());
+      if (!mirror_.count(uid)) {
+        message m;
+        m.op = op::base;
+        m.base = current;
+        m.present = s.present;
+        m.arrived = mirror_.at(current).arrived;
+        m.key = std::string(key);
+        m.value = s.value;
+        auto& uids = by_key_[m.key];
+        uids.insert(std::upper_bound(uids.begin(), uids.end(), uid), uid);
+        mirror_.emplace(uid, std::move(m));
+      }
+      owe_expunge(old);
+      (void)run({}, true);
+    } catch (const std::system_error& e) {
+      if (e.code() == std::error_code(ESTALE, std::generic_category())) throw;
+    }
   }
 
   struct unknown_write {
@@ -725,8 +866,8 @@ private:
   std::map<std::string, std::vector<std::uint32_t>> by_key_;        // their UIDs by key, ascending
   std::map<std::uint32_t, std::pair<std::string, std::string>> damaged_;  // UID -> key tag, what is wrong
   std::vector<std::string> owed_;
-  std::optional<unknown_write> unknown_;  // the last write whose outcome was unknown
-  bool can_mark_ = true;                  // the folder keeps new keywords (PERMANENTFLAGS \*)
+  std::optional<unknown_write> unknown_;  // the last write whose outcome was unknown (or that failed transiently)
+  imap::detail::server_recovery recovery_;
   std::mt19937_64 rng_{std::random_device{}()};
 };
 
