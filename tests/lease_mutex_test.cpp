@@ -1102,7 +1102,7 @@ TEST_CASE("a lease_mutex over a memory_store moves with its hold, and a moved-fr
   c.unlock();
 }
 
-TEST_CASE("on_behalf_of: the record names the child; alive, nobody breaks the lock; SIGKILLed, the next taker breaks it on proof") {
+TEST_CASE("on_behalf_of: the record names the child, alive nobody breaks the lock, SIGKILLed the next taker breaks it on proof") {
   temp_dir dir;
   const auto path = dir.path / "cmd.lock";
   // The child waits on a pipe, as a COMMAND started by a launcher would run.
