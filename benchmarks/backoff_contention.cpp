@@ -38,7 +38,7 @@
 //   decorr[@B]   decorrelated jitter             } (x2, 1 s). B: 1ms, 500us, ...
 #include <dibs/backoff.hpp>
 #include <dibs/retry.hpp>
-#include <dibs/sqlite.hpp>
+#include <dibs/sqlite/connection.hpp>
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -38,9 +38,9 @@
 // Items/s counts won claims (each key once) per second, from the start gate
 // to the last process's last claim. The server: DIBS_IMAP_* (scripts/imap.sh
 // start DIR prints them). Prints one JSON object.
-#include <dibs/imap.hpp>
-#include <dibs/imap_mailbox.hpp>
-#include <dibs/imap_store.hpp>
+#include <dibs/imap/client.hpp>
+#include <dibs/imap/mailbox.hpp>
+#include <dibs/imap/store.hpp>
 #include <dibs/marker_claim.hpp>
 
 #include <sys/mman.h>

@@ -18,7 +18,7 @@
 // The server: the conninfo in $DIBS_PG_CONNINFO. Prints one JSON object.
 #include <dibs/lease_mutex.hpp>
 #include <dibs/marker_claim.hpp>
-#include <dibs/postgres_store.hpp>
+#include <dibs/stores/postgres_store.hpp>
 
 #include <libpq-fe.h>
 #include <sys/mman.h>

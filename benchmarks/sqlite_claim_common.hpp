@@ -4,8 +4,8 @@
 // synchronous=NORMAL).
 #pragma once
 
-#include <dibs/sqlite.hpp>
-#include <dibs/sqlite_store.hpp>
+#include <dibs/sqlite/connection.hpp>
+#include <dibs/stores/sqlite_store.hpp>
 
 #include <unistd.h>
 

@@ -23,6 +23,7 @@
 // default lease_options::wait (500 us, x2, capped at 50 ms, full jitter).
 #include <dibs/backoff.hpp>
 #include <dibs/lease_mutex.hpp>
+#include <dibs/lock_file.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -8,6 +8,7 @@
 // implementation leaves one behind); its calls are in the strace total too,
 // which is why the run script uses a large N. Prints the rounds' ns/op.
 #include <dibs/lease_mutex.hpp>
+#include <dibs/lock_file.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -19,6 +19,7 @@
 //   build/bench-store/benchmarks/store_lock_uncontended
 //       --benchmark_repetitions=10 --benchmark_report_aggregates_only=true
 #include <dibs/lease_mutex.hpp>
+#include <dibs/lock_file.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -18,7 +18,7 @@
 // (for counting the walk's system calls alone).
 #include <dibs/stores/file_store.hpp>
 #include <dibs/marker_claim.hpp>
-#include <dibs/shm_store.hpp>
+#include <dibs/stores/shm_store.hpp>
 
 #include <sys/mman.h>
 #include <sys/wait.h>

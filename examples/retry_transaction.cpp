@@ -7,7 +7,7 @@
 //
 //   retry_transaction [--workers N] [--orders K] [--db PATH]
 #include <dibs/retry.hpp>
-#include <dibs/sqlite.hpp>
+#include <dibs/sqlite/connection.hpp>
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -40,15 +40,15 @@
 //
 // Workers are this program started again (by exec, with --role worker): a
 // database connection must never be carried across fork().
-#include <dibs/imap.hpp>
-#include <dibs/imap_mailbox.hpp>
-#include <dibs/imap_store.hpp>
+#include <dibs/imap/client.hpp>
+#include <dibs/imap/mailbox.hpp>
+#include <dibs/imap/store.hpp>
 #include <dibs/marker_claim.hpp>
-#include <dibs/postgres_store.hpp>
+#include <dibs/stores/postgres_store.hpp>
 #include <dibs/retry.hpp>
 #include <dibs/shared_log.hpp>
-#include <dibs/sqlite.hpp>
-#include <dibs/sqlite_store.hpp>
+#include <dibs/sqlite/connection.hpp>
+#include <dibs/stores/sqlite_store.hpp>
 
 #include <signal.h>
 #include <spawn.h>

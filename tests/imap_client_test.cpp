@@ -8,8 +8,8 @@
 // connect (a full accept queue, a slow greeting); malformed replies (numbers
 // that are none, a literal that lies about its size); untagged lines said
 // while a literal waits for the server's go-ahead.
-#include <dibs/imap.hpp>
-#include <dibs/imap_store.hpp>
+#include <dibs/imap/client.hpp>
+#include <dibs/imap/store.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -76,7 +76,11 @@ TEST_CASE("imap_store's encodings: base64 of every byte, UID sets, INTERNALDATE,
   for (std::size_t n = 0; n <= 5; ++n)
     CHECK(dibs::imap::detail::unbase64(dibs::imap::detail::base64(all.substr(0, n) + all)) == all.substr(0, n) + all);
   CHECK_FALSE(dibs::imap::detail::unbase64("ab*c"));
-  CHECK(dibs::imap::detail::parse_uid_set("3:5,9,12:10") == std::set<std::uint32_t>{3, 4, 5, 9, 10, 11, 12});
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> ranges;
+  dibs::imap::detail::for_each_uid_range("3:5,9,12:10,1:4294967295", [&](std::uint32_t a, std::uint32_t b) {
+    ranges.emplace_back(a, b);
+  });
+  CHECK(ranges == std::vector<std::pair<std::uint32_t, std::uint32_t>>{{3, 5}, {9, 9}, {10, 12}, {1, 4294967295u}});
   CHECK(dibs::imap::detail::parse_date("03-Dec-2026 19:30:00 +0100") == 1796322600);
   CHECK(dibs::imap::detail::parse_date(" 3-Dec-2026 18:30:00 +0000") == 1796322600);
   CHECK(dibs::imap::detail::parse_date("garbage") == 0);

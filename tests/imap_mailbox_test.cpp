@@ -1,8 +1,8 @@
 // dibs::imap_mailbox on a real Dovecot (the ctest fixture `imap`): workers
 // claim each message of a shared mailbox exactly once, with SIGKILLs and a
 // server crash on the way; the keywords people see agree with the store.
-#include <dibs/file_store.hpp>
-#include <dibs/imap_mailbox.hpp>
+#include <dibs/stores/file_store.hpp>
+#include <dibs/imap/mailbox.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -3,7 +3,7 @@
 // that lands after its writer gave up on it, a keyword with '['. The
 // program's send() is wrapped so a test can act at an exact point of the
 // protocol.
-#include <dibs/imap_store.hpp>
+#include <dibs/imap/store.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -2,8 +2,8 @@
 // the conformance suite, compaction, UIDVALIDITY, bad input, lost
 // connections and a crashed server, and the CONDSTORE race the design
 // avoids. Each test case keeps its records in a folder of its own.
-#include <dibs/imap.hpp>
-#include <dibs/imap_store.hpp>
+#include <dibs/imap/client.hpp>
+#include <dibs/imap/store.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/testing/store_conformance.hpp>
 

@@ -4,7 +4,7 @@
 // session's view of a folder (what a person's mail client would see).
 #pragma once
 
-#include <dibs/imap.hpp>
+#include <dibs/imap/client.hpp>
 
 #include <cstdint>
 #include <cstdlib>

@@ -5,8 +5,8 @@
 // checked (a CA that did not sign it, a host name it does not have), TLS
 // spoken to a plain port, a session over TLS used by a fork()ed child, and
 // imap_store's conformance suite over TLS.
-#include <dibs/imap.hpp>
-#include <dibs/imap_store.hpp>
+#include <dibs/imap/client.hpp>
+#include <dibs/imap/store.hpp>
 #include <dibs/testing/store_conformance.hpp>
 
 #include <catch2/catch.hpp>

@@ -1,5 +1,6 @@
 #include <dibs/lease_mutex.hpp>
-#include <dibs/memory_store.hpp>
+#include <dibs/lock_file.hpp>
+#include <dibs/stores/memory_store.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -1,6 +1,6 @@
 #include <dibs/stores/file_store.hpp>
 #include <dibs/marker_claim.hpp>
-#include <dibs/memory_store.hpp>
+#include <dibs/stores/memory_store.hpp>
 
 #include <catch2/catch.hpp>
 

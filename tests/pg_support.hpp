@@ -3,7 +3,7 @@
 // proxy that can lose a reply or a request on purpose.
 #pragma once
 
-#include <dibs/postgres_store.hpp>
+#include <dibs/stores/postgres_store.hpp>
 
 #include <arpa/inet.h>
 #include <libpq-fe.h>

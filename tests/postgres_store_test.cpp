@@ -1,6 +1,6 @@
 #include <dibs/lease_mutex.hpp>
 #include <dibs/marker_claim.hpp>
-#include <dibs/postgres_store.hpp>
+#include <dibs/stores/postgres_store.hpp>
 #include <dibs/testing/store_conformance.hpp>
 
 #include <catch2/catch.hpp>

@@ -1,5 +1,5 @@
 #include <dibs/marker_claim.hpp>
-#include <dibs/shm_store.hpp>
+#include <dibs/stores/shm_store.hpp>
 #include <dibs/testing/store_conformance.hpp>
 
 #include <catch2/catch.hpp>

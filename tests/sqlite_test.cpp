@@ -1,4 +1,4 @@
-#include <dibs/sqlite.hpp>
+#include <dibs/sqlite/connection.hpp>
 
 #include <catch2/catch.hpp>
 

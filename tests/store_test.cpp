@@ -1,4 +1,4 @@
-#include <dibs/memory_store.hpp>
+#include <dibs/stores/memory_store.hpp>
 #include <dibs/store.hpp>
 #include <dibs/testing/store_conformance.hpp>
 

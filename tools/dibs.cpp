@@ -34,15 +34,16 @@
 #include <dibs/backoff.hpp>
 #include <dibs/error.hpp>
 #include <dibs/file_mutex.hpp>
-#include <dibs/file_store.hpp>
+#include <dibs/stores/file_store.hpp>
 #include <dibs/lease_mutex.hpp>
+#include <dibs/lock_file.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/shared_log.hpp>
 #ifdef DIBS_TOOL_SQLITE
-#include <dibs/sqlite_store.hpp>
+#include <dibs/stores/sqlite_store.hpp>
 #endif
 #ifdef DIBS_TOOL_POSTGRES
-#include <dibs/postgres_store.hpp>
+#include <dibs/stores/postgres_store.hpp>
 #endif
 
 extern char** environ;

@@ -98,7 +98,7 @@
 #include <dibs/backoff.hpp>
 #include <dibs/detail/cancel.hpp>
 #include <dibs/detail/owner.hpp>
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/detail/timed_lockable.hpp>
 #include <dibs/error.hpp>

@@ -55,7 +55,7 @@
 #include <dibs/backoff.hpp>
 #include <dibs/detail/cancel.hpp>
 #include <dibs/detail/format.hpp>
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/error.hpp>
 
 namespace dibs {

@@ -62,7 +62,7 @@
 
 #include <dibs/detail/format.hpp>
 #include <dibs/detail/owner.hpp>
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/detail/validity.hpp>
 #include <dibs/detail/units.hpp>

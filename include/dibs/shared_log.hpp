@@ -84,7 +84,7 @@
 
 #include <fmt/format.h>
 
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/shared_log/append.hpp>
 #include <dibs/detail/shared_log/holder.hpp>
 #include <dibs/detail/shared_log/lock_file.hpp>

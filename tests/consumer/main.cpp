@@ -1,5 +1,6 @@
 #include <dibs/dibs.hpp>
-#include <dibs/sqlite.hpp>
+#include <dibs/sqlite/connection.hpp>
+#include <dibs/sqlite_store.hpp>  // a path of 0.1: it forwards to <dibs/stores/sqlite_store.hpp> for a release
 
 #include <cstdio>
 #include <system_error>

@@ -1,7 +1,7 @@
 // Two translation units of one program include every dibs header; the linker
 // and this test check there is one definition of each, and one category object.
 #include <dibs/dibs.hpp>
-#include <dibs/sqlite.hpp>
+#include <dibs/sqlite/connection.hpp>
 
 const std::error_category* category_seen_by_b();
 const std::error_category* sqlite_category_seen_by_b();

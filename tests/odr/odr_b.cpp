@@ -1,5 +1,5 @@
 #include <dibs/dibs.hpp>
-#include <dibs/sqlite.hpp>
+#include <dibs/sqlite/connection.hpp>
 
 const std::error_category* category_seen_by_b() { return &dibs::error_category(); }
 const std::error_category* sqlite_category_seen_by_b() { return &dibs::sqlite::category(); }

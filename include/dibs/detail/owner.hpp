@@ -38,7 +38,7 @@
 
 #include <fmt/format.h>
 
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 
 namespace dibs::detail {
 

@@ -25,7 +25,7 @@
 #include <new>
 #include <thread>
 
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/validity.hpp>
 
 namespace dibs::detail {

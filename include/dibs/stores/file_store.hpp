@@ -103,8 +103,8 @@
 #include <dibs/detail/file_store/record_format.hpp>
 #include <dibs/detail/file_store/record_io.hpp>
 #include <dibs/detail/file_store/two_slots.hpp>
-#include <dibs/detail/fork_fds.hpp>
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/fork_fds.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/posix/directory.hpp>
 #include <dibs/detail/posix/file_ops.hpp>
 #include <dibs/detail/posix/file_watch.hpp>

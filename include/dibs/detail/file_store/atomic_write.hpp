@@ -23,7 +23,7 @@
 #include <fmt/format.h>
 
 #include <dibs/detail/owner.hpp>
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/posix/directory.hpp>
 #include <dibs/detail/posix/file_ops.hpp>
 

@@ -23,8 +23,8 @@
 #include <dibs/detail/file_store/key_names.hpp>
 #include <dibs/detail/file_store/record_format.hpp>
 #include <dibs/detail/file_store/record_io.hpp>
-#include <dibs/detail/fork_fds.hpp>
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/fork_fds.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/posix/file_ops.hpp>
 #include <dibs/error.hpp>
 #include <dibs/store.hpp>

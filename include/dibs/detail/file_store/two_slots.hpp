@@ -19,7 +19,7 @@
 
 #include <fmt/format.h>
 
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/posix/file_ops.hpp>
 #include <dibs/detail/file_store/record_format.hpp>
 

@@ -16,7 +16,7 @@
 #include <filesystem>
 #include <string_view>
 
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 
 namespace dibs::detail {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 
 namespace dibs::detail {
 

@@ -23,7 +23,7 @@
 #include <system_error>
 
 #include <dibs/detail/owner.hpp>
-#include <dibs/detail/robust_mutex.hpp>
+#include <dibs/detail/posix/robust_mutex.hpp>
 #include <dibs/detail/shared_log/holder.hpp>
 #include <dibs/detail/shared_log/shared_state.hpp>
 #include <dibs/error.hpp>

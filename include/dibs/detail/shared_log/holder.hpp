@@ -29,7 +29,7 @@
 
 #include <dibs/detail/owner.hpp>
 #include <dibs/detail/posix/file_ops.hpp>
-#include <dibs/detail/robust_mutex.hpp>
+#include <dibs/detail/posix/robust_mutex.hpp>
 #include <dibs/detail/shared_log/log_file.hpp>
 #include <dibs/detail/shared_log/recovery.hpp>
 #include <dibs/detail/shared_log/rotation.hpp>

@@ -21,9 +21,9 @@
 #include <thread>
 #include <utility>
 
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/posix/shared_mapping.hpp>
-#include <dibs/detail/robust_mutex.hpp>
+#include <dibs/detail/posix/robust_mutex.hpp>
 #include <dibs/detail/shared_log/log_file.hpp>
 #include <dibs/detail/shared_log/shared_state.hpp>
 #include <dibs/file_mutex.hpp>

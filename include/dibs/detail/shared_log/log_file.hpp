@@ -20,7 +20,7 @@
 
 #include <fmt/format.h>
 
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/posix/directory.hpp>
 #include <dibs/detail/posix/file_ops.hpp>
 

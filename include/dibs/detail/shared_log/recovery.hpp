@@ -13,9 +13,9 @@
 #include <cstdint>
 #include <filesystem>
 
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/posix/file_ops.hpp>
-#include <dibs/detail/robust_mutex.hpp>
+#include <dibs/detail/posix/robust_mutex.hpp>
 #include <dibs/detail/shared_log/shared_state.hpp>
 
 namespace dibs::detail {

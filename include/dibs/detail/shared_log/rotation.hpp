@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/posix/file_ops.hpp>
 #include <dibs/detail/shared_log/log_file.hpp>
 #include <dibs/detail/shared_log/shared_state.hpp>

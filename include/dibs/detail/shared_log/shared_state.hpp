@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <utility>
 
-#include <dibs/detail/robust_mutex.hpp>
+#include <dibs/detail/posix/robust_mutex.hpp>
 
 namespace dibs::detail {
 

@@ -1,4 +1,4 @@
-// dibs/detail/fork_fds.hpp: descriptors that carry a kernel lock for one
+// dibs/detail/posix/fork_fds.hpp: descriptors that carry a kernel lock for one
 // operation of this process, closed in a child made by fork().
 //
 // A flock belongs to the open file description, and fork() gives the child a
@@ -16,7 +16,7 @@
 #include <mutex>
 #include <vector>
 
-#include <dibs/detail/posix.hpp>
+#include <dibs/detail/posix/sys.hpp>
 
 namespace dibs::detail {
 

@@ -1,4 +1,4 @@
-// dibs/detail/posix.hpp: small helpers for POSIX calls: errors that name the
+// dibs/detail/posix/sys.hpp: small helpers for POSIX calls: errors that name the
 // path and say what to check, and EINTR-safe wrappers.
 #pragma once
 

@@ -1,4 +1,4 @@
-// dibs/detail/robust_mutex.hpp: a robust, process-shared pthread mutex that
+// dibs/detail/posix/robust_mutex.hpp: a robust, process-shared pthread mutex that
 // lives in shared memory (a mapped file or a shared memory segment). If its
 // holder dies, the kernel hands it to the next locker with EOWNERDEAD, which
 // repairs what the dead holder left half-done and goes on. Also: futex

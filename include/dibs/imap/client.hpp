@@ -1,0 +1,1248 @@
+// dibs/imap/client.hpp: a small IMAP4rev1 client (RFC 3501) for dibs's IMAP store
+// and mailbox claims: one connection, commands pipelined, replies parsed into
+// values. Kept apart from the claim logic (imap_store.hpp) so each can be
+// tested on its own.
+//
+//   dibs::imap::session s{dibs::imap::options::from_env()};
+//   s.check(s.run("SELECT INBOX"), "select");
+//   for (const auto& line : s.run("UID SEARCH ALL").untagged) ...
+//
+// The server's LITERAL+ (RFC 7888) is used for APPEND where it has it.
+//
+// TLS, through OpenSSL (the target dibs::imap links OpenSSL::SSL):
+// options::tls is tls_mode::none (plain TCP: a server on loopback or inside
+// a network you trust; the default), tls_mode::starttls (STARTTLS before
+// the login, RFC 3501/2595; port 143) or tls_mode::implicit (TLS from the
+// first byte, RFC 8314; port 993, the default port then). The server's
+// certificate is verified against the system's CA store, or options::ca_file,
+// and must name options::host (options::verify = false turns that off: for
+// tests only, it is unsafe). LOGIN is never sent where the server announces
+// LOGINDISABLED: on a plain connection that fails, telling to use starttls.
+//
+//   dibs::imap::session s{{.host = "imap.example.com", .user = "me", .password = pw,
+//                          .tls = dibs::imap::tls_mode::implicit}};
+//
+// Failures, as std::system_error:
+//   - the server cannot be reached, closes the connection, says BYE, or a
+//     reply does not come within options::timeout: errc::connection_lost or
+//     errc::timed_out (transient), and the session is closed; the next
+//     command connects and logs in again by itself. A caller that had sent a
+//     write when that happened cannot know whether it was applied
+//     (run_write() says errc::outcome_unknown then). Connecting as a whole
+//     (name resolution, the TCP connect to each address, TLS handshake,
+//     greeting, login) takes options::timeout at most: a server whose
+//     accept queue is full is errc::timed_out naming host:port;
+//   - a malformed reply (a number that is not one, or out of IMAP's range,
+//     where the client or its callers read one; a literal or line over
+//     options::max_line, refused before it is read): std::errc::protocol_error
+//     naming the server and quoting the start of the line; not transient. The
+//     session is closed (what else was in flight cannot be read reliably):
+//     under run_write() that is errc::outcome_unknown, never a reply dropped;
+//   - a login refused: std::errc::permission_denied, naming server and user;
+//   - TLS: a server certificate that does not verify (wrong CA, not for the
+//     host): std::errc::permission_denied, with OpenSSL's verify result
+//     ("certificate verify failed: self-signed certificate"); a handshake
+//     that fails otherwise: std::errc::protocol_error; a server without
+//     STARTTLS under tls_mode::starttls: std::errc::not_supported; a server
+//     with LOGINDISABLED under tls_mode::none: permission_denied. None of
+//     these is transient. A connection lost or a reply too slow during or
+//     after the handshake is as above (transient);
+//   - a tagged NO or BAD, through check(): the server's response code decides
+//     (NONEXISTENT: no_such_file_or_directory, NOPERM/AUTHORIZATIONFAILED:
+//     permission_denied, OVERQUOTA: no_space_on_device, UNAVAILABLE/INUSE/
+//     LIMIT: transient), and the message names server, user, what was done
+//     and the server's own words.
+// A session is used by one thread at a time. After fork() the child's copy
+// never writes to the parent's connection, nor uses its TLS state (it frees
+// it without SSL_shutdown): it connects anew.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include <dibs/error.hpp>
+
+namespace dibs::imap {
+
+/// How the connection is protected.
+enum class tls_mode {
+  none,      ///< plain TCP (a server on loopback or inside a network you trust)
+  starttls,  ///< plain TCP, then STARTTLS before the login (RFC 3501 6.2.1, RFC 2595); usually port 143
+  implicit,  ///< TLS from the first byte (RFC 8314); usually port 993
+};
+
+/// Where the server is, how to reach it, and who logs in.
+struct options {
+  std::string host = "127.0.0.1";
+  /// Empty: 143, or 993 with tls_mode::implicit.
+  std::string port;
+  std::string user;
+  std::string password;
+  /// How long connecting may take (name resolution, the TCP connect to
+  /// each address the name resolves to, the TLS handshake, greeting and
+  /// login: all of it together), and each reply after that, before the
+  /// connection is given up (errc::timed_out).
+  std::chrono::milliseconds timeout{30'000};
+  /// The most bytes one response line may hold, its literals included (a
+  /// message fetched whole is one line). A literal announced larger is
+  /// refused before a byte of it is read (std::errc::protocol_error), so a
+  /// server that lies about a size cannot make the client allocate it.
+  std::size_t max_line = 64 * 1024 * 1024;
+  /// TLS: none (plain, the default), starttls or implicit.
+  tls_mode tls = tls_mode::none;
+  /// With TLS: the CA certificates (PEM) to verify the server's certificate
+  /// against; empty: the system's store (SSL_CTX_set_default_verify_paths).
+  std::string ca_file;
+  /// With TLS: verify the server's certificate and that it names `host`.
+  /// false is UNSAFE (anyone on the path can read the password and every
+  /// message): for tests only.
+  bool verify = true;
+
+  /// Returns: options from DIBS_IMAP_HOST, DIBS_IMAP_PORT, DIBS_IMAP_USER,
+  /// DIBS_IMAP_PASSWORD (what scripts/imap.sh prints), DIBS_IMAP_TLS (none,
+  /// starttls or implicit) and DIBS_IMAP_CA_FILE, defaults where unset.
+  /// Throws: errc::invalid_argument for another DIBS_IMAP_TLS.
+  static options from_env() {
+    options o;
+    auto get = [](const char* name, std::string& to) {
+      if (const char* v = std::getenv(name); v && *v) to = v;
+    };
+    get("DIBS_IMAP_HOST", o.host);
+    get("DIBS_IMAP_PORT", o.port);
+    get("DIBS_IMAP_USER", o.user);
+    get("DIBS_IMAP_PASSWORD", o.password);
+    get("DIBS_IMAP_CA_FILE", o.ca_file);
+    std::string tls;
+    get("DIBS_IMAP_TLS", tls);
+    if (tls == "starttls") o.tls = tls_mode::starttls;
+    else if (tls == "implicit") o.tls = tls_mode::implicit;
+    else if (!tls.empty() && tls != "none")
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::imap: DIBS_IMAP_TLS is '{}': say none, starttls or implicit", tls));
+    return o;
+  }
+};
+
+/// One parsed element of a server response: an atom (also numbers and
+/// FETCH item names such as BODY[TEXT]), a string (quoted or literal), a
+/// parenthesized list, or NIL.
+struct value {
+  enum class kind { atom, string, list, nil };
+  value::kind kind = kind::atom;
+  std::string text;
+  std::vector<value> items;
+
+  /// Returns: true if this is the atom `name`, compared without case.
+  bool is(std::string_view name) const noexcept {
+    if (kind != kind::atom || text.size() != name.size()) return false;
+    for (std::size_t i = 0; i < name.size(); ++i)
+      if (std::tolower(static_cast<unsigned char>(text[i])) != std::tolower(static_cast<unsigned char>(name[i])))
+        return false;
+    return true;
+  }
+  /// Returns: the atom as a number, or nullopt if it is not one.
+  std::optional<std::uint64_t> number() const noexcept {
+    if (kind != kind::atom || text.empty() || text.size() > 19) return std::nullopt;
+    std::uint64_t n = 0;
+    for (const char c : text) {
+      if (c < '0' || c > '9') return std::nullopt;
+      n = n * 10 + static_cast<std::uint64_t>(c - '0');
+    }
+    return n;
+  }
+};
+
+namespace detail {
+
+inline bool iequals(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
+inline bool istarts_with(std::string_view s, std::string_view prefix) noexcept {
+  return s.size() >= prefix.size() && iequals(s.substr(0, prefix.size()), prefix);
+}
+
+// The largest number (nz-number) IMAP has, RFC 3501 9: message numbers,
+// UIDs, UIDVALIDITY are 32 bits; a mod-sequence 63 (RFC 7162 7).
+inline constexpr std::uint64_t max_number = 0xffff'ffffu;
+inline constexpr std::uint64_t max_modseq = 0x7fff'ffff'ffff'ffffu;
+
+// Returns: `s` as a number of at most `max`, or nullopt if it is not one
+// (empty, a sign, another character, too large). What a server sends is
+// read only through this: std::stoul would accept "12abc", wrap at 64 bits
+// and throw std::invalid_argument, which names nothing.
+inline std::optional<std::uint64_t> to_number(std::string_view s, std::uint64_t max) noexcept {
+  if (s.empty() || s.front() < '0' || s.front() > '9') return std::nullopt;
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  if (ec != std::errc{} || end != s.data() + s.size() || n > max) return std::nullopt;
+  return n;
+}
+
+inline bool is_nz_number(std::string_view s) noexcept {
+  const auto n = to_number(s, max_number);
+  return n && *n != 0;
+}
+
+// Returns: true if `s` is a set of UIDs as a server reports them ("3:5,9":
+// no '*', RFC 4315 4 uid-set).
+inline bool is_uid_set(std::string_view s) noexcept {
+  for (;;) {
+    const auto comma = s.find(',');
+    const auto part = s.substr(0, comma);
+    const auto colon = part.find(':');
+    if (!is_nz_number(part.substr(0, colon))) return false;
+    if (colon != std::string_view::npos && !is_nz_number(part.substr(colon + 1))) return false;
+    if (comma == std::string_view::npos) return true;
+    s.remove_prefix(comma + 1);
+  }
+}
+
+// Returns: at most the first 100 bytes of what a server sent, control
+// characters and bytes past ASCII shown as \xNN, for an error message.
+inline std::string excerpt(std::string_view s) {
+  std::string out;
+  const auto n = std::min<std::size_t>(s.size(), 100);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c >= 0x7f) fmt::format_to(std::back_inserter(out), "\\x{:02x}", c);
+    else out.push_back(static_cast<char>(c));
+  }
+  if (n < s.size()) fmt::format_to(std::back_inserter(out), "... ({} bytes)", s.size());
+  return out;
+}
+
+// Parses the elements of `s` from `pos` up to the end or a ')' that closes
+// an enclosing list.
+inline std::vector<value> parse_items(std::string_view s, std::size_t& pos) {
+  std::vector<value> out;
+  while (pos < s.size()) {
+    const char c = s[pos];
+    if (c == ' ' || c == '\r' || c == '\n') {
+      ++pos;
+    } else if (c == ')') {
+      return out;
+    } else if (c == '(') {
+      ++pos;
+      value v{value::kind::list, {}, parse_items(s, pos)};
+      if (pos < s.size()) ++pos;  // the ')'
+      out.push_back(std::move(v));
+    } else if (c == '"') {
+      std::string text;
+      for (++pos; pos < s.size() && s[pos] != '"'; ++pos) {
+        if (s[pos] == '\\' && pos + 1 < s.size()) ++pos;
+        text += s[pos];
+      }
+      ++pos;
+      out.push_back({value::kind::string, std::move(text), {}});
+    } else if (c == '{') {
+      const auto close = s.find('}', pos);
+      const auto size = to_number(s.substr(pos + 1, close == std::string_view::npos ? 0 : close - pos - 1), SIZE_MAX);
+      const std::size_t n = static_cast<std::size_t>(size.value_or(0));
+      pos = close == std::string_view::npos ? s.size() : close + 1;
+      if (s.substr(pos, 2) == "\r\n") pos += 2;
+      out.push_back({value::kind::string, std::string(s.substr(pos, n)), {}});
+      pos = std::min(s.size(), pos + n);
+    } else {
+      // An atom. A FETCH item's section, '[' ... ']', belongs to it, spaces
+      // and parentheses included (BODY[HEADER.FIELDS (SUBJECT)]); in any
+      // other atom '[' is a plain character (a keyword a person set may be
+      // "todo[1").
+      std::string text;
+      for (int depth = 0; pos < s.size(); ++pos) {
+        const char a = s[pos];
+        if (depth == 0 && (a == ' ' || a == '(' || a == ')' || a == '\r' || a == '\n')) break;
+        if (a == '[' && (depth > 0 || detail::iequals(text, "BODY") || detail::iequals(text, "BODY.PEEK") ||
+                         detail::iequals(text, "BINARY") || detail::iequals(text, "BINARY.PEEK") ||
+                         detail::iequals(text, "BINARY.SIZE")))
+          ++depth;
+        if (a == ']' && depth > 0) --depth;
+        text += a;
+      }
+      if (detail::iequals(text, "NIL")) out.push_back({value::kind::nil, {}, {}});
+      else out.push_back({value::kind::atom, std::move(text), {}});
+    }
+  }
+  return out;
+}
+
+// OpenSSL's own socket BIO writes with write(2), which raises SIGPIPE when
+// the server has gone; this one sends with MSG_NOSIGNAL, as the plain path
+// does. Its data is the descriptor; it never closes it.
+inline int tls_bio_fd(BIO* b) noexcept { return static_cast<int>(reinterpret_cast<std::intptr_t>(BIO_get_data(b))); }
+inline int tls_bio_write(BIO* b, const char* data, int len) {
+  BIO_clear_retry_flags(b);
+  ssize_t n;
+  while ((n = ::send(tls_bio_fd(b), data, static_cast<std::size_t>(len), MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) BIO_set_retry_write(b);
+  return static_cast<int>(n);
+}
+inline int tls_bio_read(BIO* b, char* data, int len) {
+  BIO_clear_retry_flags(b);
+  ssize_t n;
+  while ((n = ::recv(tls_bio_fd(b), data, static_cast<std::size_t>(len), 0)) < 0 && errno == EINTR) {
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) BIO_set_retry_read(b);
+  return static_cast<int>(n);
+}
+inline long tls_bio_ctrl(BIO*, int cmd, long, void*) { return cmd == BIO_CTRL_FLUSH ? 1 : 0; }
+inline int tls_bio_create(BIO* b) {
+  BIO_set_data(b, nullptr);
+  BIO_set_init(b, 0);
+  return 1;
+}
+inline int tls_bio_destroy(BIO*) { return 1; }
+inline BIO_METHOD* tls_bio_method() {
+  static BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR, "dibs::imap socket");
+    if (m) {
+      BIO_meth_set_write(m, tls_bio_write);
+      BIO_meth_set_read(m, tls_bio_read);
+      BIO_meth_set_ctrl(m, tls_bio_ctrl);
+      BIO_meth_set_create(m, tls_bio_create);
+      BIO_meth_set_destroy(m, tls_bio_destroy);
+    }
+    return m;
+  }();
+  return method;
+}
+
+// Returns: OpenSSL's queued errors of this thread, as text (and clears them).
+inline std::string tls_errors() {
+  std::string out;
+  while (const unsigned long e = ERR_get_error()) {
+    const char* reason = ERR_reason_error_string(e);
+    char buf[256];
+    if (!reason) {
+      ERR_error_string_n(e, buf, sizeof buf);
+      reason = buf;
+    }
+    if (!out.empty()) out += "; ";
+    out += reason;
+  }
+  return out;
+}
+
+inline bool is_ip_address(const std::string& host) noexcept {
+  unsigned char buf[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+// Resolves host and port for TCP by `until`. getaddrinfo() cannot be
+// given a deadline, so a name (not an address) is resolved on a thread of
+// its own that is left behind if it takes too long: it frees what it finds
+// once it is done. Returns: getaddrinfo()'s result, or nullopt if `until`
+// passed first.
+inline std::optional<int> resolve(const std::string& host, const std::string& port,
+                                  std::chrono::steady_clock::time_point until, addrinfo** found) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  if (is_ip_address(host)) {
+    hints.ai_flags = AI_NUMERICHOST;
+    return ::getaddrinfo(host.c_str(), port.c_str(), &hints, found);
+  }
+  struct lookup {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false, abandoned = false;
+    int rc = 0;
+    addrinfo* found = nullptr;
+  };
+  auto job = std::make_shared<lookup>();
+  try {
+    std::thread([job, host, port, hints] {
+      addrinfo* f = nullptr;
+      const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &f);
+      std::lock_guard lock{job->m};
+      if (job->abandoned) {
+        if (rc == 0) ::freeaddrinfo(f);
+        return;
+      }
+      job->rc = rc;
+      job->found = f;
+      job->done = true;
+      job->cv.notify_one();
+    }).detach();
+  } catch (const std::system_error&) {  // no thread to be had: resolve here, unbounded
+    return ::getaddrinfo(host.c_str(), port.c_str(), &hints, found);
+  }
+  std::unique_lock lock{job->m};
+  if (!job->cv.wait_until(lock, until, [&] { return job->done; })) {
+    job->abandoned = true;
+    return std::nullopt;
+  }
+  *found = job->found;
+  return job->rc;
+}
+
+// Returns: the address `a` as text ("127.0.0.1", "::1"), for messages.
+inline std::string address_text(const addrinfo* a) {
+  char host[NI_MAXHOST] = "?";
+  (void)::getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof host, nullptr, 0, NI_NUMERICHOST);
+  return host;
+}
+
+}  // namespace detail
+
+/// Returns: the elements of one response line (without its "* " or tag).
+inline std::vector<value> parse(std::string_view line) {
+  std::size_t pos = 0;
+  std::vector<value> all;
+  while (pos < line.size()) {
+    auto part = detail::parse_items(line, pos);
+    all.insert(all.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+    if (pos < line.size()) ++pos;  // an unbalanced ')'
+  }
+  return all;
+}
+
+namespace detail {
+
+// Returns: what is wrong in a FETCH response's items (empty: nothing).
+inline std::string malformed_fetch(std::string_view text) {
+  const auto v = parse(text);
+  if (v.size() != 1 || v[0].kind != value::kind::list) return "a FETCH response without its list of items";
+  const auto& items = v[0].items;
+  if (items.size() % 2 != 0) return "a FETCH item without a value";
+  for (std::size_t i = 0; i < items.size(); i += 2) {
+    const auto& name = items[i];
+    const auto& val = items[i + 1];
+    if (name.is("UID") && (val.kind != value::kind::atom || !is_nz_number(val.text)))
+      return "a FETCH UID that is not a number from 1 to 4294967295";
+    if (name.is("RFC822.SIZE") && (val.kind != value::kind::atom || !to_number(val.text, max_number)))
+      return "a FETCH RFC822.SIZE that is not a 32-bit number";
+    if (name.is("MODSEQ") && (val.kind != value::kind::list || val.items.size() != 1 ||
+                              val.items[0].kind != value::kind::atom || !to_number(val.items[0].text, max_modseq)))
+      return "a FETCH MODSEQ that is not one 63-bit number in parentheses";
+  }
+  return {};
+}
+
+// Returns: what is wrong in a response code (what is inside "[...]", RFC
+// 3501 7.1, RFC 4315 3, RFC 7162 3.1.2.1) whose arguments are numbers.
+inline std::string malformed_code(std::string_view code) {
+  const auto sp = code.find(' ');
+  const auto name = code.substr(0, sp);
+  const auto args = sp == std::string_view::npos ? std::string_view{} : code.substr(sp + 1);
+  std::vector<std::string_view> words;
+  for (std::size_t at = 0; at <= args.size() && !args.empty();) {
+    const auto end = std::min(args.find(' ', at), args.size());
+    words.push_back(args.substr(at, end - at));
+    at = end + 1;
+  }
+  if (iequals(name, "UIDVALIDITY") || iequals(name, "UIDNEXT") || iequals(name, "UNSEEN")) {
+    if (words.size() != 1 || !is_nz_number(words[0]))
+      return fmt::format("{} is not a number from 1 to 4294967295", name);
+  } else if (iequals(name, "HIGHESTMODSEQ")) {
+    if (words.size() != 1 || !to_number(words[0], max_modseq)) return "HIGHESTMODSEQ is not a 63-bit number";
+  } else if (iequals(name, "APPENDUID")) {
+    if (words.size() != 2 || !is_nz_number(words[0]) || !is_uid_set(words[1]))
+      return "APPENDUID is not a UIDVALIDITY and a UID set";
+  } else if (iequals(name, "COPYUID")) {
+    if (words.size() != 3 || !is_nz_number(words[0]) || !is_uid_set(words[1]) || !is_uid_set(words[2]))
+      return "COPYUID is not a UIDVALIDITY and two UID sets";
+  }
+  return {};
+}
+
+// Returns: what is wrong with the numbers in a response line (empty if
+// nothing is): message numbers, UIDs and UID sets, the response codes
+// that carry numbers, SEARCH, ESEARCH and VANISHED. Everything a caller
+// reads as a number was checked here first, so a caller never meets a
+// malformed one.
+inline std::string malformed(std::string_view line) {
+  if (line.starts_with('+')) return {};
+  const bool untagged = line.starts_with("* ");
+  const auto tag_end = line.find(' ');
+  if (tag_end == std::string_view::npos) return untagged ? "an empty untagged response" : "a tagged reply without a status";
+  auto rest = line.substr(tag_end + 1);
+  const auto word_end = rest.find(' ');
+  const auto word = rest.substr(0, word_end);
+  rest = word_end == std::string_view::npos ? std::string_view{} : rest.substr(word_end + 1);
+  if (iequals(word, "OK") || iequals(word, "NO") || iequals(word, "BAD") || iequals(word, "PREAUTH") ||
+      iequals(word, "BYE")) {
+    if (!rest.starts_with('[')) return {};
+    const auto close = rest.find(']');
+    if (close == std::string_view::npos) return "a response code without its closing ']'";
+    return malformed_code(rest.substr(1, close - 1));
+  }
+  if (!untagged) return {};
+  if (!word.empty() && word.front() >= '0' && word.front() <= '9') {  // "* 12 EXISTS", "* 3 FETCH (...)"
+    const auto kind = rest.substr(0, rest.find(' '));
+    const auto n = to_number(word, max_number);
+    if (!n) return fmt::format("a message number in {} that is not a 32-bit number", kind);
+    if (*n == 0 && (iequals(kind, "EXPUNGE") || iequals(kind, "FETCH"))) return fmt::format("{} of message 0", kind);
+    if (iequals(kind, "FETCH")) return malformed_fetch(rest.substr(kind.size()));
+    return {};
+  }
+  if (iequals(word, "EXISTS") || iequals(word, "RECENT") || iequals(word, "EXPUNGE") || iequals(word, "FETCH"))
+    return fmt::format("{} without its message number", word);
+  if (iequals(word, "VANISHED")) {  // RFC 7162 3.2.10
+    if (istarts_with(rest, "(EARLIER) ")) rest.remove_prefix(10);
+    return is_uid_set(rest) ? std::string{} : "VANISHED with no UID set (numbers from 1 to 4294967295)";
+  }
+  if (iequals(word, "SEARCH")) {  // numbers, then perhaps "(MODSEQ n)" (RFC 7162 3.1.5)
+    for (const auto& v : parse(rest))
+      if (v.kind == value::kind::atom && !is_nz_number(v.text)) return "SEARCH with something other than numbers";
+    return {};
+  }
+  if (iequals(word, "ESEARCH")) {  // RFC 4731: [(TAG "x")] [UID] ALL set | MIN n | MAX n | COUNT n ...
+    const auto v = parse(rest);
+    std::size_t i = !v.empty() && v[0].kind == value::kind::list ? 1 : 0;
+    if (i < v.size() && v[i].is("UID")) ++i;
+    for (; i + 1 < v.size(); i += 2) {
+      const bool set = v[i].is("ALL");
+      const bool number = v[i].is("MIN") || v[i].is("MAX") || v[i].is("COUNT");
+      if ((set && !is_uid_set(v[i + 1].text)) || (number && !to_number(v[i + 1].text, max_number)))
+        return fmt::format("ESEARCH {} with a malformed value", v[i].text);
+    }
+  }
+  return {};
+}
+
+}  // namespace detail
+
+/// Returns: `s` as an IMAP string: quoted if it can be, else a literal.
+inline std::string quote(std::string_view s) {
+  bool plain = s.size() < 1000;
+  for (const char c : s)
+    if (c == '\r' || c == '\n' || c == '\0' || static_cast<unsigned char>(c) >= 0x80) plain = false;
+  if (!plain) return fmt::format("{{{}+}}\r\n{}", s.size(), s);
+  std::string q = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') q += '\\';
+    q += c;
+  }
+  return q + '"';
+}
+
+/// The reply to one command: what the server said untagged while running
+/// it, and its tagged completion.
+struct reply {
+  std::vector<std::string> untagged;  ///< each "* ..." line, without "* ", literals inline
+  std::string status;                 ///< OK, NO or BAD
+  std::string code;                   ///< the response code inside [...], e.g. "APPENDUID 38505 3955"
+  std::string text;                   ///< the rest of the tagged line
+  bool ok() const noexcept { return status == "OK"; }
+};
+
+/// Returns: the untagged lines of every reply of a pipelined batch. A
+/// server may run pipelined commands side by side (Dovecot does), so what
+/// it says untagged comes while another command is still open: read a
+/// batch's FETCH responses here, not from one reply.
+inline std::vector<std::string> untagged_of(const std::vector<reply>& replies) {
+  std::vector<std::string> all;
+  for (const auto& r : replies) all.insert(all.end(), r.untagged.begin(), r.untagged.end());
+  return all;
+}
+
+/// One connection to an IMAP server, logged in.
+class session {
+public:
+  /// Connects and logs in. Throws: as described at the top of this header.
+  explicit session(options o) : opts_(std::move(o)) {
+    if (opts_.port.empty()) opts_.port = opts_.tls == tls_mode::implicit ? "993" : "143";
+    try {
+      connect();
+    } catch (...) {  // no destructor runs: free the TLS state here
+      drop();
+      free_context();
+      throw;
+    }
+  }
+  ~session() {
+    close();
+    free_context();
+  }
+  session(const session&) = delete;
+  session& operator=(const session&) = delete;
+
+  const options& opts() const noexcept { return opts_; }
+  /// Returns: "user@host:port", for messages.
+  std::string where() const { return fmt::format("{}@{}:{}", opts_.user, opts_.host, opts_.port); }
+  /// Returns: true if the server announced `capability` (compared without case).
+  bool has(std::string_view capability) const {
+    for (const auto& c : caps_)
+      if (detail::iequals(c, capability)) return true;
+    return false;
+  }
+  /// Returns: true if the connection is open (a command after a failure
+  /// reconnects by itself).
+  bool connected() const noexcept { return fd_ >= 0 && pid_ == ::getpid(); }
+  /// Returns: true if the connection is open and protected by TLS.
+  bool encrypted() const noexcept { return connected() && ssl_ != nullptr; }
+
+  /// Sends `commands` (each without tag; literals written "{n+}\r\n..."
+  /// through quote()) in one go and returns their replies in order. Throws:
+  /// errc::connection_lost or errc::timed_out if the connection fails,
+  /// std::errc::protocol_error for a malformed reply (the session is then
+  /// closed), errc::invalid_argument for a literal whose size is not its
+  /// length (write literals with quote()).
+  std::vector<reply> run(const std::vector<std::string>& commands) {
+    if (!connected()) connect();
+    const bool plus = has("LITERAL+");
+    std::vector<std::string> tags;
+    std::string out;
+    std::vector<reply> replies;
+    for (const auto& c : commands) {
+      tags.push_back(fmt::format("d{}", ++tag_));
+      if (plus || c.find("+}\r\n") == std::string::npos) {
+        out.append(tags.back()).append(" ").append(c).append("\r\n");
+        continue;
+      }
+      // A server without LITERAL+ confirms each literal with "+" first.
+      send(out);
+      out.clear();
+      auto done = collect({tags.begin(), tags.end() - 1});
+      replies.insert(replies.end(), done.begin(), done.end());
+      tags.erase(tags.begin(), tags.end() - 1);
+      std::string part = tags.back() + ' ';
+      for (std::size_t pos = 0;;) {
+        const auto mark = c.find("+}\r\n", pos);
+        if (mark == std::string::npos) break;
+        const auto open = c.rfind('{', mark);
+        const auto size = open == std::string::npos || open < pos
+                              ? std::nullopt
+                              : detail::to_number(std::string_view(c).substr(open + 1, mark - open - 1), SIZE_MAX);
+        if (!size || *size > c.size() - (mark + 4))
+          throw std::system_error(make_error_code(errc::invalid_argument),
+                                  fmt::format("dibs::imap: {}: the command '{}' has a literal whose size is not its "
+                                              "length: write it with imap::quote()",
+                                              where(), detail::excerpt(c)));
+        const auto n = static_cast<std::size_t>(*size);
+        part.append(c, pos, mark - pos).append("}\r\n");
+        send(part);
+        for (const auto until = deadline();;) {
+          auto line = read_reply_line(until);
+          if (line.starts_with("+")) break;
+          if (line.starts_with(tags.back() + ' '))
+            fail(errc::connection_lost, fmt::format("the server refused a literal: {}", detail::excerpt(line)));
+          if (detail::istarts_with(line, "* BYE"))
+            fail(errc::connection_lost, fmt::format("the server said {}", detail::excerpt(line.substr(2))));
+          // Said while this command is the only one open: its reply's, as
+          // collect() would file it (an EXISTS here is news a caller needs).
+          if (line.starts_with("* ")) early_.push_back(line.substr(2));
+        }
+        part.assign(c, mark + 4, n);
+        pos = mark + 4 + n;
+        if (c.find("+}\r\n", pos) == std::string::npos) part.append(c, pos).append("\r\n");
+      }
+      out = part;
+    }
+    send(out);
+    auto rest = collect(tags);
+    replies.insert(replies.end(), rest.begin(), rest.end());
+    return replies;
+  }
+  reply run(const std::string& command) { return std::move(run(std::vector<std::string>{command}).front()); }
+
+  /// As run(), for commands that change something: if the connection fails
+  /// or a reply is malformed after they were sent, throws
+  /// errc::outcome_unknown instead (they may or may not have been applied).
+  std::vector<reply> run_write(const std::vector<std::string>& commands) {
+    if (!connected()) connect();
+    try {
+      return run(commands);
+    } catch (const std::system_error& e) {
+      // A malformed reply closes the connection as a lost one does: the
+      // write's own reply may have been among what was not read.
+      if (e.code() == make_error_code(errc::connection_lost) || e.code() == make_error_code(errc::timed_out) ||
+          e.code() == std::errc::protocol_error)
+        throw std::system_error(make_error_code(errc::outcome_unknown), e.what());
+      throw;
+    }
+  }
+
+  /// Throws: std::system_error for a reply that is not OK, naming the
+  /// server, user, `what` was done, and what the server said.
+  void check(const reply& r, std::string_view what) const {
+    if (r.ok()) return;
+    throw std::system_error(code_of(r), fmt::format("dibs::imap: {} on {}: the server said {} {}{}{}{}", what, where(),
+                                                   r.status, r.code.empty() ? "" : "[", r.code,
+                                                   r.code.empty() ? "" : "] ", r.text));
+  }
+
+  /// Waits in IDLE (RFC 2177) until the server reports a change of the
+  /// selected mailbox (EXISTS, EXPUNGE, FETCH) or `wait` passes. Returns:
+  /// true if something changed. Without IDLE on the server: waits and
+  /// returns true.
+  bool idle(std::chrono::milliseconds wait) {
+    if (!has("IDLE")) {
+      ::poll(nullptr, 0, static_cast<int>(wait.count()));
+      return true;
+    }
+    if (!connected()) connect();
+    const auto tag = fmt::format("d{}", ++tag_);
+    send(fmt::format("{} IDLE\r\n", tag));
+    const auto until = deadline();
+    for (;;) {
+      const auto line = read_reply_line(until);
+      if (line.starts_with("+")) break;
+      if (line.starts_with(tag)) return true;  // refused: treat as a change and poll
+    }
+    bool changed = false;
+    const auto end = std::chrono::steady_clock::now() + wait;
+    while (!changed) {
+      const auto left = end - std::chrono::steady_clock::now();
+      if (left <= std::chrono::nanoseconds::zero() || !readable(std::chrono::duration_cast<std::chrono::milliseconds>(left)))
+        break;
+      const auto line = read_reply_line(deadline());
+      if (detail::istarts_with(line, "* BYE"))
+        fail(errc::connection_lost, fmt::format("the server said {}", detail::excerpt(line.substr(2))));
+      changed = line.find(" EXISTS") != std::string::npos || line.find(" EXPUNGE") != std::string::npos ||
+                line.find(" FETCH") != std::string::npos || line.find(" RECENT") != std::string::npos;
+    }
+    send("DONE\r\n");
+    collect({tag});
+    return changed;
+  }
+
+  /// Closes the connection (logging out politely if it is open).
+  void close() noexcept {
+    if (fd_ >= 0 && pid_ == ::getpid()) {
+      const std::string bye = fmt::format("d{} LOGOUT\r\n", ++tag_);
+      if (ssl_) {  // the socket is non-blocking: neither call waits
+        ERR_clear_error();
+        (void)SSL_write(ssl_, bye.data(), static_cast<int>(bye.size()));
+        (void)SSL_shutdown(ssl_);
+        ERR_clear_error();
+      } else {
+        (void)::send(fd_, bye.data(), bye.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+    }
+    drop();
+  }
+
+  /// Closes the connection at once, as if it broke (for tests of failures).
+  /// The TLS state is freed without a word to the server (no SSL_shutdown):
+  /// in a child after fork() it is the parent's connection.
+  void drop() noexcept {
+    if (ssl_) SSL_free(ssl_);
+    ssl_ = nullptr;
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    in_.clear();
+    early_.clear();
+  }
+
+private:
+  [[noreturn]] void fail(std::error_code ec, std::string_view why) {
+    drop();
+    throw std::system_error(ec, fmt::format("dibs::imap: {}: {}", where(), why));
+  }
+  [[noreturn]] void fail(errc e, std::string_view why) { fail(make_error_code(e), why); }
+  // A reply that breaks the protocol: the connection is closed (what else
+  // is in flight cannot be read reliably: a write's reply among it is then
+  // outcome_unknown through run_write()). Not transient: the same server
+  // is likely to say the same again.
+  [[noreturn]] void malformed(std::string_view line, std::string_view why) {
+    fail(std::make_error_code(std::errc::protocol_error),
+         fmt::format("the server sent a malformed reply ({}): '{}'; the connection is closed (is it an IMAP "
+                     "server? if so, report this to its operator)",
+                     why, detail::excerpt(line)));
+  }
+
+  static std::error_code code_of(const reply& r) {
+    const std::string_view code = std::string_view(r.code).substr(0, r.code.find(' '));
+    if (detail::iequals(code, "NONEXISTENT") || detail::iequals(code, "TRYCREATE"))
+      return std::make_error_code(std::errc::no_such_file_or_directory);
+    if (detail::iequals(code, "NOPERM") || detail::iequals(code, "AUTHORIZATIONFAILED") ||
+        detail::iequals(code, "AUTHENTICATIONFAILED") || detail::iequals(code, "READ-ONLY"))
+      return std::make_error_code(std::errc::permission_denied);
+    if (detail::iequals(code, "OVERQUOTA")) return std::make_error_code(std::errc::no_space_on_device);
+    if (detail::iequals(code, "UNAVAILABLE") || detail::iequals(code, "INUSE") || detail::iequals(code, "LIMIT"))
+      return make_error_code(errc::contended);
+    if (detail::iequals(code, "ALREADYEXISTS")) return std::make_error_code(std::errc::file_exists);
+    // The server failed (Dovecot: a file it cannot write; its log says which).
+    if (detail::iequals(code, "SERVERBUG")) return std::make_error_code(std::errc::io_error);
+    return make_error_code(errc::invalid_argument);
+  }
+
+  void connect() {
+    drop();
+    pid_ = ::getpid();
+    caps_.clear();
+    const auto until = std::chrono::steady_clock::now() + opts_.timeout;
+    // Every reply while connecting (greeting, STARTTLS, LOGIN) shares the
+    // one deadline: a reconnect inside a timed call takes options::timeout
+    // at most, not that much per step.
+    connecting_until_ = until;
+    struct done_connecting {
+      session& s;
+      ~done_connecting() { s.connecting_until_.reset(); }
+    } guard{*this};
+    open_socket(until);
+    if (opts_.tls == tls_mode::implicit) handshake(until);
+    const auto greeting = read_reply_line(until);
+    if (!detail::istarts_with(greeting, "* OK") && !detail::istarts_with(greeting, "* PREAUTH"))
+      fail(errc::connection_lost, fmt::format("the server greeted with '{}'", detail::excerpt(greeting)));
+    // What the server can do before the login: from the greeting, or asked.
+    if (const auto open = greeting.find('['); open != std::string::npos &&
+                                              detail::istarts_with(std::string_view(greeting).substr(open + 1), "CAPABILITY"))
+      set_caps(greeting.substr(open + 1, greeting.find(']', open) - open - 1));
+    else
+      ask_caps();
+    if (opts_.tls == tls_mode::starttls) {
+      if (detail::istarts_with(greeting, "* PREAUTH"))
+        fail(std::make_error_code(std::errc::not_supported),
+             "the server greeted with PREAUTH, which leaves no way to STARTTLS; refusing to go on unprotected");
+      if (!has("STARTTLS"))
+        fail(std::make_error_code(std::errc::not_supported),
+             "the server does not offer STARTTLS (tls_mode::starttls); use tls_mode::implicit on its TLS port "
+             "(usually 993) if it has one. Nothing was sent in the clear");
+      const auto r = run("STARTTLS");
+      if (!r.ok())
+        fail(std::make_error_code(std::errc::not_supported),
+             fmt::format("the server refused STARTTLS: {} {}", r.status, r.text));
+      // What came after the OK came before the handshake, unprotected: an
+      // attacker's injection (CVE-2011-0411), never to be read as the server's.
+      if (!in_.empty())
+        fail(std::make_error_code(std::errc::protocol_error),
+             "the server sent more after its OK to STARTTLS, before the TLS handshake; refusing it");
+      handshake(until);
+      ask_caps();  // what was said in the clear may have been forged: forget it
+    }
+    if (has("LOGINDISABLED"))
+      fail(std::make_error_code(std::errc::permission_denied),
+           opts_.tls == tls_mode::none
+               ? "the server refuses LOGIN on an unprotected connection (it announces LOGINDISABLED): set "
+                 "options::tls to tls_mode::starttls (or tls_mode::implicit on its TLS port, usually 993). The "
+                 "password was not sent"
+               : "the server announces LOGINDISABLED even over TLS: dibs::imap logs in only with LOGIN");
+    const auto login = run(fmt::format("LOGIN {} {}", quote(opts_.user), quote(opts_.password)));
+    if (!login.ok()) {
+      const auto text = login.text;
+      drop();
+      const bool transient = detail::iequals(login.code, "UNAVAILABLE");
+      throw std::system_error(
+          transient ? make_error_code(errc::connection_lost) : std::make_error_code(std::errc::permission_denied),
+          fmt::format("dibs::imap: {}:{} refused the login of user '{}': {}{}{}", opts_.host, opts_.port, opts_.user,
+                      login.code.empty() ? "" : fmt::format("[{}] ", login.code), text,
+                      transient ? "" : "; check the user name and password"));
+    }
+    if (detail::istarts_with(login.code, "CAPABILITY")) set_caps(login.code);
+    else ask_caps();
+  }
+
+  // Connects fd_ to the first address of the server that answers by
+  // `until` (each address tried gets an equal share of the time left), and
+  // leaves it non-blocking: every read and write after this poll()s with a
+  // deadline. Throws: errc::timed_out if the time ran out (the server's
+  // accept queue full, packets dropped); the connect's own error (refused,
+  // unreachable: transient) otherwise; both name host and port.
+  void open_socket(std::chrono::steady_clock::time_point until) {
+    addrinfo* found = nullptr;
+    const auto rc = detail::resolve(opts_.host, opts_.port, until, &found);
+    if (!rc)
+      throw std::system_error(make_error_code(errc::timed_out),
+                              fmt::format("dibs::imap: cannot find server {}:{}: the name was not resolved within "
+                                          "{} ms (options::timeout); is DNS reachable?",
+                                          opts_.host, opts_.port, opts_.timeout.count()));
+    if (*rc != 0)
+      throw std::system_error(make_error_code(errc::connection_lost),
+                              fmt::format("dibs::imap: cannot find server {}:{}: {}", opts_.host, opts_.port,
+                                          ::gai_strerror(*rc)));
+    std::size_t left = 0;
+    for (const addrinfo* a = found; a; a = a->ai_next) ++left;
+    int err = 0;
+    bool timed_out = false;
+    std::string tried;
+    for (const addrinfo* a = found; a && fd_ < 0; a = a->ai_next, --left) {
+      const auto share = (until - std::chrono::steady_clock::now()) / static_cast<int>(left);
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+      int e = fd < 0 ? errno : 0;
+      if (fd >= 0 && ::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+        e = errno;
+        if (e == EINPROGRESS) {
+          const auto ms = std::chrono::ceil<std::chrono::milliseconds>(share).count();
+          pollfd p{fd, POLLOUT, 0};
+          int ready = 0;
+          while (ms > 0 && (ready = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(ms, INT_MAX)))) < 0 &&
+                 errno == EINTR) {
+          }
+          socklen_t len = sizeof e;
+          if (ready <= 0) e = ETIMEDOUT;
+          else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
+        }
+      }
+      if (fd >= 0 && e == 0) {
+        fd_ = fd;
+        break;
+      }
+      if (fd >= 0) ::close(fd);
+      err = e;
+      timed_out = timed_out || e == ETIMEDOUT;
+      fmt::format_to(std::back_inserter(tried), "{}{}: {}", tried.empty() ? "" : ", ", detail::address_text(a),
+                     e == ETIMEDOUT ? "no answer in time" : std::strerror(e));
+    }
+    ::freeaddrinfo(found);
+    if (fd_ >= 0) return;
+    if (timed_out)
+      throw std::system_error(make_error_code(errc::timed_out),
+                              fmt::format("dibs::imap: cannot connect to {}:{} within {} ms (options::timeout): {}; "
+                                          "is the IMAP server running and accepting connections?",
+                                          opts_.host, opts_.port, opts_.timeout.count(), tried));
+    throw std::system_error(std::error_code(err, std::generic_category()),
+                            fmt::format("dibs::imap: cannot connect to {}:{} ({}); is the IMAP server running?",
+                                        opts_.host, opts_.port, tried));
+  }
+
+  // Returns: when the reply being read must have come: options::timeout
+  // from now, or sooner while connecting.
+  std::chrono::steady_clock::time_point deadline() const {
+    const auto until = std::chrono::steady_clock::now() + opts_.timeout;
+    return connecting_until_ ? std::min(until, *connecting_until_) : until;
+  }
+
+  void set_caps(const std::string& caps) {
+    caps_.clear();
+    for (const auto& v : parse(caps)) caps_.push_back(v.text);
+  }
+  void ask_caps() {
+    caps_.clear();
+    const auto r = run("CAPABILITY");
+    for (const auto& u : r.untagged)
+      if (detail::istarts_with(u, "CAPABILITY")) set_caps(u);
+  }
+
+  // TLS on the connected socket (implicit: at once; starttls: after the
+  // server's OK), the server's certificate verified against the CA file or
+  // the system's store, and that it names the host. The socket is
+  // non-blocking (open_socket()): every TLS read and write poll()s with a
+  // deadline. Throws: not transient for a certificate that does not verify
+  // or a handshake the server or client refused; transient for a
+  // connection lost or a handshake not done by `until`.
+  void handshake(std::chrono::steady_clock::time_point until) {
+    if (!ctx_) ctx_ = make_context();
+    BIO* bio = detail::tls_bio_method() ? BIO_new(detail::tls_bio_method()) : nullptr;
+    ssl_ = bio ? SSL_new(ctx_) : nullptr;
+    if (!ssl_) {
+      if (bio) BIO_free(bio);
+      fail(std::make_error_code(std::errc::not_enough_memory), fmt::format("cannot set up TLS: {}", detail::tls_errors()));
+    }
+    BIO_set_data(bio, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd_)));
+    BIO_set_init(bio, 1);
+    SSL_set_bio(ssl_, bio, bio);
+    const bool ip = detail::is_ip_address(opts_.host);
+    if (!ip) SSL_set_tlsext_host_name(ssl_, opts_.host.c_str());  // SNI: never an address (RFC 6066 3)
+    if (opts_.verify) {
+      SSL_set_hostflags(ssl_, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+      const int set = ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl_), opts_.host.c_str())
+                         : SSL_set1_host(ssl_, opts_.host.c_str());
+      if (set != 1)
+        fail(make_error_code(errc::invalid_argument),
+             fmt::format("cannot verify the server's certificate against the host name '{}': {}", opts_.host,
+                         detail::tls_errors()));
+    }
+    for (;;) {
+      ERR_clear_error();
+      const int rc = SSL_connect(ssl_);
+      if (rc == 1) return;
+      const int err = SSL_get_error(ssl_, rc);
+      if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+        if (!wait_io(err, until))
+          fail(errc::timed_out, fmt::format("the TLS handshake did not finish within {} ms", opts_.timeout.count()));
+        continue;
+      }
+      const long verified = SSL_get_verify_result(ssl_);
+      if (opts_.verify && verified != X509_V_OK) {
+        const bool name = verified == X509_V_ERR_HOSTNAME_MISMATCH || verified == X509_V_ERR_IP_ADDRESS_MISMATCH;
+        ERR_clear_error();
+        fail(std::make_error_code(std::errc::permission_denied),
+             fmt::format("TLS: the server's certificate does not verify: certificate verify failed: {} ({})",
+                         X509_verify_cert_error_string(verified),
+                         name ? fmt::format("it is not for '{}': connect by the name the certificate has", opts_.host)
+                         : opts_.ca_file.empty()
+                             ? std::string("checked against the system's CA store; set options::ca_file to the CA "
+                                           "that signed it")
+                             : fmt::format("checked against the CA file '{}'", opts_.ca_file)));
+      }
+      const auto why = detail::tls_errors();
+      if (err == SSL_ERROR_SSL && why.find("unexpected eof") == std::string::npos)
+        fail(std::make_error_code(std::errc::protocol_error),
+             fmt::format("the TLS handshake failed: {}{}", why,
+                         opts_.tls == tls_mode::implicit
+                             ? "; is this a port with TLS from the first byte (usually 993)?"
+                             : ""));
+      fail(errc::connection_lost, fmt::format("the connection broke during the TLS handshake{}{}",
+                                              why.empty() ? "" : ": ", why.empty() ? std::strerror(errno) : why));
+    }
+  }
+
+  SSL_CTX* make_context() const {
+    SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx)
+      throw std::system_error(std::make_error_code(std::errc::not_enough_memory),
+                              fmt::format("dibs::imap: cannot set up TLS: {}", detail::tls_errors()));
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_CTX_set_verify(ctx, opts_.verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, nullptr);
+    if (opts_.verify) {
+      const int ok = opts_.ca_file.empty() ? SSL_CTX_set_default_verify_paths(ctx)
+                                           : SSL_CTX_load_verify_locations(ctx, opts_.ca_file.c_str(), nullptr);
+      if (ok != 1) {
+        const auto why = detail::tls_errors();
+        SSL_CTX_free(ctx);
+        throw std::system_error(
+            make_error_code(errc::invalid_argument),
+            opts_.ca_file.empty()
+                ? fmt::format("dibs::imap: {}: cannot load the system's CA store: {}", where(), why)
+                : fmt::format("dibs::imap: {}: cannot read the CA file '{}': {}", where(), opts_.ca_file, why));
+      }
+    }
+    return ctx;
+  }
+
+  // Waits until the socket is ready for what OpenSSL wants (`err`:
+  // SSL_ERROR_WANT_READ or _WRITE). Returns: false if `until` passed first.
+  bool wait_io(int err, std::chrono::steady_clock::time_point until) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd_, static_cast<short>(err == SSL_ERROR_WANT_WRITE ? POLLOUT : POLLIN), 0};
+    int rc;
+    while ((rc = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), INT_MAX)))) < 0 && errno == EINTR) {
+    }
+    return rc != 0;  // ready, or an error that the next SSL_ call reports
+  }
+
+  // Reads what the server sent over TLS into in_. Returns: false if nothing
+  // came by `until`. What OpenSSL has already decrypted (SSL_pending) is
+  // taken first: SSL_read comes before every poll().
+  bool tls_read(std::chrono::steady_clock::time_point until) {
+    char buf[65536];
+    for (;;) {
+      ERR_clear_error();
+      const int n = SSL_read(ssl_, buf, static_cast<int>(sizeof buf));
+      if (n > 0) {
+        in_.append(buf, static_cast<std::size_t>(n));
+        return true;
+      }
+      const int err = SSL_get_error(ssl_, n);
+      if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+        if (!wait_io(err, until)) return false;
+        continue;
+      }
+      if (err == SSL_ERROR_ZERO_RETURN) fail(errc::connection_lost, "the server closed the connection");
+      const auto why = detail::tls_errors();
+      fail(errc::connection_lost, fmt::format("reading failed: {}", why.empty() ? std::strerror(errno) : why));
+    }
+  }
+
+  void tls_send(const std::string& data) {
+    const auto until = deadline();
+    for (std::size_t done = 0; done < data.size();) {
+      ERR_clear_error();
+      const int n = SSL_write(ssl_, data.data() + done, static_cast<int>(std::min<std::size_t>(data.size() - done, INT_MAX)));
+      if (n > 0) {
+        done += static_cast<std::size_t>(n);
+        continue;
+      }
+      const int err = SSL_get_error(ssl_, n);
+      if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+        if (!wait_io(err, until))
+          fail(errc::timed_out, fmt::format("sending did not finish within {} ms", opts_.timeout.count()));
+        continue;
+      }
+      const auto why = detail::tls_errors();
+      fail(errc::connection_lost, fmt::format("sending failed: {}", why.empty() ? std::strerror(errno) : why));
+    }
+  }
+
+  void send(const std::string& data) {
+    if (ssl_) return tls_send(data);
+    const auto until = deadline();
+    for (std::size_t done = 0; done < data.size();) {
+      const auto n = ::send(fd_, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {  // the server reads slower than we write
+        if (!wait_io(SSL_ERROR_WANT_WRITE, until))
+          fail(errc::timed_out, fmt::format("sending did not finish within {} ms", opts_.timeout.count()));
+        continue;
+      }
+      if (n < 0) fail(errc::connection_lost, fmt::format("sending failed: {}", std::strerror(errno)));
+      done += static_cast<std::size_t>(n);
+    }
+  }
+
+  bool readable(std::chrono::milliseconds wait) {
+    if (!in_.empty()) return true;
+    if (ssl_) return tls_read(std::chrono::steady_clock::now() + wait);
+    pollfd p{fd_, POLLIN, 0};
+    int rc;
+    while ((rc = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, wait.count())))) < 0 && errno == EINTR) {
+    }
+    return rc > 0;
+  }
+
+  void fill(std::chrono::steady_clock::time_point until) {
+    if (ssl_) {
+      if (!tls_read(until)) fail(errc::timed_out, fmt::format("no reply within {} ms", opts_.timeout.count()));
+      return;
+    }
+    char buf[65536];
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || !readable(left))
+        fail(errc::timed_out, fmt::format("no reply within {} ms", opts_.timeout.count()));
+      ssize_t n;
+      while ((n = ::recv(fd_, buf, sizeof buf, 0)) < 0 && errno == EINTR) {
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;  // woken for nothing: wait again
+      if (n <= 0) fail(errc::connection_lost, n == 0 ? "the server closed the connection" : std::strerror(errno));
+      in_.append(buf, static_cast<std::size_t>(n));
+      return;
+    }
+  }
+
+  // One logical line: a line, and if it ends in a literal "{n}", its n
+  // bytes and the rest of the line after them, and so on; never more than
+  // options::max_line bytes of it (a literal announced larger is refused
+  // before it is read: the server may lie about its size).
+  std::string read_line(std::chrono::steady_clock::time_point until) {
+    const std::size_t limit = std::min<std::size_t>(opts_.max_line, SIZE_MAX / 2);  // SIZE_MAX: no limit, no wrap
+    std::string line;
+    std::size_t scanned = 0;
+    for (;;) {
+      const auto eol = in_.find("\r\n", scanned);
+      if (eol == std::string::npos) {
+        if (line.size() + in_.size() > limit + 1)
+          malformed(line.empty() ? std::string_view(in_) : std::string_view(line),
+                    fmt::format("a line longer than options::max_line ({} bytes) without its end", opts_.max_line));
+        scanned = in_.size() > 0 ? in_.size() - 1 : 0;
+        fill(until);
+        continue;
+      }
+      std::optional<std::uint64_t> n;
+      if (eol > 0 && in_[eol - 1] == '}') {
+        const auto open = in_.rfind('{', eol);
+        if (open != std::string::npos) {
+          const auto digits = std::string_view(in_).substr(open + 1, eol - 1 - (open + 1));
+          n = detail::to_number(digits, UINT64_MAX);
+          // Digits only, yet no number: more than 64 bits' worth.
+          if (!n && !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos)
+            n = UINT64_MAX;
+        }
+      }
+      const std::size_t head = line.size() + eol + 2;
+      if (head > limit + 2 || (n && *n > limit + 2 - head))
+        malformed(line.empty() ? std::string_view(in_).substr(0, eol) : std::string_view(line),
+                  n ? fmt::format("a literal of {} bytes, more than options::max_line ({} bytes) allows", *n,
+                                  opts_.max_line)
+                    : fmt::format("a line longer than options::max_line ({} bytes)", opts_.max_line));
+      if (!n) {
+        line.append(in_, 0, eol);
+        in_.erase(0, eol + 2);
+        return line;
+      }
+      const auto size = eol + 2 + static_cast<std::size_t>(*n);
+      while (in_.size() < size) fill(until);
+      line.append(in_, 0, size);
+      in_.erase(0, size);
+      scanned = 0;
+    }
+  }
+
+  // read_line(), and the line's numbers checked (detail::malformed).
+  std::string read_reply_line(std::chrono::steady_clock::time_point until) {
+    auto line = read_line(until);
+    if (const auto why = detail::malformed(line); !why.empty()) malformed(line, why);
+    return line;
+  }
+
+  std::vector<reply> collect(const std::vector<std::string>& tags) {
+    std::vector<reply> replies(tags.size());
+    std::vector<bool> done(tags.size());
+    if (!tags.empty()) replies.front().untagged = std::exchange(early_, {});
+    const auto until = deadline();
+    // i: the first command not yet completed (untagged lines go to it).
+    for (std::size_t i = 0; i < tags.size(); i = static_cast<std::size_t>(std::find(done.begin(), done.end(), false) - done.begin())) {
+      auto line = read_reply_line(until);
+      if (line.starts_with("* ")) {
+        if (detail::istarts_with(line, "* BYE"))
+          fail(errc::connection_lost, fmt::format("the server said {}", detail::excerpt(line.substr(2))));
+        // ESEARCH names its command (RFC 4731): a server running pipelined
+        // commands side by side may answer a later one first.
+        std::size_t to = i;
+        if (detail::istarts_with(line, "* ESEARCH (TAG \"")) {
+          const auto tag = line.substr(16, line.find('"', 16) - 16);
+          for (std::size_t j = i; j < tags.size(); ++j)
+            if (tags[j] == tag) to = j;
+        }
+        replies[to].untagged.push_back(line.substr(2));
+        continue;
+      }
+      if (line.starts_with("+")) continue;  // a continuation (a literal the server wants to have confirmed)
+      // A tagged completion, of whichever command it names (a server may
+      // complete pipelined commands out of order).
+      const auto space = line.find(' ');
+      const auto it = std::find(tags.begin(), tags.end(), line.substr(0, space));
+      if (it == tags.end()) continue;
+      auto& r = replies[static_cast<std::size_t>(it - tags.begin())];
+      done[static_cast<std::size_t>(it - tags.begin())] = true;
+      auto rest = std::string_view(line).substr(space == std::string::npos ? line.size() : space + 1);
+      const auto sp = rest.find(' ');
+      r.status = std::string(rest.substr(0, sp));
+      for (auto& ch : r.status) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+      rest = sp == std::string_view::npos ? std::string_view{} : rest.substr(sp + 1);
+      if (rest.starts_with('[')) {
+        const auto close = rest.find(']');
+        r.code = std::string(rest.substr(1, close - 1));
+        rest = close == std::string_view::npos ? std::string_view{} : rest.substr(close + 1);
+        if (rest.starts_with(' ')) rest.remove_prefix(1);
+      }
+      r.text = std::string(rest);
+    }
+    return replies;
+  }
+
+  options opts_;
+  int fd_ = -1;
+  SSL_CTX* ctx_ = nullptr;  // made at the first TLS connection, kept for the next
+
+  void free_context() noexcept {
+    if (ctx_) SSL_CTX_free(ctx_);
+    ctx_ = nullptr;
+  }
+  SSL* ssl_ = nullptr;      // the connection's TLS state (null: plain)
+  // While connecting: when the whole of it must be done.
+  std::optional<std::chrono::steady_clock::time_point> connecting_until_;
+  pid_t pid_ = 0;
+  std::uint64_t tag_ = 0;
+  std::string in_;
+  std::vector<std::string> early_;  // untagged lines read while a literal waited for "+", for the next collect()
+  std::vector<std::string> caps_;
+};
+
+}  // namespace dibs::imap

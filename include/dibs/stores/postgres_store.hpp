@@ -1,0 +1,713 @@
+// dibs/stores/postgres_store.hpp: a dibs::shared_store whose records are rows of a
+// PostgreSQL table, for processes on many machines.
+//
+//   dibs::postgres_store store{"host=db.internal dbname=app user=worker"};
+//   dibs::marker_claim<dibs::postgres_store> claims{store};
+//
+// CMake target dibs::postgres (links libpq). The connection string is a
+// libpq conninfo or URI; empty: the PG* environment variables. The table
+// (default dibs_records) is created if absent:
+//
+//   key     bytea PRIMARY KEY    any bytes
+//   value   bytea                the record; NULL: no record (erased, or a row
+//                                an application inserted for a future item)
+//   version bigint NOT NULL      grows with every change, also across erase
+//                                and re-create (rows are never deleted by dibs)
+//   written timestamptz          the server's clock at the last change
+//
+// and marked with the comment 'dibs-store 1' (the schema version); a table
+// of another shape or version under that name is refused, naming it.
+//
+// Every operation is one prepared autocommit statement. Failures:
+//   - a lost connection, a server restarting or shutting down (class 08,
+//     57P01-57P03), a serialization failure or deadlock (40001, 40P01), too
+//     many connections (53300): transient (dibs::is_transient), and the next
+//     operation reconnects by itself;
+//   - a write whose reply was lost: errc::outcome_unknown, never a lost race
+//     and never repeated blindly. Before the next operation, the store ends
+//     the old server session (pg_terminate_backend) and waits until it is
+//     gone, so what is read back then is final; the policies read back and
+//     recognise their own records (store.hpp, detail::store_create);
+//   - a wrong password, a missing role or database, a permission denied, a
+//     constraint: not transient; the message names the server and the table.
+// Every result of a statement is read: its implicit COMMIT comes after its
+// own result, and a COMMIT that fails (a deferred trigger, a serialization
+// failure under a default of SERIALIZABLE) is its error (an ERROR: rolled
+// back; a FATAL or a broken connection: a write's outcome is unknown). A
+// session the server closed while idle (idle_session_timeout) is noticed
+// before sending, and opened again.
+// A timed operation (dibs::time_limit) cancels its statement at the deadline
+// (PQcancel), but never before 250 ms (a statement's own work on a loaded
+// machine must not count as waiting), and says errc::timed_out only if the
+// server confirms it was cancelled (nothing changed); a statement that
+// completed meanwhile counts.
+//
+// The server's clock: read_aged(key) also says how long ago, by the server's
+// clock, the record was last written, so a lease held through this store is
+// judged expired by one clock for every client (lease_mutex uses it: a
+// store_with_clock, with a quarter of the lease as margin for clocks that
+// NTP slews at different rates). It is the server's wall clock: never step
+// it while leases are held.
+//
+// Waking: an erase notifies (a trigger, NOTIFY dibs_<table> with the key in
+// hex); wait_for_change(key, timeout) LISTENs on a second connection, so a
+// lock waiter wakes when the holder lets go instead of polling.
+//
+// Thread-safe: each connection is used by one thread at a time, and
+// renewals (on the renewal threads) have a connection of their own, so an
+// application statement that waits on a row lock never holds a lease up.
+// Open a new store in a child after fork(): the child's copy never touches
+// the parent's connections (that would end the parent's sessions), but the
+// store's mutexes may have been held by another thread at the fork.
+// PostgreSQL 14 or later; not behind a transaction-pooling PgBouncer (ending
+// a lost session by its pid would end another client's).
+#pragma once
+
+#include <endian.h>
+#include <libpq-fe.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <dibs/detail/renewal_keeper.hpp>
+#include <dibs/postgres/connection.hpp>
+#include <dibs/error.hpp>
+#include <dibs/retry.hpp>
+#include <dibs/store.hpp>
+
+namespace dibs {
+
+struct postgres_store_options {
+  /// The table of the records: letters, digits and '_', not starting with a
+  /// digit or "pg_", at most 48 characters.
+  std::string table = "dibs_records";
+  /// How long a server that stopped answering (a cut network, a frozen
+  /// host) may take to be noticed: TCP keepalives and tcp_user_timeout.
+  std::chrono::seconds dead_peer{10};
+};
+
+class postgres_store {
+public:
+  /// Effects: connects, and creates the table (and its trigger) if absent.
+  /// Throws: std::system_error naming the server and table: it cannot be
+  /// reached (transient), refuses the login (not), the table has another
+  /// shape (errc::corrupt_record), a bad table name (errc::invalid_argument),
+  /// a role that may not create it.
+  explicit postgres_store(std::string conninfo = {}, postgres_store_options opts = {})
+      : conninfo_(std::move(conninfo)), opts_(std::move(opts)) {
+    validate_table(opts_.table);
+    std::lock_guard g{main_.m};
+    connect(main_, true);
+  }
+  postgres_store(const postgres_store&) = delete;
+  postgres_store& operator=(const postgres_store&) = delete;
+  ~postgres_store() {
+    // A forked child's copies of the connections are the parent's sessions.
+    for (session* ses : {&main_, &renewals_})
+      if (ses->conn && ses->owner == ::getpid()) ::PQfinish(ses->conn);
+    if (listen_ && listen_owner_ == ::getpid()) ::PQfinish(listen_);
+  }
+
+  std::optional<record> read(std::string_view key) { return read(key, dibs::time_limit::max()); }
+  std::optional<record> read(std::string_view key, dibs::time_limit t) {
+    validate_key(key, "dibs::postgres_store::read");
+    const auto r = run(stmt::read, {key}, t, false, "read");
+    if (::PQntuples(r.get()) == 0 || ::PQgetisnull(r.get(), 0, 0)) return std::nullopt;
+    return record{bytes(r.get(), 0, 0), integer(r.get(), 0, 1)};
+  }
+
+  /// Returns: the record and how long ago the server last wrote it.
+  std::optional<aged_record> read_aged(std::string_view key, dibs::time_limit t = dibs::time_limit::max()) {
+    validate_key(key, "dibs::postgres_store::read_aged");
+    const auto r = run(stmt::read_aged, {key}, t, false, "read");
+    if (::PQntuples(r.get()) == 0 || ::PQgetisnull(r.get(), 0, 0)) return std::nullopt;
+    return aged_record{record{bytes(r.get(), 0, 0), integer(r.get(), 0, 1)},
+                       std::chrono::milliseconds{static_cast<std::int64_t>(integer(r.get(), 0, 2))}};
+  }
+
+  std::optional<dibs::version> create(std::string_view key, std::string_view value) {
+    return create(key, value, dibs::time_limit::max());
+  }
+  std::optional<dibs::version> create(std::string_view key, std::string_view value, dibs::time_limit t) {
+    validate_key(key, "dibs::postgres_store::create");
+    validate_value(key, value);
+    const auto r = run(stmt::create, {key, value}, t, true, "create");
+    if (::PQntuples(r.get()) == 0) return std::nullopt;
+    return integer(r.get(), 0, 0);
+  }
+
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
+    return replace(key, expected, value, dibs::time_limit::max());
+  }
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value,
+                                       dibs::time_limit t) {
+    validate_key(key, "dibs::postgres_store::replace");
+    validate_value(key, value);
+    if (expected > static_cast<dibs::version>(INT64_MAX)) return std::nullopt;
+    const std::string v = std::to_string(expected);
+    const auto r = run(stmt::replace, {key, v, value}, t, true, "replace");
+    if (::PQntuples(r.get()) == 0) return std::nullopt;
+    return integer(r.get(), 0, 0);
+  }
+
+  bool erase(std::string_view key, dibs::version expected) { return erase(key, expected, dibs::time_limit::max()); }
+  bool erase(std::string_view key, dibs::version expected, dibs::time_limit t) {
+    validate_key(key, "dibs::postgres_store::erase");
+    if (expected > static_cast<dibs::version>(INT64_MAX)) return false;
+    const std::string v = std::to_string(expected);
+    const auto r = run(stmt::erase, {key, v}, t, true, "erase");
+    return ::PQntuples(r.get()) == 1;
+  }
+
+  /// For marker_claim::claim_next (dibs::claim_queue_store): in one
+  /// statement, claims the first claimable item whose key starts with
+  /// `prefix` (an offered or released claim, or a row inserted with value
+  /// NULL and version 0; `max_attempts` is not read: a claim given back on
+  /// its last attempt is failed, not released), skipping
+  /// rows other workers are claiming (FOR UPDATE SKIP LOCKED, over a partial
+  /// index of claimable rows); its new value is the processing head with the
+  /// attempt counted, then `rest`. Returns: its key and new record.
+  std::optional<std::pair<std::string, record>> take_claimable(std::string_view prefix, std::string_view rest,
+                                                               std::uint32_t max_attempts,
+                                                               dibs::time_limit t = dibs::time_limit::max()) {
+    validate_value(prefix, rest);
+    // The key range [prefix, upper): upper is prefix with its last byte that
+    // is not 0xff increased and the rest cut; none if there is no such byte.
+    std::string upper(prefix);
+    while (!upper.empty() && static_cast<unsigned char>(upper.back()) == 0xff) upper.pop_back();
+    if (!upper.empty()) upper.back() = static_cast<char>(static_cast<unsigned char>(upper.back()) + 1);
+    (void)max_attempts;  // a released record has fewer (a claim given back on its last attempt is failed)
+    const auto r = run(prefix.empty() ? stmt::take_all : stmt::take, {prefix, upper, rest}, t, true,
+                       "claim the next item");
+    if (::PQntuples(r.get()) == 0) return std::nullopt;
+    return std::pair{bytes(r.get(), 0, 0), record{bytes(r.get(), 0, 1), integer(r.get(), 0, 2)}};
+  }
+
+  /// Returns: the keys of the live records that start with `prefix`.
+  std::vector<std::string> keys(std::string_view prefix = {}) {
+    const auto r = run(stmt::keys, {prefix}, dibs::time_limit::max(), false, "list keys");
+    std::vector<std::string> out;
+    for (int i = 0; i < ::PQntuples(r.get()); ++i) out.push_back(bytes(r.get(), i, 0));
+    return out;
+  }
+
+  /// Effects: blocks until the record of `key` is erased (NOTIFY from the
+  /// table's trigger) or `timeout` passes. A change just before the call can
+  /// be missed; callers re-read after at most `timeout` anyway.
+  /// Returns: true if an erase of the key was seen.
+  bool wait_for_change(std::string_view key, std::chrono::nanoseconds timeout) const {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    std::lock_guard g{listen_m_};
+    if (listen_ && listen_owner_ != ::getpid()) listen_ = nullptr;  // a forked child's copy: the parent's
+    const std::string want = hex(key);
+    auto opened = std::chrono::steady_clock::time_point{};
+    for (;;) {
+      // The server may end the LISTEN session while it waits (it is idle to
+      // the server: idle_session_timeout; a restart): listen on a new one,
+      // at most every 200 ms (a server that ends every new session).
+      if (!listen_ || ::PQstatus(listen_) != CONNECTION_OK) {
+        if (std::chrono::steady_clock::now() - opened < std::chrono::milliseconds{200})
+          std::this_thread::sleep_until(std::min(end, opened + std::chrono::milliseconds{200}));
+        if (std::chrono::steady_clock::now() >= end) return false;
+        opened = std::chrono::steady_clock::now();
+        if (!listen()) return sleep_until(end);
+      }
+      ::PQconsumeInput(listen_);
+      while (PGnotify* n = ::PQnotifies(listen_)) {
+        const bool ours = want == n->extra;
+        ::PQfreemem(n);
+        if (ours) return true;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      if (::PQstatus(listen_) != CONNECTION_OK) continue;
+      pollfd p{::PQsocket(listen_), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count() + 1, 60'000))) < 0 && errno != EINTR)
+        return sleep_until(end);
+    }
+  }
+
+  const std::string& table() const noexcept { return opts_.table; }
+  /// Returns: "host:port/database" of the server, for messages.
+  const std::string& server() const noexcept { return server_; }
+
+  /// Throws: errc::invalid_argument naming `table` if it is not a name this
+  /// store takes.
+  static void validate_table(std::string_view table) {
+    auto fail = [&](std::string_view rule) {
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::postgres_store: invalid table name '{}': {}", table, rule));
+    };
+    if (table.empty()) fail("a table name must not be empty");
+    if (table.size() > 48) fail("a table name must be at most 48 characters");
+    if (table.front() >= '0' && table.front() <= '9') fail("a table name must not start with a digit");
+    for (const char c : table)
+      if (!(c == '_' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')))
+        fail("only letters, digits and '_' are allowed");
+    if (table.starts_with("pg_")) fail("names starting with 'pg_' belong to PostgreSQL");
+  }
+
+private:
+  // A connection of the store, used by one thread at a time (its mutex).
+  struct session {
+    std::mutex m;
+    PGconn* conn = nullptr;
+    pid_t owner = 0;                  // the process that opened conn (a forked child never touches it)
+    std::string pid, start;           // its server session
+    std::string lost_pid, lost_start;  // a session that broke under a write
+    bool ended = false;                // the server said it ends the session (postgres::detail::note_ending)
+  };
+  // Renewals (on the renewal keeper's threads) have a connection of their
+  // own, so a statement of the application's that waits (a row lock held by
+  // an open transaction, a table lock) never holds a lease's renewal up.
+  enum class stmt { read, read_aged, create, replace, erase, keys, take, take_all };
+  static constexpr std::chrono::milliseconds min_statement{250};
+  using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
+  static constexpr std::string_view schema_comment = "dibs-store 1";
+
+  // Requires: listen_m_ held. Opens the LISTEN connection (again).
+  // Returns: false if that failed (the waiter then polls).
+  bool listen() const {
+    if (listen_) ::PQfinish(listen_);
+    listen_ = postgres::detail::open(conninfo_, opts_.dead_peer);
+    listen_owner_ = ::getpid();
+    if (!listen_) return false;
+    ::PQsetNoticeReceiver(listen_, [](void*, const PGresult*) {}, nullptr);  // its end is seen by its status
+    std::unique_ptr<PGresult, decltype(&::PQclear)> r{
+        ::PQexec(listen_, fmt::format("LISTEN \"dibs_{}\"", opts_.table).c_str()), ::PQclear};
+    if (::PQstatus(listen_) == CONNECTION_OK && ::PQresultStatus(r.get()) == PGRES_COMMAND_OK) return true;
+    ::PQfinish(listen_);
+    listen_ = nullptr;
+    return false;
+  }
+
+  static bool sleep_until(std::chrono::steady_clock::time_point end) {
+    std::this_thread::sleep_until(end);
+    return false;
+  }
+
+  static std::string hex(std::string_view s) {
+    std::string out;
+    out.reserve(s.size() * 2);
+    for (const char c : s) out += fmt::format("{:02x}", static_cast<unsigned char>(c));
+    return out;
+  }
+
+  static std::string bytes(const PGresult* r, int row, int col) {
+    return std::string(::PQgetvalue(r, row, col), static_cast<std::size_t>(::PQgetlength(r, row, col)));
+  }
+  static dibs::version integer(const PGresult* r, int row, int col) {
+    std::uint64_t be = 0;
+    if (::PQgetlength(r, row, col) == 8) std::memcpy(&be, ::PQgetvalue(r, row, col), 8);
+    return static_cast<dibs::version>(be64toh(be));
+  }
+
+  // Requires: ses.m held. Connects `ses` (again), prepares the statements,
+  // and ends a session lost in the middle of a write; `first`: also makes
+  // sure the table is there (the constructor).
+  void connect(session& ses, bool first = false) {
+    if (ses.conn && ses.owner == ::getpid()) ::PQfinish(ses.conn);
+    ses.conn = nullptr;
+    PGconn* c = postgres::detail::open(conninfo_, opts_.dead_peer);
+    if (first) server_ = postgres::detail::where(c);
+    if (!c || ::PQstatus(c) != CONNECTION_OK) {
+      const std::string msg = postgres::detail::one_line(c ? ::PQerrorMessage(c) : "out of memory");
+      if (c) ::PQfinish(c);
+      throw postgres::detail::connect_error("dibs::postgres_store", server_, msg);
+    }
+    ses.conn = c;
+    ses.owner = ::getpid();
+    ses.ended = false;
+    // Notices ("already exists, skipping") are not for stderr; a FATAL one
+    // marks the session ended.
+    ::PQsetNoticeReceiver(c, &postgres::detail::note_ending, &ses.ended);
+    try {
+      if (first) setup_table(c);
+      prepare(c);
+      // Its session, by pid and start time (as a number: text depends on
+      // DateStyle and TimeZone).
+      const result r{::PQexec(c, "SELECT pg_backend_pid(), extract(epoch FROM backend_start)::text "
+                                 "FROM pg_stat_activity WHERE pid = pg_backend_pid()"),
+                     ::PQclear};
+      check(r.get(), c, "find its own session");
+      ses.pid = ::PQgetvalue(r.get(), 0, 0);
+      ses.start = ::PQgetvalue(r.get(), 0, 1);
+      settle(ses);
+    } catch (...) {
+      ::PQfinish(ses.conn);
+      ses.conn = nullptr;
+      throw;
+    }
+  }
+
+  // Throws naming the server, the table and `what`, unless `r` succeeded.
+  void check(const PGresult* r, PGconn* c, std::string_view what) const {
+    postgres::detail::check(r, c, fmt::format("dibs::postgres_store: cannot {} (table '{}' on {})", what, opts_.table,
+                                              server_));
+  }
+
+  void exec(PGconn* c, const std::string& sql, std::string_view what) {
+    const result r{::PQexec(c, sql.c_str()), ::PQclear};
+    check(r.get(), c, what);
+  }
+
+  // Creates the table if absent (under an advisory lock: two first users
+  // at once would collide in the catalog), then checks its shape.
+  void setup_table(PGconn* c) {
+    const std::string& t = opts_.table;
+    const result has{::PQexecParams(c,
+                                    "SELECT obj_description(c.oid, 'pg_class') FROM pg_class c "
+                                    "WHERE c.oid = to_regclass(quote_ident($1))",
+                                    1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
+                     ::PQclear};
+    check(has.get(), c, "look for the table");
+    if (::PQntuples(has.get()) == 0) {
+      exec(c, "BEGIN", "begin creating the table");
+      try {
+        exec(c, fmt::format("SELECT pg_advisory_xact_lock(hashtext('dibs-store:{}'))", t), "lock the table's creation");
+        exec(c, fmt::format("CREATE TABLE IF NOT EXISTS \"{0}\" (key bytea PRIMARY KEY, value bytea, "
+                         "version bigint NOT NULL DEFAULT 0, written timestamptz NOT NULL DEFAULT clock_timestamp()); "
+                         "COMMENT ON TABLE \"{0}\" IS '{1}'; "
+                         "CREATE OR REPLACE FUNCTION \"{0}_notify\"() RETURNS trigger LANGUAGE plpgsql AS "
+                         "$$BEGIN PERFORM pg_notify('dibs_{0}', encode(NEW.key, 'hex')); RETURN NULL; END$$; "
+                         "CREATE OR REPLACE TRIGGER \"{0}_erased\" AFTER UPDATE ON \"{0}\" FOR EACH ROW "
+                         "WHEN (NEW.value IS NULL AND OLD.value IS NOT NULL) EXECUTE FUNCTION \"{0}_notify\"(); "
+                         "CREATE INDEX IF NOT EXISTS \"{0}_claimable\" ON \"{0}\" (key) WHERE {2}",
+                         t, schema_comment, claimable),
+             "create the table");
+        exec(c, "COMMIT", "create the table");
+      } catch (...) {
+        const result r{::PQexec(c, "ROLLBACK"), ::PQclear};
+        throw;
+      }
+    }
+    // The shape: exactly what dibs reads and writes, and its schema version.
+    const result cols{
+        ::PQexecParams(c,
+                       "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY column_name), "
+                       "obj_description(to_regclass(quote_ident($1)), 'pg_class') "
+                       "FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 "
+                       "AND column_name IN ('key', 'value', 'version', 'written')",
+                       1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
+        ::PQclear};
+    check(cols.get(), c, "check the table's shape");
+    const std::string shape = ::PQgetvalue(cols.get(), 0, 0), comment = ::PQgetvalue(cols.get(), 0, 1);
+    constexpr std::string_view want = "key bytea, value bytea, version bigint, written timestamp with time zone";
+    if (shape != want || comment != schema_comment)
+      throw std::system_error(make_error_code(errc::corrupt_record),
+                              fmt::format("dibs::postgres_store: table '{}' on {} is not a dibs store table of this "
+                                          "version (columns: '{}', comment: '{}'; dibs needs columns '{}' and the "
+                                          "comment '{}'): name another table (postgres_store_options::table)",
+                                          t, server_, shape, comment, want, schema_comment));
+  }
+
+  // The rows claim_next may take: also the condition of the partial index,
+  // written the same, so that the planner uses it.
+  static constexpr std::string_view claimable =
+      "(value IS NULL AND version = 0) OR position('\nstate offered\n'::bytea IN value) > 0 OR "
+      "position('\nstate released\n'::bytea IN value) > 0";
+
+  // claim_next's statement: the first claimable row (with the key prefix $1,
+  // its range [$1, $2) for the index, $2 empty: no end), locked while other
+  // workers skip it, made processing with its attempt counted. The attempts
+  // are read from the record's third line ("attempts N"), on its first bytes
+  // only; a record whose third line is not that counts as 0.
+  static std::string take_sql(const std::string& t, bool prefix) {
+    return fmt::format(
+        "WITH next AS (SELECT key, split_part(encode(substring(value FROM 1 FOR 80), 'escape'), chr(10), 3) AS line "
+        "FROM \"{0}\" WHERE ({1}) {2} ORDER BY key LIMIT 1 FOR UPDATE SKIP LOCKED) "
+        "UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || chr(10) || 'state processing' || chr(10) || "
+        "'attempts ' || (CASE WHEN next.line ~ '^attempts [0-9]{{1,9}}$' THEN substring(next.line FROM 10)::int "
+        "ELSE 0 END + 1) || chr(10), 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp() "
+        "FROM next WHERE r.key = next.key RETURNING r.key, r.value, r.version",
+        t, claimable,
+        prefix ? "AND key >= $1::bytea AND ($2::bytea = ''::bytea OR key < $2::bytea) AND "
+                 "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea"
+               : "AND $1::bytea = $2::bytea");
+  }
+
+  void prepare(PGconn* c) {
+    const std::string& t = opts_.table;
+    const std::pair<stmt, std::string> all[] = {
+        {stmt::read, fmt::format("SELECT value, version FROM \"{}\" WHERE key = $1", t)},
+        {stmt::read_aged, fmt::format("SELECT value, version, (extract(epoch FROM clock_timestamp() - written) * 1000)::bigint "
+                                      "FROM \"{}\" WHERE key = $1",
+                                      t)},
+        {stmt::create, fmt::format("INSERT INTO \"{0}\" AS r (key, value, version, written) VALUES ($1, $2, 1, "
+                                   "clock_timestamp()) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                                   "version = r.version + 1, written = clock_timestamp() WHERE r.value IS NULL "
+                                   "RETURNING version",
+                                   t)},
+        {stmt::replace, fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = clock_timestamp() "
+                                    "WHERE key = $1 AND version = $2::bigint AND value IS NOT NULL RETURNING version",
+                                    t)},
+        {stmt::erase, fmt::format("UPDATE \"{}\" SET value = NULL, written = clock_timestamp() "
+                                  "WHERE key = $1 AND version = $2::bigint AND value IS NOT NULL RETURNING version",
+                                  t)},
+        {stmt::take, take_sql(t, true)},
+        {stmt::take_all, take_sql(t, false)},
+        {stmt::keys, fmt::format("SELECT key FROM \"{}\" WHERE value IS NOT NULL AND "
+                                 "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea",
+                                 t)},
+    };
+    for (const auto& [s, sql] : all) {
+      const result r{::PQprepare(c, name(s), sql.c_str(), 0, nullptr), ::PQclear};
+      check(r.get(), c, "prepare its statements");
+    }
+  }
+
+  static const char* name(stmt s) noexcept {
+    switch (s) {
+      case stmt::read: return "dibs_read";
+      case stmt::read_aged: return "dibs_read_aged";
+      case stmt::create: return "dibs_create";
+      case stmt::replace: return "dibs_replace";
+      case stmt::erase: return "dibs_erase";
+      case stmt::keys: return "dibs_keys";
+      case stmt::take: return "dibs_take";
+      case stmt::take_all: return "dibs_take_all";
+    }
+    return "";
+  }
+
+  // Ends the session whose write was lost, if it still runs (a cut network:
+  // the server has not noticed yet), and waits until it is gone, so that its
+  // write has landed or never will.
+  void settle(session& ses) {
+    if (ses.lost_pid.empty()) return;
+    const char* params[] = {ses.lost_pid.c_str(), ses.lost_start.c_str()};
+    for (int i = 0;; ++i) {
+      const result r{::PQexecParams(ses.conn,
+                                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    "WHERE pid = $1::int AND extract(epoch FROM backend_start) = $2::numeric",
+                                    2, nullptr, params, nullptr, nullptr, 0),
+                     ::PQclear};
+      check(r.get(), ses.conn, "end a session whose write was lost");
+      if (::PQntuples(r.get()) == 0) break;
+      if (i > 10 * 60 * 5)
+        throw std::system_error(make_error_code(errc::timed_out),
+                                fmt::format("dibs::postgres_store: session {} on {} does not end", ses.lost_pid,
+                                            server_));
+      std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    }
+    ses.lost_pid.clear();
+  }
+
+  // Runs a prepared statement with binary parameters and results, waiting
+  // until `t` at most (then cancelling it). Reconnects first if needed.
+  //
+  // Every result is read, up to the server's ReadyForQuery: the statement's
+  // own comes before its implicit COMMIT (at Sync), and a COMMIT that fails
+  // (a deferred constraint or trigger, a serialization failure under
+  // SERIALIZABLE, the session ended between the two) comes after it. The
+  // first error is the statement's. An ERROR: the transaction rolled back,
+  // nothing changed, whatever followed. A FATAL or a broken connection: a
+  // write's fate is unknown (lost()), unless the server ended the session
+  // for idling (57P05) before the statement came: then it never ran, and is
+  // sent once more on a new session.
+  result run(stmt s, std::initializer_list<std::string_view> params, dibs::time_limit t, bool write,
+             std::string_view what) {
+    session& ses = current();
+    std::lock_guard g{ses.m};
+    std::vector<const char*> values;
+    std::vector<int> lengths, formats;
+    std::size_t i = 0;
+    for (const auto& p : params) {
+      values.push_back(p.data());
+      lengths.push_back(static_cast<int>(p.size()));
+      // Versions go as text ($2 of replace and erase); keys and values as bytes.
+      const bool text = (s == stmt::replace || s == stmt::erase) && i == 1;
+      formats.push_back(text ? 0 : 1);
+      ++i;
+    }
+    static const char empty = 0;
+    for (auto& v : values)
+      if (!v) v = &empty;
+    // A deadline is for waiting on what others hold (a row lock of a stopped
+    // session), not for the statement's own work: on a loaded machine a few
+    // round trips can take more than a "try"'s 20 ms, so a statement always
+    // has at least min_statement before it is cancelled.
+    const auto limit = t == dibs::time_limit::max() ? t : std::max(t, std::chrono::steady_clock::now() + min_statement);
+    for (int attempt = 0;; ++attempt) {
+      // A session the server ended while it waited (idle_session_timeout,
+      // pg_terminate_backend) would never run the statement, and its fate
+      // could only be reported unknown: a new one first.
+      if (!ses.conn || ses.owner != ::getpid() || ::PQstatus(ses.conn) != CONNECTION_OK ||
+          postgres::detail::ended_while_idle(ses.conn, ses.ended))
+        connect(ses);
+      PGconn* const conn = ses.conn;
+      if (!::PQsendQueryPrepared(conn, name(s), static_cast<int>(values.size()), values.data(), lengths.data(),
+                                 formats.data(), 1))
+        lost(ses, false, what);  // nothing was sent
+      reply rep = receive(conn, limit);
+      const bool broken = rep.broken || ::PQstatus(conn) != CONNECTION_OK;
+      if (::PQstatus(conn) == CONNECTION_BAD)  // libpq says why, without waiting
+        while (PGresult* more = ::PQgetResult(conn)) rep.results.emplace_back(more, ::PQclear);
+      const PGresult* first = rep.results.empty() ? nullptr : rep.results.front().get();
+      const PGresult* failed = nullptr;
+      for (const auto& r : rep.results) {
+        const auto st = ::PQresultStatus(r.get());
+        if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+          failed = r.get();
+          break;
+        }
+      }
+      const auto state = postgres::detail::field(failed, PG_DIAG_SQLSTATE);
+      if (failed && !state.empty() && postgres::detail::field(failed, PG_DIAG_SEVERITY_NONLOCALIZED) == "ERROR") {
+        // Rolled back. A connection left in the middle (no ReadyForQuery
+        // in time) is dropped; the next operation opens another.
+        std::optional<std::system_error> error;
+        if (rep.cancelled && state == "57014")
+          error.emplace(make_error_code(errc::timed_out),
+                        fmt::format("dibs::postgres_store: {} on {} (table '{}') did not finish in the time given and "
+                                    "was cancelled (nothing changed)",
+                                    what, server_, opts_.table));
+        else
+          try {
+            check(failed, conn, what);
+          } catch (const std::system_error& e) {
+            error.emplace(e);
+          }
+        if (broken) drop(ses);
+        throw *error;
+      }
+      if (failed && failed == first && state == "57P05") {
+        drop(ses);
+        if (attempt == 0) continue;
+        lost(ses, false, what, failed);
+      }
+      if (failed || broken || !first) lost(ses, write, what, failed);
+      return std::move(rep.results.front());
+    }
+  }
+
+  // What came back for a statement: its results in order, and whether the
+  // connection broke (or stopped answering) before the server was done.
+  struct reply {
+    std::vector<result> results;
+    bool broken = false;
+    bool cancelled = false;
+  };
+
+  // Reads every result of the statement sent on `conn`, until the server is
+  // done with it; at `limit`, asks the server to cancel it, and gives up
+  // (broken) if it does not answer that either within dead_peer.
+  reply receive(PGconn* conn, dibs::time_limit limit) {
+    reply rep;
+    for (;;) {
+      if (::PQconsumeInput(conn) == 0) {
+        rep.broken = true;
+        return rep;
+      }
+      if (!::PQisBusy(conn)) {
+        PGresult* r = ::PQgetResult(conn);
+        if (!r) return rep;
+        rep.results.emplace_back(r, ::PQclear);
+        continue;
+      }
+      int wait_ms = -1;
+      if (limit != dibs::time_limit::max()) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(limit - std::chrono::steady_clock::now());
+        if (left.count() <= 0) {
+          // No answer to the cancel either: the server or the way to it is
+          // gone (a partition).
+          if (rep.cancelled) {
+            rep.broken = true;
+            return rep;
+          }
+          cancel(conn);
+          rep.cancelled = true;
+          limit = std::chrono::steady_clock::now() + opts_.dead_peer;
+          continue;
+        }
+        wait_ms = static_cast<int>(std::min<std::int64_t>(left.count() + 1, 60'000));
+      }
+      pollfd p{::PQsocket(conn), POLLIN, 0};
+      if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) {
+        rep.broken = true;
+        return rep;
+      }
+    }
+  }
+
+  void drop(session& ses) {
+    ::PQfinish(ses.conn);
+    ses.conn = nullptr;
+  }
+
+  // Asks the server to cancel the running statement. PQcancel blocks until
+  // the server closes its cancel connection, which behind a partition can
+  // take as long as TCP does: it runs on a thread of its own, waited for a
+  // moment, then left to finish alone (it owns what it uses).
+  static void cancel(PGconn* conn) {
+    std::shared_ptr<PGcancel> c{::PQgetCancel(conn), ::PQfreeCancel};
+    if (!c) return;
+    auto done = std::make_shared<std::promise<void>>();
+    auto sent = done->get_future();
+    std::thread([c, done] {
+      char err[256];
+      (void)::PQcancel(c.get(), err, sizeof err);
+      done->set_value();
+    }).detach();
+    (void)sent.wait_for(std::chrono::seconds{2});
+  }
+
+  // The connection broke under a statement. Throws: errc::outcome_unknown
+  // for a write that was sent (the next operation first ends that session),
+  // errc::connection_lost otherwise.
+  // `why`: what the server said, if it said something.
+  [[noreturn]] void lost(session& ses, bool write, std::string_view what, const PGresult* why = nullptr) {
+    std::string msg = why ? postgres::detail::one_line(::PQresultErrorMessage(why)) : std::string();
+    if (ses.conn) {
+      const std::string more = postgres::detail::one_line(::PQerrorMessage(ses.conn));
+      if (more != msg) msg += msg.empty() || more.empty() ? more : "; " + more;
+    }
+    if (write) {
+      ses.lost_pid = ses.pid;
+      ses.lost_start = ses.start;
+    }
+    if (ses.conn) drop(ses);
+    if (write)
+      throw std::system_error(make_error_code(errc::outcome_unknown),
+                              fmt::format("dibs::postgres_store: the connection to {} broke during {} (table '{}'): "
+                                          "{}; the write may or may not have been applied",
+                                          server_, what, opts_.table, msg));
+    throw std::system_error(make_error_code(errc::connection_lost),
+                            fmt::format("dibs::postgres_store: the connection to {} broke during {} (table '{}'): {} "
+                                        "(transient: the next operation reconnects)",
+                                        server_, what, opts_.table, msg));
+  }
+
+  session& current() { return detail::renewal_keeper::in_task() ? renewals_ : main_; }
+
+  std::string conninfo_;
+  postgres_store_options opts_;
+  session main_, renewals_;
+  mutable std::mutex listen_m_;  // the LISTEN connection is the waiters', not the store's state
+  mutable PGconn* listen_ = nullptr;
+  mutable pid_t listen_owner_ = 0;
+  std::string server_;  // set once, by the constructor
+};
+
+static_assert(listable_store<postgres_store>);
+static_assert(timed_shared_store<postgres_store>);
+static_assert(store_with_clock<postgres_store>);
+static_assert(requires(const postgres_store& s) { s.wait_for_change("k", std::chrono::seconds{1}); });
+
+}  // namespace dibs

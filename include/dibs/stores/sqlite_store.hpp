@@ -1,0 +1,446 @@
+// dibs/stores/sqlite_store.hpp: a dibs::shared_store whose records are the rows of a
+// table in a SQLite file that many processes share.
+//
+//   dibs::sqlite_store store{"/var/spool/app/queue.db"};          // table dibs_records
+//   dibs::marker_claim<dibs::sqlite_store> claims{store};
+//
+// CMake target dibs::sqlite. The table has (at least) these columns; dibs
+// creates it if it is missing:
+//
+//   key     TEXT PRIMARY KEY   the record's key: any bytes (a BLOB if they hold a NUL)
+//   value   BLOB               the record's bytes; NULL means "no record"
+//                              (stored as TEXT when they are UTF-8 text without
+//                              NUL, so that LIKE and the sqlite3 shell see them)
+//   version INTEGER NOT NULL   grows by one with every change of the row
+//
+// Beside it, dibs creates a view "<table>_claims" that shows marker_claim's
+// records as columns (key, state, attempts, token, owner_host, owner_pid,
+// lease_ms, error, result, version), for plain SQL:
+//   SELECT key FROM dibs_records_claims WHERE state = 'processing'
+//
+// Other columns are allowed (nullable or with a default), so the records can
+// live on rows an application already has, e.g. a claim marker on the row of
+// the message it claims: insert the row with value NULL and the item reads as
+// absent until someone claims it.
+//
+// Every operation is one autocommit statement, atomic for every connection to
+// the file. Erase sets value to NULL and keeps the row and its version, so a
+// re-created record continues from there: versions grow per key across erase
+// and re-create (they are fencing tokens). Do not DELETE rows of a key that a
+// lease or claim may still use, or its tokens start again from 1.
+//
+// Contention: a statement that finds the write lock held fails with
+// SQLITE_BUSY before it changes anything, and the store retries it with the
+// jittered backoff of options::busy (by default for up to 30 s), so a store
+// operation never fails because another process held the lock for a moment.
+// The retry is done here and not by the policies above because only here is it
+// known that the failed attempt changed nothing: retrying a compare-and-set
+// after an ambiguous failure could misreport a won race as lost.
+//
+// Thread-safe: each operation takes its turn on the connection (see
+// sqlite::connection), so an operation of another thread, such as a renewal,
+// never slips into a transaction the application has open on connection();
+// an operation called by the thread that has it open joins it (see
+// in_transaction()). Open a new store in a child after fork(), as SQLite
+// requires.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <dibs/backoff.hpp>
+#include <dibs/detail/renewal_keeper.hpp>
+#include <dibs/error.hpp>
+#include <dibs/retry.hpp>
+#include <dibs/sqlite/connection.hpp>
+#include <dibs/store.hpp>
+
+namespace dibs {
+
+struct sqlite_store_options {
+  /// The table of the records: letters, digits and '_', not starting with a
+  /// digit or "sqlite_", at most 64 characters.
+  std::string table = "dibs_records";
+  /// How a statement that met the write lock of another connection is
+  /// retried. Its default: full jitter from 50 µs, doubling to 5 ms, for at
+  /// most 30 s (then dibs::retry_error, whose last error is SQLITE_BUSY).
+  retry_policy busy = retry_policy{}
+                          .backoff(exponential_backoff{std::chrono::microseconds{50}, 2.0,
+                                                       std::chrono::milliseconds{5}})
+                          .deadline(std::chrono::seconds{30})
+                          .unlimited_attempts();
+  /// How the connection is opened: WAL and synchronous=NORMAL by default. Its
+  /// busy_timeout stays 0: the retry above is the only wait.
+  sqlite::options connection{};
+};
+
+class sqlite_store {
+public:
+  /// Effects: opens (or creates) the database at `path` and the table, and
+  /// checks the table's shape. Nothing is written to a file that is not a
+  /// database or whose table has another shape: the error comes first.
+  /// Throws: std::system_error naming the path (and the table): a missing
+  /// directory, a file that is not a database, a read-only file, a bad table
+  /// name (errc::invalid_argument), a table of another shape
+  /// (errc::corrupt_record).
+  explicit sqlite_store(std::filesystem::path path, sqlite_store_options opts = {})
+      : opts_(std::move(opts)), db_(open(path, opts_)) {
+    dibs::retry(opts_.busy, [&] { prepare(); });  // preparing may read the schema, which may be locked
+  }
+
+  /// The same, with the table named.
+  sqlite_store(std::filesystem::path path, std::string table)
+      : sqlite_store(std::move(path), sqlite_store_options{.table = std::move(table)}) {}
+
+  sqlite_store(const sqlite_store&) = delete;
+  sqlite_store& operator=(const sqlite_store&) = delete;
+  sqlite_store(sqlite_store&&) = delete;
+  sqlite_store& operator=(sqlite_store&&) = delete;
+
+  std::optional<record> read(std::string_view key) {
+    validate_key(key, "dibs::sqlite_store::read");
+    const auto turn = take_turn();
+    return dibs::retry(opts_.busy, [&]() -> std::optional<record> {
+      auto& s = *read_;
+      bind_key(s, 1, key);
+      if (!s.step() || s.column_is_null(0)) {
+        s.reset();
+        return std::nullopt;
+      }
+      record r{s.column_blob(0), static_cast<dibs::version>(s.column_int64(1))};
+      s.reset();
+      return r;
+    });
+  }
+
+  std::optional<dibs::version> create(std::string_view key, std::string_view value) {
+    validate_key(key, "dibs::sqlite_store::create");
+    validate_value(key, value);
+    const auto turn = take_turn();
+    return dibs::retry(opts_.busy, [&]() -> std::optional<dibs::version> {
+      auto& s = *create_;
+      bind_key(s, 1, key);
+      bind_value(s, 2, value);
+      if (!s.step()) return std::nullopt;  // the key holds a record
+      const auto v = static_cast<dibs::version>(s.column_int64(0));
+      while (s.step()) {
+      }  // runs the statement to its end, which commits it
+      return v;
+    });
+  }
+
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
+    validate_key(key, "dibs::sqlite_store::replace");
+    validate_value(key, value);
+    const auto turn = take_turn();
+    return dibs::retry(opts_.busy, [&]() -> std::optional<dibs::version> {
+      auto& s = *replace_;
+      bind_key(s, 1, key);
+      s.bind(2, to_column(expected));
+      bind_value(s, 3, value);
+      (void)s.step();
+      if (db_.changes() != 1) return std::nullopt;
+      return expected + 1;
+    });
+  }
+
+  bool erase(std::string_view key, dibs::version expected) {
+    validate_key(key, "dibs::sqlite_store::erase");
+    const auto turn = take_turn();
+    return dibs::retry(opts_.busy, [&] {
+      auto& s = *erase_;
+      bind_key(s, 1, key);
+      s.bind(2, to_column(expected));
+      (void)s.step();
+      return db_.changes() == 1;
+    });
+  }
+
+  /// Returns: the keys of the live records that start with `prefix` (the
+  /// prefix is matched here, byte for byte, as SQLite compares TEXT by
+  /// characters).
+  std::vector<std::string> keys(std::string_view prefix = {}) {
+    const auto turn = take_turn();
+    return dibs::retry(opts_.busy, [&] {
+      std::vector<std::string> out;
+      auto s = db_.prepare(fmt::format("SELECT key FROM \"{}\" WHERE value IS NOT NULL", opts_.table));
+      while (s.step())
+        if (auto k = s.column_blob(0); std::string_view(k).starts_with(prefix)) out.push_back(std::move(k));
+      return out;
+    });
+  }
+
+  const std::filesystem::path& path() const noexcept { return db_.path(); }
+  const std::string& table() const noexcept { return opts_.table; }
+
+  /// The store's connection, for the application's own statements on the
+  /// same file (e.g. inserting message rows, or a transaction that writes a
+  /// claimed item's effects and completes it: see in_transaction()). Its
+  /// calls take turns with the store's own operations, whatever the thread.
+  sqlite::connection& connection() noexcept { return db_; }
+
+  /// The name of the view that shows marker_claim's records as columns.
+  std::string claims_view() const { return opts_.table + "_claims"; }
+
+  /// Returns: true if the calling thread has a transaction open on
+  /// connection(). The store's operations it calls then are part of that
+  /// transaction: they commit with it, or are rolled back with it
+  /// (marker_claim learns which through after_transaction()).
+  bool in_transaction() const { return db_.in_transaction_of_this_thread(); }
+  /// Requires: in_transaction(). Effects, Returns: as
+  /// sqlite::connection::after_transaction.
+  std::uint64_t after_transaction(std::function<void(bool committed)> f) { return db_.after_transaction(std::move(f)); }
+  /// Effects: as sqlite::connection::forget_after_transaction.
+  void forget_after_transaction(std::uint64_t id) noexcept { db_.forget_after_transaction(id); }
+
+  /// Throws: std::system_error(errc::invalid_argument) naming `table` if it
+  /// is not a name a sqlite_store accepts.
+  static void validate_table(std::string_view table) {
+    auto fail = [&](std::string_view rule) {
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::sqlite_store: invalid table name '{}': {}", table, rule));
+    };
+    if (table.empty()) fail("a table name must not be empty");
+    if (table.size() > 64) fail("a table name must be at most 64 characters");
+    if (table.front() >= '0' && table.front() <= '9') fail("a table name must not start with a digit");
+    for (const char c : table)
+      if (!(c == '_' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')))
+        fail("only letters, digits and '_' are allowed");
+    if (table.size() >= 7) {
+      std::string head(table.substr(0, 7));
+      for (char& c : head) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+      if (head == "sqlite_") fail("names starting with 'sqlite_' belong to SQLite");
+    }
+  }
+
+  /// Throws: std::system_error(errc::invalid_argument) if `path` cannot name
+  /// a database that processes share: empty (SQLite would open a private
+  /// temporary file), ":memory:", or a directory.
+  static void validate_path(const std::filesystem::path& path) {
+    auto fail = [&](std::string_view rule) {
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::sqlite_store: invalid database path '{}': {}", path.string(), rule));
+    };
+    if (path.empty()) fail("a path must not be empty (SQLite would open a private temporary database)");
+    if (path.string().starts_with(":memory:"))
+      fail("an in-memory database is private to one connection; give the path of a file");
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) fail("it is a directory; give the path of a database file in it");
+  }
+
+private:
+  // A key goes in as TEXT, as every key did before keys could hold any
+  // bytes, unless it holds a NUL, which SQLite's TEXT does not keep apart
+  // reliably: then as a BLOB, which never equals a TEXT. So each key has one
+  // row, and a person finds the usual ones with WHERE key = '...'.
+  static void bind_key(sqlite::statement& s, int index, std::string_view key) {
+    if (key.find('\0') == std::string_view::npos) s.bind(index, key);
+    else s.bind_blob(index, key);
+  }
+
+  // A renewal (it runs on a renewal thread) does not wait for a transaction
+  // that another thread has open on the connection: that thread may be
+  // waiting for the renewal to stop, or for the claim it renews. It fails at
+  // once, as transient, and is tried again at the next renewal; the lease's
+  // end still decides whether the hold is lost. Every other caller waits for
+  // the transaction to end, as it would wait for SQLite's write lock.
+  sqlite::connection::turn take_turn() {
+    const bool renewal = detail::renewal_keeper::in_task();
+    auto turn = db_.take_turn(renewal ? sqlite::other_transaction::refuse : sqlite::other_transaction::wait);
+    if (!turn)
+      throw std::system_error(make_error_code(errc::contended),
+                              fmt::format("dibs::sqlite_store: database '{}' is in a transaction of another thread on "
+                                          "the store's connection; a renewal does not wait for it (tried again later)",
+                                          db_.path().string()));
+    return turn;
+  }
+
+  // Text that SQLite can show and LIKE can match goes in as TEXT, anything
+  // else as a BLOB; column_blob() reads both back byte for byte.
+  static void bind_value(sqlite::statement& s, int index, std::string_view value) {
+    if (is_plain_text(value) && !value.empty()) s.bind(index, value);
+    else s.bind_blob(index, value);
+  }
+
+  static bool is_plain_text(std::string_view v) noexcept {
+    std::size_t i = 0;
+    while (i < v.size()) {
+      const auto c = static_cast<unsigned char>(v[i]);
+      if (c == 0) return false;
+      if (c < 0x80) {
+        ++i;
+        continue;
+      }
+      const std::size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+      if (n == 0 || (n == 3 && c >= 0xf0) || i + n > v.size()) return false;
+      for (std::size_t k = 1; k < n; ++k)
+        if ((static_cast<unsigned char>(v[i + k]) & 0xc0) != 0x80) return false;
+      i += n;
+    }
+    return true;
+  }
+
+  static std::int64_t to_column(dibs::version v) {
+    // Versions above 2^63 - 1 do not exist in SQLite's INTEGER: no row has one.
+    return v > static_cast<dibs::version>(INT64_MAX) ? -1 : static_cast<std::int64_t>(v);
+  }
+
+  // Opens the connection without changing the file, checks (or creates) the
+  // table, and only then switches the journal mode.
+  static sqlite::connection open(const std::filesystem::path& path, const sqlite_store_options& opts) {
+    validate_path(path);
+    validate_table(opts.table);
+    sqlite::options first = opts.connection;
+    first.journal_mode.clear();
+    first.busy_timeout = std::chrono::milliseconds{0};
+    sqlite::connection db{path, first};
+    const auto setup = retry_policy{opts.busy}.deadline(std::chrono::seconds{30});
+    // Reading the schema can meet a lock too (another process recovering the
+    // WAL of one that was killed): retried like every statement.
+    auto shape = [&] { return dibs::retry(setup, [&] { return check_shape(db, opts.table); }); };
+    if (!shape()) {
+      if (opts.connection.read_only)
+        throw std::system_error(make_error_code(errc::invalid_argument),
+                                fmt::format("dibs::sqlite_store: database '{}' has no table '{}' and is opened read-only",
+                                            path.string(), opts.table));
+      // A rowid table, not WITHOUT ROWID: there a large value sits in the
+      // key's b-tree, and SQLite reads a whole overflowing record to compare
+      // keys, so one 1 MiB value made every lookup near it read 1 MiB
+      // (measured: 8 x 200 increments 0.05 s -> 0.48 s).
+      as_open_error(path, opts.table, [&] {
+        dibs::retry(setup, [&] {
+          db.exec(fmt::format("CREATE TABLE IF NOT EXISTS \"{}\" (key TEXT PRIMARY KEY NOT NULL, value BLOB, "
+                              "version INTEGER NOT NULL DEFAULT 0)",
+                              opts.table));
+        });
+      });
+      (void)shape();  // another process may have created another shape meanwhile
+    }
+    if (!opts.connection.read_only) {
+      as_open_error(path, opts.table, [&] {
+        dibs::retry(setup, [&] { create_claims_view(db, opts.table); });
+        if (!opts.connection.journal_mode.empty())
+          dibs::retry(setup, [&] { db.exec(fmt::format("PRAGMA journal_mode={}", opts.connection.journal_mode)); });
+      });
+    }
+    return db;
+  }
+
+  // Runs `f`; a failure of SQLite in it (a full disk, say) is reported as the
+  // open that failed, naming the table and the file, not as a statement of
+  // dibs's own that the caller never wrote.
+  template <class F>
+  static void as_open_error(const std::filesystem::path& path, const std::string& table, F&& f) {
+    try {
+      f();
+    } catch (const std::system_error& e) {
+      if (e.code().category() != sqlite::category()) throw;
+      throw std::system_error(e.code(), fmt::format("dibs::sqlite_store: cannot open table '{}' in database '{}': {}{}",
+                                                    table, path.string(), ::sqlite3_errstr(e.code().value()),
+                                                    sqlite::detail::open_hint(path, e.code().value())));
+    }
+  }
+
+  // The view "<table>_claims": marker_claim's records ("dibs-claim 1\n"
+  // then "name value" lines, see marker_claim.hpp) cut into columns with
+  // SQLite's string functions; a NULL value is an absent item. Other records
+  // (a lease's, say) are not in it. Its SQL carries "dibs claims view 1": a
+  // dibs that changes the record's format changes that number.
+  static void create_claims_view(sqlite::connection& db, const std::string& table) {
+    const std::string view = table + "_claims";
+    auto exists = db.prepare("SELECT count(*) FROM sqlite_schema WHERE name = ?1");
+    exists.bind(1, view);
+    const bool there = exists.step() && exists.column_int64(0) > 0;
+    exists.reset();
+    if (there) return;
+    // t is the value with a newline in front, so that every field is found
+    // as "\nname " and "pid" never matches "pid_ns".
+    auto field = [](std::string_view name) {
+      return fmt::format("CASE WHEN instr(t, char(10) || '{0} ') > 0 THEN substr(t, instr(t, char(10) || '{0} ') + {1}, "
+                         "instr(substr(t, instr(t, char(10) || '{0} ') + {1}), char(10)) - 1) END",
+                         name, name.size() + 2);
+    };
+    auto number = [&](std::string_view name) { return fmt::format("CAST({} AS INTEGER)", field(name)); };
+    db.exec(fmt::format("CREATE VIEW IF NOT EXISTS \"{0}\" AS SELECT /* dibs claims view 1 */ key, "
+                        "CASE WHEN t IS NULL THEN 'absent' ELSE {2} END AS state, "
+                        "CASE WHEN t IS NULL THEN 0 ELSE {3} END AS attempts, {4} AS token, "
+                        "{5} AS owner_host, {6} AS owner_pid, {7} AS lease_ms, {8} AS error, {9} AS result, version "
+                        "FROM (SELECT key, version, char(10) || CAST(value AS TEXT) AS t FROM \"{1}\") "
+                        "WHERE t IS NULL OR substr(t, 1, 14) = char(10) || 'dibs-claim 1' || char(10)",
+                        view, table, field("state"), number("attempts"), number("token"), field("host"),
+                        number("pid"), number("lease_ms"), field("error"), field("result")));
+  }
+
+  // Returns: false if the table does not exist. Throws errc::corrupt_record
+  // naming the table and the file if it exists with another shape.
+  static bool check_shape(sqlite::connection& db, const std::string& table) {
+    auto info = db.prepare(fmt::format("PRAGMA table_info(\"{}\")", table));
+    bool any = false, has_key = false, has_value = false, has_version = false;
+    int pk_columns = 0;
+    std::string problem;
+    auto lower = [](std::string s) {
+      for (char& c : s) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+      return s;
+    };
+    while (info.step()) {
+      any = true;
+      const std::string name = lower(info.column_text(1)), type = lower(info.column_text(2));
+      const bool not_null = info.column_int64(3) != 0, has_default = !info.column_is_null(4);
+      const auto pk = info.column_int64(5);
+      if (pk != 0) ++pk_columns;
+      if (name == "key") {
+        has_key = true;
+        if (type != "text" || pk != 1) problem = "column 'key' must be TEXT PRIMARY KEY";
+      } else if (name == "value") {
+        has_value = true;
+        if (type != "blob" && !type.empty()) problem = "column 'value' must be a BLOB";
+        else if (not_null) problem = "column 'value' must allow NULL (NULL is an erased record)";
+      } else if (name == "version") {
+        has_version = true;
+        if (type != "integer") problem = "column 'version' must be an INTEGER";
+      } else if (not_null && !has_default && pk == 0) {
+        problem = fmt::format("column '{}' is NOT NULL without a default, so dibs cannot insert a record",
+                              info.column_text(1));
+      }
+    }
+    if (!any) return false;
+    if (!has_key || !has_value || !has_version) problem = "it needs the columns key, value and version";
+    else if (pk_columns != 1 && problem.empty()) problem = "its primary key must be the column 'key' alone";
+    if (!problem.empty())
+      throw std::system_error(make_error_code(errc::corrupt_record),
+                              fmt::format("dibs::sqlite_store: table '{}' in database '{}' is not a dibs store table: {}",
+                                          table, db.path().string(), problem));
+    return true;
+  }
+
+  void prepare() {
+    const std::string& t = opts_.table;
+    read_.emplace(db_, fmt::format("SELECT value, version FROM \"{}\" WHERE key = ?1", t));
+    create_.emplace(db_, fmt::format("INSERT INTO \"{0}\" (key, value, version) VALUES (?1, ?2, 1) "
+                                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value, version = \"{0}\".version + 1 "
+                                     "WHERE \"{0}\".value IS NULL RETURNING version",
+                                     t));
+    replace_.emplace(db_, fmt::format("UPDATE \"{}\" SET value = ?3, version = version + 1 "
+                                      "WHERE key = ?1 AND version = ?2 AND value IS NOT NULL",
+                                      t));
+    erase_.emplace(db_, fmt::format("UPDATE \"{}\" SET value = NULL WHERE key = ?1 AND version = ?2 AND value IS NOT NULL", t));
+  }
+
+  sqlite_store_options opts_;
+  sqlite::connection db_;
+  std::optional<sqlite::statement> read_, create_, replace_, erase_;
+};
+
+static_assert(listable_store<sqlite_store>);
+
+}  // namespace dibs
