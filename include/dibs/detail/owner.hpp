@@ -19,10 +19,6 @@
 // second holder.
 #pragma once
 
-#include <dirent.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
@@ -38,6 +34,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/posix/process.hpp>
 #include <dibs/detail/posix/sys.hpp>
 
 namespace dibs::detail {
@@ -70,86 +67,6 @@ struct owner_id {
   friend bool operator==(const owner_id&, const owner_id&) = default;
 };
 
-inline std::string read_first_line(const char* path) {
-  std::ifstream in(path);
-  std::string s;
-  std::getline(in, s);
-  return s;
-}
-
-/// Returns: field 22 (start time) of a /proc/<pid>/stat text, or nullopt.
-inline std::optional<std::uint64_t> stat_start(const std::string& stat) {
-  const auto close = stat.rfind(')');  // the command name may hold spaces and ')'
-  if (close == std::string::npos || close + 2 > stat.size()) return std::nullopt;
-  std::istringstream fields(stat.substr(close + 2));
-  std::string f;
-  for (int i = 3; i <= 22 && fields >> f; ++i) {
-    if (i == 22) {
-      std::uint64_t v = 0;
-      const auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
-      if (ec != std::errc{} || v == 0) return std::nullopt;
-      return v;
-    }
-  }
-  return std::nullopt;
-}
-
-/// Returns: the start time of process `pid` as this process's /proc shows
-/// it, or nullopt if it cannot be read (no such process, hidepid, no /proc).
-inline std::optional<std::uint64_t> process_start(long pid) {
-  return stat_start(read_first_line(fmt::format("/proc/{}/stat", pid).c_str()));
-}
-
-/// Returns: true if a /proc/<pid>/stat (or task/<tid>/stat) text says the
-/// task has exited (state Z, zombie, or X, dead).
-inline bool stat_exited(const std::string& stat) {
-  const auto close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return false;
-  return stat[close + 2] == 'Z' || stat[close + 2] == 'X';
-}
-
-/// Returns: true if process `pid` has exited and only waits to be reaped:
-/// every one of its threads has exited. Its first thread alone says Z also
-/// when it ended with pthread_exit while other threads run on, so each
-/// thread is read; whatever cannot be read counts as running.
-inline bool all_threads_exited(long pid) {
-  const std::string dir = fmt::format("/proc/{}/task", pid);
-  std::unique_ptr<DIR, int (*)(DIR*)> d{::opendir(dir.c_str()), ::closedir};
-  if (!d) return false;
-  bool any = false;
-  while (const dirent* e = ::readdir(d.get())) {
-    if (e->d_name[0] == '.') continue;
-    const std::string stat = read_first_line(fmt::format("{}/{}/stat", dir, e->d_name).c_str());
-    if (!stat_exited(stat)) return false;
-    any = true;
-  }
-  return any;
-}
-
-/// Returns: the inode of namespace link `name` of this process (0 if unreadable).
-inline std::uint32_t own_namespace(const char* name) {
-  struct ::stat st {};
-  if (::stat(fmt::format("/proc/self/ns/{}", name).c_str(), &st) != 0) return 0;
-  return static_cast<std::uint32_t>(st.st_ino);  // namespace inodes are 32-bit (proc inode numbers)
-}
-
-/// Returns: true if /proc is the proc of this process's own PID namespace:
-/// /proc/self/status lists one pid in NSpid, and it is getpid(). A /proc of
-/// an ancestor namespace (unshare --pid without --mount-proc) lists several,
-/// and its /proc/<pid> would name another process.
-inline bool proc_is_own_namespace(long pid) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("NSpid:", 0) != 0) continue;
-    std::istringstream rest(line.substr(6));
-    long first = 0, second = 0;
-    if (!(rest >> first)) return false;
-    return first == pid && !(rest >> second);
-  }
-  return false;  // no NSpid line (a kernel before 4.1): cannot tell
-}
-
 struct this_process_info {
   owner_id id;
   bool proc_own = false;  // /proc/<pid> names processes of our PID namespace
@@ -161,14 +78,12 @@ inline const this_process_info& this_process_info_cached() {
   thread_local long for_pid = -1;
   const long pid = current_pid();
   if (for_pid != pid) {
-    char host[256] = {};
-    if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-    info.id.host = host;
-    info.id.boot = read_first_line("/proc/sys/kernel/random/boot_id");
+    info.id.host = host_name();
+    info.id.boot = boot_id();
     info.id.pid = pid;
     // /proc/self is this process whichever namespace /proc belongs to, and
     // the start time it shows is in this process's own time namespace.
-    info.id.start = stat_start(read_first_line("/proc/self/stat")).value_or(0);
+    info.id.start = own_start().value_or(0);
     info.id.pid_ns = own_namespace("pid");
     info.id.time_ns = own_namespace("time");
     info.proc_own = proc_is_own_namespace(pid);
@@ -194,12 +109,12 @@ inline bool provably_gone(const process_identity& p) {
   const bool starts_comparable = p.start != 0 && p.time_ns == me.id.time_ns;
   if (p.pid == me.id.pid)  // our own pid: that was us, or an earlier process with our pid
     return starts_comparable && me.id.start != 0 && p.start != me.id.start;
-  if (::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH) return true;
+  if (pid_absent(p.pid)) return true;
   // The pid exists (EPERM says so too). Reused by a later process?
   if (!starts_comparable || !me.proc_own) return false;
-  const std::string stat = read_first_line(fmt::format("/proc/{}/stat", p.pid).c_str());
+  const std::string stat = process_stat(p.pid);
   const auto now = stat_start(stat);
-  if (!now) return ::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH;  // gone meanwhile, or unreadable: alive
+  if (!now) return pid_absent(p.pid);  // gone meanwhile, or unreadable: alive
   // The same process, exited but not reaped yet (a zombie: its parent has
   // not waited for it, or it was orphaned and init reaps slowly) is gone
   // too: all its threads, not just its first (which says Z also when it
