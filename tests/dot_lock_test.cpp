@@ -7,6 +7,7 @@
 #include <dibs/dot_lock.hpp>
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -74,6 +76,36 @@ const char* bash_increment = R"(
   n=$(cat "$D/counter"); sleep 0.001; echo $((10#${n:-0} + 1)) >| "$D/counter"
   rm -f "$D/inside"
 )";
+
+// Starts `body` in a child process as another user than this test's when
+// run as root (nobody: root reads and moves every file, so only another uid
+// meets the permissions these tests are about), else as this user.
+dibs_test::child spawn_as_other_user(const std::function<int()>& body) {
+  return dibs_test::child{dibs_test::spawn([&] {
+    if (::geteuid() == 0) {
+      uid_t uid = 65534;
+      gid_t gid = 65534;
+      (void)dibs_test::unprivileged_ids(uid, gid);
+      if (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) return 78;
+    }
+    return body();
+  })};
+}
+
+// Makes at `p` the lock file of another user's noclobber job under umask
+// 077: "<pid>\n", mode 0600, owned by uid 1001 when root; as another user,
+// this user's own file with mode 0, which it cannot read either.
+void unreadable_lock_file(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(::write(fd, "4242\n", 5) == 5);
+  if (::geteuid() == 0) {
+    REQUIRE(::fchown(fd, 1001, 1001) == 0);
+  } else {
+    REQUIRE(::fchmod(fd, 0) == 0);
+  }
+  ::close(fd);
+}
 
 }  // namespace
 
@@ -202,6 +234,138 @@ TEST_CASE("dot_lock: a foreign lock is broken only by age") {
   CHECK(waiter.try_lock());
   CHECK(leftovers(d.path) == std::vector<std::string>{"x.lck"});
   CHECK(dibs_test::slurp(lock).rfind(std::to_string(::getpid()) + "\n", 0) == 0);
+}
+
+TEST_CASE("dot_lock: another user's lock file this user cannot read is held: waited for, never broken") {
+  // A noclobber job under umask 077 leaves a mode 0600 file. dibs cannot read
+  // its record, so it has no proof that the holder is gone, and cannot take
+  // the flock the breaking protocol takes: it waits, like `dotlockfile -p`.
+  temp_dir d;
+  REQUIRE(::chmod(d.path.c_str(), 01777) == 0);  // like /tmp: both users create files there
+  const auto lock = d.path / "x.lck";
+  unreadable_lock_file(lock);
+  age_file(lock, 3600s);  // older than stale_after: were it readable, age alone would break it
+  struct ::stat before {};
+  REQUIRE(::lstat(lock.c_str(), &before) == 0);
+  const dibs::dot_lock_options opts{.stale_after = 2s};
+
+  SECTION("while the file stays, try_lock_for times out and leaves it") {
+    dibs_test::child waiter = spawn_as_other_user([&] {
+      dibs::dot_lock l{lock, opts};
+      if (::access(lock.c_str(), R_OK) == 0) return 4;  // the test would prove nothing
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        if (l.try_lock_for(800ms)) return 5;
+      } catch (const std::system_error& e) {
+        std::fprintf(stderr, "try_lock_for threw: %s\n", e.what());
+        return 3;
+      }
+      const auto waited = dibs_test::ms_since(t0);
+      return waited >= 790 && waited < 3000 ? 0 : 6;
+    });
+    CHECK(waiter.wait() == 0);
+    struct ::stat after {};
+    REQUIRE(::lstat(lock.c_str(), &after) == 0);
+    CHECK(after.st_ino == before.st_ino);
+    CHECK(after.st_mtim.tv_sec == before.st_mtim.tv_sec);
+    CHECK((after.st_mode & 07777) == (before.st_mode & 07777));
+    CHECK(after.st_uid == before.st_uid);
+    CHECK(dibs_test::slurp(lock) == (::geteuid() == 0 ? "4242\n" : ""));  // mode 0: unreadable to its owner too
+    CHECK(leftovers(d.path) == std::vector<std::string>{"x.lck"});
+  }
+
+  SECTION("once its owner removes it, the waiter takes the lock within a poll") {
+    dibs_test::channel to_parent;
+    dibs_test::child waiter = spawn_as_other_user([&] {
+      dibs::dot_lock l{lock, opts};
+      if (::access(lock.c_str(), R_OK) == 0) return 4;
+      to_parent.send("waiting");
+      try {
+        if (!l.try_lock_for(10s)) return 5;
+      } catch (const std::system_error& e) {
+        std::fprintf(stderr, "try_lock_for threw: %s\n", e.what());
+        return 3;
+      }
+      to_parent.send(std::to_string(dibs_test::steady_ns()));
+      // Its own record now, not the other user's file.
+      if (dibs_test::slurp(lock).rfind(std::to_string(::getpid()) + "\ndibs-dot-lock 1\n", 0) != 0) return 7;
+      l.unlock();
+      return 0;
+    });
+    REQUIRE(to_parent.receive() == "waiting");
+    std::this_thread::sleep_for(300ms);  // several polls that meet the unreadable file
+    REQUIRE(fs::exists(lock));
+    const long long removed = dibs_test::steady_ns();
+    REQUIRE(::unlink(lock.c_str()) == 0);
+    const auto got = to_parent.receive(5s);
+    CHECK(waiter.wait() == 0);
+    REQUIRE(got);
+    const long long taken = std::stoll(*got);
+    CHECK(taken > removed);  // not before: it was never broken
+    CHECK((taken - removed) / 1'000'000 < 500);  // the backoff caps a poll at 50 ms
+    CHECK(leftovers(d.path).empty());
+  }
+}
+
+TEST_CASE("dot_lock: a directory this user may not write is an error at once that names the directory") {
+  // The one permission problem waiting cannot mend: no lock file can ever be
+  // created there, whoever holds the lock now.
+  temp_dir d;
+  const auto dir = d.path / "locks";
+  fs::create_directory(dir);
+  const auto lock = dir / "x.lck";
+  const bool held = GENERATE(false, true);
+  if (held) unreadable_lock_file(lock);
+  REQUIRE(::chmod(d.path.c_str(), 0755) == 0);
+  REQUIRE(::chmod(dir.c_str(), ::geteuid() == 0 ? 0755 : 0555) == 0);  // root's own dir; as a user, no w bit
+  dibs_test::channel out;
+  dibs_test::child waiter = spawn_as_other_user([&] {
+    dibs::dot_lock l{lock};
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      (void)l.try_lock_for(10s);
+      return 5;
+    } catch (const std::system_error& e) {
+      out.send(e.what());
+      if (e.code() != std::errc::permission_denied) return 6;
+    }
+    return dibs_test::ms_since(t0) < 1000 ? 0 : 7;
+  });
+  CHECK(waiter.wait() == 0);
+  const auto what = out.receive(1s);
+  REQUIRE(what);
+  CHECK_THAT(*what, Contains("directory '" + dir.string() + "'") && Contains(lock.string()) &&
+                        Contains("write") && Contains("Permission denied"));
+  ::chmod(dir.c_str(), 0755);
+  CHECK(fs::exists(lock) == held);
+}
+
+TEST_CASE("dot_lock: a stale lock of another user in a sticky directory is waited for, not an error") {
+  // In a mode 1777 directory only a file's owner (or root) may move it away:
+  // the lock stays there, so it is held, until its owner removes it.
+  if (!dibs_test::is_root()) {
+    WARN("SKIPPED: not root, so no file of another user can be made");
+    return;
+  }
+  temp_dir d;
+  REQUIRE(::chmod(d.path.c_str(), 01777) == 0);
+  const auto lock = d.path / "x.lck";
+  dibs_test::spit(lock, "4242\n");
+  REQUIRE(::chown(lock.c_str(), 1001, 1001) == 0);
+  REQUIRE(::chmod(lock.c_str(), 0644) == 0);
+  age_file(lock, 3600s);  // stale by age, readable: a breaker would move it
+  dibs_test::child waiter = spawn_as_other_user([&] {
+    dibs::dot_lock l{lock, {.stale_after = 2s}};
+    try {
+      return l.try_lock_for(300ms) ? 5 : 0;
+    } catch (const std::system_error& e) {
+      std::fprintf(stderr, "try_lock_for threw: %s\n", e.what());
+      return 3;
+    }
+  });
+  CHECK(waiter.wait() == 0);
+  CHECK(dibs_test::slurp(lock) == "4242\n");
+  CHECK(leftovers(d.path) == std::vector<std::string>{"x.lck"});
 }
 
 TEST_CASE("dot_lock: a live holder touches its file, so age never breaks it") {

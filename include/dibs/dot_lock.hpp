@@ -39,6 +39,16 @@
 // (dot_lock_options::touch, like `dotlockfile -t`), so a live dibs holder is
 // never judged by age, by dibs or by dotlockfile without -p.
 //
+// A file this user may not read (another user's mode 0600 lock, from a job
+// under umask 077) is held, and never broken by us whatever its age: breaking
+// needs proof, and the flock and checks below need the file open. It is
+// waited for, as `dotlockfile -p` waits, and try_lock_for returns false if it
+// stays. So is a stale lock this user may not move away (another user's, in a
+// sticky directory such as /tmp). ENOENT and ESTALE (NFS: another client
+// removed it) mean the file went away: look again. The directory is another
+// matter: one this user may not write in is an error at once, naming it, as
+// no lock can ever be created there.
+//
 // Breaking a stale lock is never unlink-then-create, which can delete a lock
 // that was created after the judgement. The waiter
 //   1. keeps open the file it judged, and takes a flock on it (LOCK_NB: a
@@ -196,7 +206,9 @@ public:
   // lock(), lock(stop_token), try_lock_for(d[, stop_token]), try_lock_until(t):
   // from detail::timed_lockable, through acquire(). Each throws
   // std::system_error naming the path for a symbolic link, a directory or
-  // another non-file at the path, an unwritable directory.
+  // another non-file at the path, and naming the directory for one this user
+  // may not write in. A lock file of another user that this user may not
+  // read or move is no error: it is held (waited for, never broken).
   /// Returns: true if this object now holds the lock (one try; a stale lock
   /// is broken first).
   bool try_lock() {
@@ -228,7 +240,7 @@ public:
                               fmt::format("dibs::dot_lock: lock file '{}' left in place: another process has held "
                                           "its flock for a second (is it stopped?)",
                                           path_.string()));
-    if (names_file(fd.get()) && ::unlink(path_.c_str()) != 0 && errno != ENOENT)
+    if (names_file(fd.get()) && ::unlink(path_.c_str()) != 0 && !file_gone(errno))
       throw detail::path_error(errno, "dibs::dot_lock: cannot remove lock file", path_);
   }
 
@@ -320,7 +332,7 @@ private:
     const auto tmp = dir_ / fmt::format(".{}.dibs-tmp.{}.{:016x}", path_.filename().string(),
                                         detail::current_pid(), rng());
     detail::unique_fd fd{detail::open_retry(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, opts_.mode)};
-    if (!fd) throw detail::path_error(errno, "dibs::dot_lock: cannot create a temporary file beside lock file", path_);
+    if (!fd) throw directory_error(errno);
     const auto fail = [&](int e, const char* what) {
       ::unlink(tmp.c_str());
       return detail::path_error(e, what, path_);
@@ -362,25 +374,38 @@ private:
     fd.reset(detail::open_retry(path_.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
     if (!fd) {
       const int e = errno;
-      if (e == ENOENT) return verdict::gone;
+      if (file_gone(e)) return verdict::gone;
       struct ::stat l {};
       if (e == ELOOP && ::lstat(path_.c_str(), &l) == 0 && S_ISLNK(l.st_mode))
         throw std::system_error(std::error_code{e, std::system_category()},
                                 fmt::format("dibs::dot_lock: lock file '{}' is a symbolic link; dibs does not follow a "
                                             "link there (in a shared directory it could point anywhere): remove it",
                                             path_.string()));
+      if (not_ours_to_read(e)) {
+        // lstat needs no read permission: a directory there is still an error.
+        if (::lstat(path_.c_str(), &l) == 0) {
+          check_regular(l);
+          return verdict::held;
+        }
+        return file_gone(errno) ? verdict::gone : verdict::held;
+      }
       throw detail::path_error(e, "dibs::dot_lock: cannot open lock file", path_);
     }
-    if (::fstat(fd.get(), &st) != 0) throw detail::path_error(errno, "dibs::dot_lock: cannot stat lock file", path_);
-    if (!S_ISREG(st.st_mode))
-      throw std::system_error(std::error_code{S_ISDIR(st.st_mode) ? EISDIR : EINVAL, std::system_category()},
-                              fmt::format("dibs::dot_lock: lock file '{}' is not a regular file (a {}): move it away",
-                                          path_.string(), S_ISDIR(st.st_mode) ? "directory" : "device, FIFO or socket"));
+    if (::fstat(fd.get(), &st) != 0) {
+      if (file_gone(errno)) return verdict::gone;
+      throw detail::path_error(errno, "dibs::dot_lock: cannot stat lock file", path_);
+    }
+    check_regular(st);
     char buf[4096];
     ssize_t n;
     do n = ::pread(fd.get(), buf, sizeof buf, 0);
     while (n < 0 && errno == EINTR);
-    if (n < 0) throw detail::path_error(errno, "dibs::dot_lock: cannot read lock file", path_);
+    if (n < 0) {
+      const int e = errno;
+      if (file_gone(e)) return verdict::gone;
+      if (not_ours_to_read(e)) return verdict::held;  // NFS checks permission on each read, not only at open
+      throw detail::path_error(e, "dibs::dot_lock: cannot read lock file", path_);
+    }
     auto limit = opts_.stale_after;
     if (const auto owner = detail::parse_dot_lock(std::string_view(buf, static_cast<std::size_t>(n)))) {
       if (detail::provably_dead(*owner)) return verdict::stale;
@@ -394,6 +419,39 @@ private:
     return std::chrono::system_clock::now() - mtime >= limit ? verdict::stale : verdict::held;
   }
 
+  // Errors that say the file at the path went away since we looked: ENOENT,
+  // and ESTALE (on NFS another client removed it, so our handle names
+  // nothing). The path is free, or names a newer file: look again.
+  static bool file_gone(int e) noexcept { return e == ENOENT || e == ESTALE; }
+
+  // Errors that say a file is there that this user may not read or move (a
+  // mode 0600 lock of another user; a sticky directory): by the presence
+  // rule it is held. It is never broken by us: breaking needs proof from its
+  // record, or the file open for the flock and checks of the protocol, and
+  // an unreadable file gives neither. Only reached after link_record made a
+  // file in the directory, so the directory itself is writable.
+  static bool not_ours_to_read(int e) noexcept { return e == EACCES || e == EPERM; }
+
+  void check_regular(const struct ::stat& st) const {
+    if (!S_ISREG(st.st_mode))
+      throw std::system_error(std::error_code{S_ISDIR(st.st_mode) ? EISDIR : EINVAL, std::system_category()},
+                              fmt::format("dibs::dot_lock: lock file '{}' is not a regular file (a {}): move it away",
+                                          path_.string(), S_ISDIR(st.st_mode) ? "directory" : "device, FIFO or socket"));
+  }
+
+  // The error for a file that cannot be made in the lock's directory: no
+  // lock can ever be taken there by this user, so waiting would not help.
+  std::system_error directory_error(int e) const {
+    const bool denied = e == EACCES || e == EPERM;
+    return std::system_error(
+        std::error_code{e, std::system_category()},
+        fmt::format("dibs::dot_lock: cannot create a file in directory '{}' (for lock file '{}'){}", dir_.string(),
+                    path_.string(),
+                    denied ? " (a dot_lock creates its lock file there: this user needs write and search permission on "
+                             "the directory; share it by a group every locker is in, mode 2775, or make it mode 1777)"
+                           : detail::errno_hint(e)));
+  }
+
   // Moves away the file judged stale (open as `fd`, as it was `judged`),
   // by the protocol at the top of this header.
   // Returns: true if it was moved away (the path is free to link).
@@ -405,7 +463,9 @@ private:
     thread_local std::mt19937_64 rng{std::random_device{}()};
     const std::string moved = fmt::format("{}.broken.{}.{:016x}", path_.string(), detail::current_pid(), rng());
     if (::rename(path_.c_str(), moved.c_str()) != 0) {
-      if (errno == ENOENT) return false;
+      // Gone: look again. Not ours to move (another user's, in a sticky
+      // directory): it stays, so it is held until its owner removes it.
+      if (file_gone(errno) || not_ours_to_read(errno)) return false;
       throw detail::path_error(errno, "dibs::dot_lock: cannot move away the stale lock file", path_);
     }
     if (::lstat(moved.c_str(), &now) == 0 && same_file(now, judged)) {
