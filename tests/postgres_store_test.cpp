@@ -610,9 +610,11 @@ queue_outcome run_queue(const std::function<dibs::postgres_store()>& open,
   }
   dibs_test::temp_dir logs;
   const auto stop = logs.path / "stop";
-  std::vector<pid_t> pids;
+  // Killed at scope exit if the parent's checks throw: workers left looping
+  // would keep ctest waiting on their output for ever.
+  std::vector<dibs_test::child> kids;
   for (int w = 0; w < workers; ++w)
-    pids.push_back(dibs_test::spawn([&, w]() -> int {
+    kids.emplace_back(dibs_test::spawn([&, w]() -> int {
       auto store = dibs::detail::retry_transient(dibs::time_limit::max(), open);
       claims_t claims{store, {.lease = lease, .max_attempts = 1000}};
       std::mt19937 rng(static_cast<unsigned>(w));
@@ -666,7 +668,7 @@ queue_outcome run_queue(const std::function<dibs::postgres_store()>& open,
   dibs_test::spit(stop, "");
   done = true;
   if (side.joinable()) side.join();
-  for (pid_t p : pids) out.failed_workers += dibs_test::wait_exit(p) != 0;
+  for (auto& kid : kids) out.failed_workers += kid.wait() != 0;
 
   std::map<std::pair<std::string, std::string>, int> given;
   std::map<std::string, std::vector<std::string>> completed_by;

@@ -22,7 +22,10 @@
 //   - a lost connection, a server restarting or shutting down (class 08,
 //     57P01-57P03), a serialization failure or deadlock (40001, 40P01), too
 //     many connections (53300): transient (dibs::is_transient), and the next
-//     operation reconnects by itself;
+//     operation reconnects by itself. A statement refused with 40001 or
+//     40P01 changed nothing: the store runs it again itself, up to 8 times
+//     with jittered pauses within the time given, before it throws (under
+//     SERIALIZABLE as a server's or role's default even a read is refused so);
 //   - a write whose reply was lost: errc::outcome_unknown, never a lost race
 //     and never repeated blindly. Before the next operation, the store ends
 //     the old server session (pg_terminate_backend) and waits until it is
@@ -77,6 +80,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -584,6 +588,18 @@ private:
           } catch (const std::system_error& e) {
             error.emplace(e);
           }
+        // A serialization failure or a deadlock rolled the statement back:
+        // nothing changed, and the server asks for it to be run again (under
+        // SERIALIZABLE, a role's or a server's default, even a read can be
+        // refused so). Done here a few times, with jittered pauses, within
+        // the time given; then it is the caller's error (transient).
+        if (!broken && !rep.cancelled && (state == "40001" || state == "40P01") && attempt < 8 &&
+            std::chrono::steady_clock::now() < limit) {
+          thread_local std::minstd_rand rng{std::random_device{}()};
+          const auto cap = std::min<long>(50'000, 1'000L << attempt);  // microseconds
+          std::this_thread::sleep_for(std::chrono::microseconds{std::uniform_int_distribution<long>{0, cap}(rng)});
+          continue;
+        }
         if (broken) drop(ses);
         throw *error;
       }

@@ -18,6 +18,8 @@
 #include <fstream>
 #include <string>
 
+#include <dibs/detail/posix/process.hpp>
+
 #if defined(__SANITIZE_THREAD__)
 #define DIBS_DETAIL_TSAN 1
 #elif defined(__has_feature)
@@ -29,17 +31,10 @@
 #define DIBS_DETAIL_TSAN 0
 #endif
 
+// (A mutex word written in an earlier boot may name a thread that no longer
+// exists and will never be cleaned up: shared state records the boot that
+// set it up, boot_id() of process.hpp, and is set up anew after a reboot.)
 namespace dibs::detail {
-
-/// Returns: this boot's id. A mutex word written in an earlier boot may name
-/// a thread that no longer exists and will never be cleaned up: shared state
-/// records the boot that set it up, and is set up anew after a reboot.
-inline std::string boot_id() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return id;
-}
 
 struct robust_mutex {
   pthread_mutex_t m;
