@@ -986,13 +986,13 @@ TEST_CASE("two users append to one log: the lock file gets the log's permission 
     return;
   }
   constexpr uid_t first_user = 1001, second_user = 1002;
-  constexpr gid_t staff = 2000, other_group = 3000;
+  constexpr gid_t staff_gid = 2000, other_group = 3000;
   temp_dir dir;
   REQUIRE(::chmod(dir.path.c_str(), 0755) == 0);
   // Group-owned and set-group-id: what is made in it belongs to the group.
   const auto shared = dir.path / "shared";
   fs::create_directory(shared);
-  REQUIRE(::chown(shared.c_str(), 0, staff) == 0);
+  REQUIRE(::chown(shared.c_str(), 0, staff_gid) == 0);
   REQUIRE(::chmod(shared.c_str(), 02775) == 0);
   // A writer as user `uid` (no account needed) under umask `mask`.
   auto as_user = [](uid_t uid, gid_t gid, std::vector<gid_t> groups, mode_t mask, const std::function<int()>& body) {
@@ -1004,8 +1004,8 @@ TEST_CASE("two users append to one log: the lock file gets the log's permission 
 
   SECTION("a new log made group-writable (mode 0664, umask 002): the second user appends") {
     const auto path = shared / "batch.log";
-    CHECK(as_user(first_user, staff, {}, 002, [&] { return append_once(path, "by 1001", {.mode = 0664}); }) == 0);
-    CHECK(as_user(second_user, second_user, {staff}, 022, [&] { return append_once(path, "by 1002"); }) == 0);
+    CHECK(as_user(first_user, staff_gid, {}, 002, [&] { return append_once(path, "by 1001", {.mode = 0664}); }) == 0);
+    CHECK(as_user(second_user, second_user, {staff_gid}, 022, [&] { return append_once(path, "by 1002"); }) == 0);
     CHECK(slurp(path) == "by 1001\nby 1002\n");
     const auto log = stat_of(path), lock = stat_of(lock_of(path));
     CHECK((log.st_mode & 07777) == 0664);
@@ -1021,38 +1021,38 @@ TEST_CASE("two users append to one log: the lock file gets the log's permission 
     REQUIRE(::chmod(plain.c_str(), 0777) == 0);
     const auto path = plain / "batch.log";
     spit(path, "");
-    REQUIRE(::chown(path.c_str(), 0, staff) == 0);
+    REQUIRE(::chown(path.c_str(), 0, staff_gid) == 0);
     REQUIRE(::chmod(path.c_str(), 0664) == 0);
-    CHECK(as_user(first_user, other_group, {staff}, 022, [&] { return append_once(path, "by 1001"); }) == 0);
-    CHECK(as_user(second_user, second_user, {staff}, 022, [&] { return append_once(path, "by 1002"); }) == 0);
+    CHECK(as_user(first_user, other_group, {staff_gid}, 022, [&] { return append_once(path, "by 1001"); }) == 0);
+    CHECK(as_user(second_user, second_user, {staff_gid}, 022, [&] { return append_once(path, "by 1002"); }) == 0);
     CHECK(slurp(path) == "by 1001\nby 1002\n");
     const auto lock = stat_of(lock_of(path));
     CHECK((lock.st_mode & 07777) == 0664);
-    CHECK(lock.st_gid == staff);
+    CHECK(lock.st_gid == staff_gid);
     CHECK(lock.st_uid == first_user);  // (only root may give a file away)
   }
 
   SECTION("a root writer creates the lock file: it gets the log's owner too") {
     const auto path = shared / "batch.log";
     spit(path, "");
-    REQUIRE(::chown(path.c_str(), first_user, staff) == 0);
+    REQUIRE(::chown(path.c_str(), first_user, staff_gid) == 0);
     REQUIRE(::chmod(path.c_str(), 0640) == 0);
     CHECK(append_once(path, "by root") == 0);
     const auto lock = stat_of(lock_of(path));
     CHECK((lock.st_mode & 07777) == 0640);
     CHECK(lock.st_uid == first_user);
-    CHECK(lock.st_gid == staff);
+    CHECK(lock.st_gid == staff_gid);
     CHECK(as_user(first_user, first_user, {}, 077, [&] { return append_once(path, "by 1001"); }) == 0);
     CHECK(slurp(path) == "by root\nby 1001\n");
   }
 
   SECTION("the umask narrows a new log (mode 0664, umask 022): the lock matches it, and the refusal names the log") {
     const auto path = shared / "batch.log";
-    CHECK(as_user(first_user, staff, {}, 022, [&] { return append_once(path, "by 1001", {.mode = 0664}); }) == 0);
+    CHECK(as_user(first_user, staff_gid, {}, 022, [&] { return append_once(path, "by 1001", {.mode = 0664}); }) == 0);
     const auto log = stat_of(path), lock = stat_of(lock_of(path));
     CHECK((log.st_mode & 07777) == 0644);
     CHECK((lock.st_mode & 07777) == 0644);
-    CHECK(as_user(second_user, second_user, {staff}, 022, [&] {
+    CHECK(as_user(second_user, second_user, {staff_gid}, 022, [&] {
             try {
               dibs::shared_log refused{path};
               return 10;
@@ -1070,16 +1070,16 @@ TEST_CASE("two users append to one log: the lock file gets the log's permission 
     // What the first user's writer leaves between creating the lock file
     // (umask 077) and widening it under the set-up lock.
     spit(path, "");
-    REQUIRE(::chown(path.c_str(), first_user, staff) == 0);
+    REQUIRE(::chown(path.c_str(), first_user, staff_gid) == 0);
     REQUIRE(::chmod(path.c_str(), 0664) == 0);
     spit(lock_path, "");
-    REQUIRE(::chown(lock_path.c_str(), first_user, staff) == 0);
+    REQUIRE(::chown(lock_path.c_str(), first_user, staff_gid) == 0);
     REQUIRE(::chmod(lock_path.c_str(), 0600) == 0);
     const pid_t second = dibs_test::spawn([&] {
-      return as_user(second_user, second_user, {staff}, 022, [&] { return append_once(path, "by 1002"); });
+      return as_user(second_user, second_user, {staff_gid}, 022, [&] { return append_once(path, "by 1002"); });
     });
     std::this_thread::sleep_for(150ms);
-    CHECK(as_user(first_user, staff, {}, 077, [&] { return append_once(path, "by 1001"); }) == 0);
+    CHECK(as_user(first_user, staff_gid, {}, 077, [&] { return append_once(path, "by 1001"); }) == 0);
     CHECK(dibs_test::wait_exit(second) == 0);
     const std::string content = slurp(path);
     CHECK((content == "by 1001\nby 1002\n" || content == "by 1002\nby 1001\n"));
