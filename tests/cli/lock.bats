@@ -119,8 +119,13 @@ echo $$ >> journal
 }
 
 @test "dibs status of a lock file: table and --json while held, free after" {
-  dibs lock x.lock -- sleep 1 &
-  sleep 0.3
+  # Held for 3 s: both looks below fall inside it also in a sanitizer build,
+  # where every dibs start is slow.
+  dibs lock x.lock -- sleep 3 &
+  for _ in $(seq 1 50); do
+    [ -s x.lock ] && break
+    sleep 0.1
+  done
   run dibs status x.lock
   [ "$status" -eq 0 ]
   [[ "${lines[0]}" == *HOST*PID*SINCE*LEASE*LEFT*TOKEN* ]]
