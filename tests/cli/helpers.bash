@@ -25,3 +25,26 @@ kill_random_dibs() {
   done
   echo "$killed"
 }
+
+# wait_for_record FILE: waits (up to 20 s) until a lease lock's record is in
+# FILE, that is until dibs lock holds it. A fixed sleep is not enough where
+# every dibs start is slow (a sanitizer build).
+wait_for_record() {
+  for ((i = 0; i < 400; i++)); do
+    [ -s "$1" ] && return 0
+    sleep 0.05
+  done
+  echo "no lock record in $1 after 20 s" >&2
+  return 1
+}
+
+# wait_for_kernel_lock FILE: waits (up to 20 s) until FILE's kernel lock is
+# held by someone (flock -n fails).
+wait_for_kernel_lock() {
+  for ((i = 0; i < 400; i++)); do
+    flock -n "$1" true || return 0
+    sleep 0.05
+  done
+  echo "nobody took the kernel lock of $1 in 20 s" >&2
+  return 1
+}

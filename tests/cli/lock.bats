@@ -47,8 +47,8 @@ echo $$ >> journal
 }
 
 @test "a SIGKILLed dibs leaves the lock with COMMAND until it ends, then the next taker breaks it at once" {
-  dibs lock x.lock -- sleep 1 &
-  sleep 0.3
+  dibs lock x.lock -- sleep 3 &
+  wait_for_record x.lock
   kill -KILL $!
   run dibs lock -n x.lock -- true
   [ "$status" -eq 1 ]
@@ -60,7 +60,7 @@ echo $$ >> journal
   echo "$output" >&3
   [ "$status" -eq 0 ]
   [[ "$output" =~ token\ [0-9]+ ]]
-  [ $((SECONDS - start)) -le 4 ]
+  [ $((SECONDS - start)) -le 6 ]
 }
 
 @test "COMMAND's status is dibs's; -E sets the conflict code; a signal-killed COMMAND gives 128+N" {
@@ -68,8 +68,8 @@ echo $$ >> journal
   [ "$status" -eq 7 ]
   run dibs lock x.lock -- sh -c 'kill -TERM $$'
   [ "$status" -eq 143 ]
-  dibs lock x.lock -- sleep 1 &
-  sleep 0.3
+  dibs lock x.lock -- sleep 3 &
+  wait_for_record x.lock
   run dibs lock -n -E 42 x.lock -- true
   [ "$status" -eq 42 ]
   run dibs lock -w 200ms x.lock -- true
@@ -81,6 +81,7 @@ echo $$ >> journal
 @test "SIGTERM to dibs lock is forwarded to COMMAND" {
   dibs lock x.lock -- sh -c 'trap "echo got > t; exit 3" TERM; sleep 5 & wait' &
   pid=$!
+  wait_for_record x.lock
   sleep 0.5
   kill -TERM $pid
   rc=0
@@ -98,8 +99,8 @@ echo $$ >> journal
   run dibs lock --kernel -n x.lock -- true
   [ "$status" -eq 0 ]
 
-  dibs lock --kernel x.lock -- sleep 1 &
-  sleep 0.3
+  dibs lock --kernel x.lock -- sleep 2 &
+  wait_for_kernel_lock x.lock
   run flock -n x.lock true
   [ "$status" -eq 1 ]
   wait
@@ -108,12 +109,12 @@ echo $$ >> journal
 }
 
 @test "--kernel: as with flock(1), COMMAND keeps the lock if dibs is SIGKILLed" {
-  dibs lock --kernel x.lock -- sleep 1 &
-  sleep 0.3
+  dibs lock --kernel x.lock -- sleep 2 &
+  wait_for_kernel_lock x.lock
   kill -KILL $!
   run flock -n x.lock true
   [ "$status" -eq 1 ]
-  sleep 1.2
+  sleep 2.2
   run flock -n x.lock true
   [ "$status" -eq 0 ]
 }
