@@ -75,10 +75,11 @@ SH
   run dibs claim dir:c a -- true
   [ "$status" -eq 10 ]
   [[ "$output" == *"already completed"* ]]
-  dibs claim dir:c b -- sleep 1 &
-  sleep 0.3
+  dibs claim dir:c b -- sh -c "$HOLD" &
+  wait_for_file held
   run dibs claim dir:c b -- true
   [ "$status" -eq 11 ]
+  touch release
   wait
   run dibs claim --max-attempts 2 dir:c f -- sh -c 'exit 3'
   [ "$status" -eq 3 ]
@@ -123,10 +124,11 @@ SH
   run dibs claim --exit-base 200 dir:c t -- sh -c 'echo ran >> runs; exit 10'
   [ "$status" -eq 200 ]
   [ "$(wc -l < runs)" -eq 3 ]
-  dibs claim dir:c h -- sleep 1 &
-  sleep 0.3
+  dibs claim dir:c h -- sh -c "$HOLD" &
+  wait_for_file held
   run dibs claim --exit-base 200 dir:c h -- true
   [ "$status" -eq 201 ]
+  touch release
   wait
   run dibs claim --exit-base 200 --next zzz dir:c -- true
   [ "$status" -eq 204 ]

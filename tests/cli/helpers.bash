@@ -48,3 +48,29 @@ wait_for_kernel_lock() {
   echo "nobody took the kernel lock of $1 in 20 s" >&2
   return 1
 }
+
+# A COMMAND for a holder that must hold until the test says so, however slow
+# the machine: it creates ./held once it runs, and ends once ./release exists.
+# A fixed `sleep N` holder can end before a loaded sanitizer run has looked.
+HOLD='touch held; while [ ! -e release ]; do sleep 0.05; done'
+
+# wait_for_file FILE: waits (up to 20 s) until FILE exists.
+wait_for_file() {
+  for ((i = 0; i < 400; i++)); do
+    [ -e "$1" ] && return 0
+    sleep 0.05
+  done
+  echo "no $1 after 20 s" >&2
+  return 1
+}
+
+# wait_for_kernel_free FILE: waits (up to 20 s) until nobody holds FILE's
+# kernel lock.
+wait_for_kernel_free() {
+  for ((i = 0; i < 400; i++)); do
+    flock -n "$1" true && return 0
+    sleep 0.05
+  done
+  echo "the kernel lock of $1 was still held after 20 s" >&2
+  return 1
+}

@@ -47,12 +47,13 @@ echo $$ >> journal
 }
 
 @test "a SIGKILLed dibs leaves the lock with COMMAND until it ends, then the next taker breaks it at once" {
-  dibs lock x.lock -- sleep 3 &
-  wait_for_record x.lock
+  dibs lock x.lock -- sh -c "$HOLD" &
+  wait_for_file held
   kill -KILL $!
   run dibs lock -n x.lock -- true
   [ "$status" -eq 1 ]
   [[ "$output" == *"is held by pid"* ]]
+  touch release
   # Once COMMAND has ended (and been reaped) its pid is gone: the lock is
   # broken on that proof, long before the 10 s lease would run out.
   start=$SECONDS
@@ -68,21 +69,21 @@ echo $$ >> journal
   [ "$status" -eq 7 ]
   run dibs lock x.lock -- sh -c 'kill -TERM $$'
   [ "$status" -eq 143 ]
-  dibs lock x.lock -- sleep 3 &
-  wait_for_record x.lock
+  dibs lock x.lock -- sh -c "$HOLD" &
+  wait_for_file held
   run dibs lock -n -E 42 x.lock -- true
   [ "$status" -eq 42 ]
   run dibs lock -w 200ms x.lock -- true
   [ "$status" -eq 1 ]
   [[ "$output" == *"--wait ran out"* ]]
+  touch release
   wait
 }
 
 @test "SIGTERM to dibs lock is forwarded to COMMAND" {
-  dibs lock x.lock -- sh -c 'trap "echo got > t; exit 3" TERM; sleep 5 & wait' &
+  dibs lock x.lock -- sh -c 'trap "kill \$! 2>/dev/null; echo got > t; exit 3" TERM; touch held; sleep 30 & wait' &
   pid=$!
-  wait_for_record x.lock
-  sleep 0.5
+  wait_for_file held
   kill -TERM $pid
   rc=0
   wait $pid || rc=$?
@@ -91,48 +92,47 @@ echo $$ >> journal
 }
 
 @test "--kernel and flock(1) exclude each other, both ways" {
-  flock x.lock sleep 1 &
-  sleep 0.3
+  flock x.lock sh -c "$HOLD" &
+  wait_for_file held
   run dibs lock --kernel -n x.lock -- true
   [ "$status" -eq 1 ]
+  touch release
   wait
+  rm held release
   run dibs lock --kernel -n x.lock -- true
   [ "$status" -eq 0 ]
 
-  dibs lock --kernel x.lock -- sleep 2 &
-  wait_for_kernel_lock x.lock
+  dibs lock --kernel x.lock -- sh -c "$HOLD" &
+  wait_for_file held
   run flock -n x.lock true
   [ "$status" -eq 1 ]
+  touch release
   wait
   run flock -n x.lock true
   [ "$status" -eq 0 ]
 }
 
 @test "--kernel: as with flock(1), COMMAND keeps the lock if dibs is SIGKILLed" {
-  dibs lock --kernel x.lock -- sleep 2 &
-  wait_for_kernel_lock x.lock
+  dibs lock --kernel x.lock -- sh -c "$HOLD" &
+  wait_for_file held
   kill -KILL $!
+  wait $! || true
   run flock -n x.lock true
   [ "$status" -eq 1 ]
-  sleep 2.2
-  run flock -n x.lock true
-  [ "$status" -eq 0 ]
+  touch release
+  wait_for_kernel_free x.lock
 }
 
 @test "dibs status of a lock file: table and --json while held, free after" {
-  # Held for 3 s: both looks below fall inside it also in a sanitizer build,
-  # where every dibs start is slow.
-  dibs lock x.lock -- sleep 3 &
-  for _ in $(seq 1 50); do
-    [ -s x.lock ] && break
-    sleep 0.1
-  done
+  dibs lock x.lock -- sh -c "$HOLD" &
+  wait_for_file held
   run dibs status x.lock
   [ "$status" -eq 0 ]
   [[ "${lines[0]}" == *HOST*PID*SINCE*LEASE*LEFT*TOKEN* ]]
   run dibs status --json x.lock
   [ "$status" -eq 0 ]
   [[ "$output" == *'"held": true'*'"token": '* ]]
+  touch release
   wait
   run dibs status x.lock
   [ "$output" = "x.lock: free" ]
@@ -156,9 +156,9 @@ echo $$ >> journal
 @test "dibs status says what the next taker would do: free if the holder is gone, held with pid/host/token, expired if stopped" {
   host=$(hostname)
   # Held: a live COMMAND holds it (the record names COMMAND's pid).
-  dibs lock --lease 30s x.lock -- sleep 30 &
+  dibs lock --lease 30s x.lock -- sh -c 'touch held; exec sleep 30' &
   dpid=$!
-  sleep 0.5
+  wait_for_file held
   cpid=$(pgrep -P "$dpid" -x sleep)
   run dibs status x.lock
   [ "$status" -eq 0 ]
@@ -176,9 +176,10 @@ echo $$ >> journal
   run dibs status --json x.lock
   [[ "$output" == *'"state": "free", "held": false, "gone": true'* ]]
   # Expired: the renewing dibs is stopped (its COMMAND lives on), past its lease.
-  dibs lock --lease 1s y.lock -- sleep 30 &
+  rm held
+  dibs lock --lease 1s y.lock -- sh -c 'touch held; exec sleep 30' &
   dpid=$!
-  sleep 0.5
+  wait_for_file held
   cpid=$(pgrep -P "$dpid" -x sleep)
   kill -STOP "$dpid"
   sleep 1.5
