@@ -16,7 +16,6 @@
 // exited; one that fails before the gate is noticed and does not hang it.
 #pragma once
 
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -71,7 +70,11 @@ public:
   /// the clock has started. Call it once, after the worker's set-up.
   void wait() {
     ready_.fetch_add(1);
-    while (go_.load() == 0) ::sched_yield();
+    // Blocked, not spinning: on a machine with fewer cores than workers, a
+    // spinning worker would take the CPU from the others' set-up.
+    char c;
+    while (::read(go_fd_, &c, 1) < 0 && errno == EINTR) {
+    }
   }
 
   /// Effects: marks that this worker's timed work ended now (the run's time
@@ -89,6 +92,7 @@ private:
 
   std::atomic<int> ready_{0};
   std::atomic<int> go_{0};
+  int go_fd_ = -1;  // the read end of a pipe whose write end run_procs closes at the start
   std::atomic<int> finished_{0};
   std::atomic<std::int64_t> last_end_ns_{0};
 };
@@ -100,6 +104,14 @@ private:
 template <class Body>
 double run_procs(int procs, Body body, procs_options opts) {
   gate* g = shared_new<gate>();
+  int go[2];
+  if (::pipe(go) != 0) throw std::system_error(errno, std::generic_category(), "pipe of the start gate");
+  g->go_fd_ = go[0];
+  auto open_gate = [&] {
+    if (go[1] >= 0) ::close(go[1]);
+    go[1] = -1;
+    g->go_.store(1);
+  };
   std::vector<pid_t> pids;
   auto reap_all = [&] {
     int failed = 0;
@@ -116,11 +128,13 @@ double run_procs(int procs, Body body, procs_options opts) {
     const pid_t pid = ::fork();
     if (pid < 0) {
       const int err = errno;
-      g->go_.store(1);
+      open_gate();
       reap_all();
+      ::close(go[0]);
       throw std::system_error(err, std::generic_category(), "fork of benchmark worker " + std::to_string(p));
     }
     if (pid == 0) {
+      ::close(go[1]);
       int code = 0;
       try {
         body(p, *g);
@@ -140,14 +154,16 @@ double run_procs(int procs, Body body, procs_options opts) {
     int st = 0;
     if (const pid_t gone = ::waitpid(-1, &st, WNOHANG); gone > 0) {
       std::erase(pids, gone);
-      g->go_.store(1);
+      open_gate();
       reap_all();
+      ::close(go[0]);
       throw std::runtime_error("a benchmark worker exited before the start gate");
     }
-    ::sched_yield();
+    ::usleep(200);
   }
   const auto t0 = mono_ns();
-  g->go_.store(1);
+  open_gate();
+  ::close(go[0]);
   const int failed = reap_all();
   const auto t1 = g->last_end_ns_.load() != 0 ? g->last_end_ns_.load() : mono_ns();
   if (failed) throw std::runtime_error(std::to_string(failed) + " benchmark worker(s) failed");
