@@ -199,6 +199,13 @@ public:
     }
   }
 
+  /// Returns: how many live waiters are queued (each costs a system call).
+  int queued() const noexcept {
+    int n = 0;
+    for (int j = 0; j < queue_page::slots; ++j) n += page_->slot[j].ticket.load() != 0 && alive(j);
+    return n;
+  }
+
   /// Returns: the progress counter (unlocks plus acquisitions through the queue).
   std::uint64_t progress() const noexcept { return page_->progress.load(); }
   /// Returns: slot `i`'s wake word, to pass to wait() after looking at the lock.
