@@ -546,6 +546,12 @@ private:
       }
       if constexpr (queued) {
         if (at.slot >= 0) {
+          // A waiter whose turn it is not yet is woken when it comes; it
+          // looks on its own only for a waiter ahead that died after it was
+          // woken, and for the patience. Waking at the backoff's first,
+          // short delays would take processors from the handoff itself.
+          if (!my_turn) delay = std::max<std::chrono::nanoseconds>(delay, detail::queue_patience / 2);
+          if (until != dibs::time_limit::max()) delay = std::min<std::chrono::nanoseconds>(delay, until - clock::now());
           for (const auto end = clock::now() + delay; !(stoppable && st.stop_requested());) {
             const auto left = end - clock::now();
             if (left <= clock::duration::zero()) break;
