@@ -496,6 +496,9 @@ private:
         }
       }
     } at{*this};
+    // Opened (made) at the first acquisition, so that later ones, and their
+    // unlocks, find it mapped at no cost.
+    if constexpr (queued) (void)open_queue(true);
     std::optional<std::uint64_t> seen_progress;
     clock::time_point progress_since{};
     bool woken = true;  // the lock is probably free: create first
@@ -507,7 +510,7 @@ private:
       std::uint32_t word = 0;
       bool my_turn = true;
       if constexpr (queued) {
-        if (at.slot < 0 && open_queue(false) && queue_.busy()) at.slot = queue_.enter();
+        if (at.slot < 0 && queue_ && queue_.busy()) at.slot = queue_.enter();
         if (at.slot >= 0) {
           word = queue_.wake_word(at.slot);
           my_turn = queue_.first(at.slot);
