@@ -508,7 +508,7 @@ private:
         throw_cancelled();
       }
       std::uint32_t word = 0;
-      bool my_turn = true;
+      bool my_turn = true, out_of_turn = false;
       if constexpr (queued) {
         if (at.slot < 0 && queue_ && queue_.busy()) at.slot = queue_.enter();
         if (at.slot >= 0) {
@@ -521,14 +521,14 @@ private:
               seen_progress = p;
               progress_since = now;
             } else if (now - progress_since >= detail::queue_patience) {
-              my_turn = true;  // the waiter whose turn it is does not take it
+              my_turn = out_of_turn = true;  // the waiter whose turn it is does not take it
             }
           }
         }
       }
       if (my_turn && try_once(woken, stoppable ? std::min(until, clock::now() + stop_check) : until)) {
         if constexpr (queued) {
-          if (at.slot >= 0) queue_.leave(std::exchange(at.slot, -1), true);
+          if (at.slot >= 0) queue_.leave(std::exchange(at.slot, -1), true, out_of_turn);
         }
         return true;
       }

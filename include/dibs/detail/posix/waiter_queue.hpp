@@ -83,8 +83,15 @@ public:
       if (fd < 0) return;
     }
     struct ::stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < static_cast<off_t>(sizeof(queue_page))) {
-      fork_fds::close(fd);  // not a queue (or its creator is still growing it): go without this time
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      fork_fds::close(fd);
+      return;
+    }
+    // Made a moment ago and not grown yet (or its maker was killed before
+    // it grew it): grow it here. Allocating is idempotent and never
+    // changes bytes that are there, and all zero is an empty queue.
+    if (st.st_size < static_cast<off_t>(sizeof(queue_page)) && allocate_file(fd, sizeof(queue_page)) != 0) {
+      fork_fds::close(fd);
       return;
     }
     void* p = map_shared(fd, sizeof(queue_page));
@@ -104,13 +111,17 @@ public:
     pid_ = current_pid();
   }
   waiter_queue(waiter_queue&& o) noexcept
-      : fd_(std::exchange(o.fd_, -1)), page_(std::exchange(o.page_, nullptr)), pid_(std::exchange(o.pid_, 0)) {}
+      : fd_(std::exchange(o.fd_, -1)),
+        page_(std::exchange(o.page_, nullptr)),
+        pid_(std::exchange(o.pid_, 0)),
+        kept_(std::exchange(o.kept_, -1)) {}
   waiter_queue& operator=(waiter_queue&& o) noexcept {
     if (this != &o) {
       close();
       fd_ = std::exchange(o.fd_, -1);
       page_ = std::exchange(o.page_, nullptr);
       pid_ = std::exchange(o.pid_, 0);
+      kept_ = std::exchange(o.kept_, -1);
     }
     return *this;
   }
@@ -127,9 +138,16 @@ public:
     return false;
   }
 
-  /// Effects: takes a free slot (one nobody holds the lock of) and the next
+  /// Effects: takes a free slot (one nobody holds the lock of; the one this
+  /// object kept after its last acquisition, if it did) and the next
   /// ticket. Returns: the slot, or -1 if all are taken (then wait unordered).
   int enter() noexcept {
+    if (kept_ >= 0) {
+      const int i = std::exchange(kept_, -1);
+      page_->slot[i].pid.store(current_pid(), std::memory_order_relaxed);
+      page_->slot[i].ticket.store(page_->next_ticket.fetch_add(1) + 1);
+      return i;
+    }
     for (int pass = 0; pass < 2; ++pass) {
       for (int i = 0; i < queue_page::slots; ++i) {
         auto& s = page_->slot[i];
@@ -144,19 +162,26 @@ public:
     return -1;
   }
 
-  /// Effects: gives slot `i` up. `acquired`: its owner now holds the lock:
-  /// counts progress and sends every live waiter that is still ahead (it
-  /// did not take its turn: stopped, or too slow) to the back of the queue.
-  /// Otherwise (it gave up waiting) wakes the first waiter, in case the
-  /// lock was handed to this one and is free.
-  void leave(int i, bool acquired) noexcept {
+  /// Effects: gives slot `i`'s place up. `acquired`: its owner now holds
+  /// the lock: counts progress, and keeps the slot (its lock, with no
+  /// ticket) for its next enter(), which then needs no system call; with
+  /// `passed`, it took the lock out of turn, so every live waiter still
+  /// ahead (it did not take its turn: stopped, or starved of a processor)
+  /// goes to the back of the queue. Otherwise (it gave up waiting) frees
+  /// the slot and wakes the first waiter, in case the lock was handed to
+  /// this one and is free.
+  void leave(int i, bool acquired, bool passed = false) noexcept {
     auto& s = page_->slot[i];
     const std::uint64_t mine = s.ticket.load();
     s.ticket.store(0);
-    s.pid.store(0, std::memory_order_relaxed);
-    (void)range_lock(i, F_UNLCK);
-    if (!acquired) return wake_first();
+    if (!acquired) {
+      s.pid.store(0, std::memory_order_relaxed);
+      (void)range_lock(i, F_UNLCK);
+      return wake_first();
+    }
+    kept_ = i;
     page_->progress.fetch_add(1);
+    if (!passed) return;
     for (int j = 0; j < queue_page::slots; ++j) {
       auto& o = page_->slot[j];
       std::uint64_t t = o.ticket.load();
@@ -244,17 +269,23 @@ private:
 
   void close() noexcept {
     if (!page_) return;
-    unmap_shared(page_, sizeof(queue_page));
     // In a forked child the descriptor was closed at the fork; its number
     // may name another file now.
-    if (pid_ == current_pid()) fork_fds::close(fd_);
+    // Closing it drops the lock of a kept slot.
+    if (pid_ == current_pid()) {
+      if (kept_ >= 0) page_->slot[kept_].pid.store(0, std::memory_order_relaxed);
+      fork_fds::close(fd_);
+    }
+    unmap_shared(page_, sizeof(queue_page));
     page_ = nullptr;
     fd_ = -1;
+    kept_ = -1;
   }
 
   int fd_ = -1;
   queue_page* page_ = nullptr;
   pid_t pid_ = 0;
+  int kept_ = -1;  // the slot this object still holds the lock of, with no ticket
 };
 
 }  // namespace dibs::detail
