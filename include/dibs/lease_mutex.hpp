@@ -34,6 +34,16 @@
 // fork(): a child inherits a copy of a held lease_mutex, but the hold stays
 // the parent's. The child's copy never renews, releases or erases it.
 //
+// Waiting: on a store with a waiter queue (file_store, so lock_file), the
+// processes of one host that wait take turns first come, first served, and
+// unlock() wakes the next one itself; a holder that asks again at once
+// queues behind them. A waiter killed while queued is passed over at once;
+// one that stands still when its turn comes (stopped) is passed after
+// detail::queue_patience. The queue only orders the tries: who holds the
+// lock is decided by the record's compare-and-set, as without it.
+// try_lock() does not queue. Other stores wait unordered, with backoff and
+// their change notification. docs/file-locks.md, "Waiting in turn".
+//
 // Every acquisition's token() is the record's version at that moment: larger
 // than every token handed out before for the key, because store versions only
 // grow. Pass it along to whatever the lock protects, so a holder that was

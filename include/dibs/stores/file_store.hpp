@@ -72,6 +72,10 @@
 // was not current either.
 // One host or many: flock, link and rename are atomic on local filesystems;
 // over NFS only link is (use a server-backed store there).
+// Waiters of a lease_mutex on a key queue in `.dibs-queue.<record file name>`
+// beside the record (open_waiter_queue; detail/posix/waiter_queue.hpp): a
+// page every waiter of this host maps, made at a lease_mutex's first lock,
+// never removed. It orders the tries only; the records are as above.
 //
 // The parts, in include/dibs/detail/file_store/: record_format.hpp (the
 // record's text and checksum), two_slots.hpp (records rewritten in place),
