@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -169,10 +170,24 @@ TEST_CASE("lock_file turns under SIGKILL of waiters, holders and unlockers: one 
   };
   std::vector<pid_t> pids;
   for (int i = 0; i < workers; ++i) pids.push_back(start_worker());
+  // Every other kill aims at the process of the journal's last line: the
+  // holder, or the one handing the lock off (its "out" is written); the
+  // rest are random, mostly queued waiters.
+  auto last_writer = [&]() -> std::optional<std::size_t> {
+    const std::string text = slurp(journal);
+    const auto start = text.rfind('\n', text.size() >= 2 ? text.size() - 2 : 0);
+    const auto w = dibs_test::words(text.substr(start == std::string::npos ? 0 : start + 1));
+    if (w.size() < 3) return std::nullopt;
+    const auto it = std::find(pids.begin(), pids.end(), static_cast<pid_t>(std::stol(w[2])));
+    if (it == pids.end()) return std::nullopt;
+    return static_cast<std::size_t>(it - pids.begin());
+  };
   std::mt19937 rng(21);
   for (int k = 0; k < kills; ++k) {
     std::this_thread::sleep_for(std::chrono::milliseconds{std::uniform_int_distribution<int>{5, 60}(rng)});
-    const std::size_t victim = std::uniform_int_distribution<std::size_t>{0, pids.size() - 1}(rng);
+    std::optional<std::size_t> aimed;
+    if (k % 2 == 0) aimed = last_writer();
+    const std::size_t victim = aimed ? *aimed : std::uniform_int_distribution<std::size_t>{0, pids.size() - 1}(rng);
     ::kill(pids[victim], SIGKILL);
     dibs_test::wait_exit(pids[victim]);
     pids[victim] = start_worker();
