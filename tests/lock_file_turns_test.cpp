@@ -237,3 +237,34 @@ TEST_CASE("lock_file turns under SIGKILL of waiters, holders and unlockers: one 
   // waiter is no waiter. Nobody waits for the 10 s lease.
   CHECK(longest_gap_ns < 2'000'000'000);
 }
+
+TEST_CASE("lock_file: more waiters than the queue has slots (63): the rest wait unordered, and every one gets the lock once") {
+  constexpr int waiters = 66;
+  temp_dir dir;
+  const auto path = dir.path / "crowd.lock";
+  const auto counter = dir.path / "counter";
+  spit(counter, "0\n");
+  dibs::lock_file a{path};
+  a.lock();
+  std::vector<child> kids;
+  for (int i = 0; i < waiters; ++i) {
+    kids.push_back(child{dibs_test::spawn([&] {
+      dibs::lock_file lock{path};
+      std::scoped_lock hold{lock};
+      long value = -1;
+      std::ifstream(counter) >> value;
+      spit(counter.string() + ".tmp", fmt::format("{}\n", value + 1));
+      fs::rename(counter.string() + ".tmp", counter);
+      return 0;
+    })});
+  }
+  CHECK(dibs_test::eventually([&] { return queued(path) == 63; }, 20s));
+  a.unlock();
+  int failed = 0;
+  for (auto& k : kids) failed += k.wait() != 0;
+  CHECK(failed == 0);
+  long value = -1;
+  std::ifstream(counter) >> value;
+  CHECK(value == waiters);
+  CHECK(queued(path) == 0);
+}

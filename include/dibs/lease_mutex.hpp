@@ -512,6 +512,7 @@ private:
     std::optional<std::uint64_t> seen_progress;
     clock::time_point progress_since{};
     bool woken = true;  // the lock is probably free: create first
+    bool full = false;  // every slot was taken when we looked: wait unordered this time
     for (std::uint64_t n = 0;; ++n) {
       if (st.stop_requested()) {
         std::lock_guard g{m_};
@@ -520,7 +521,7 @@ private:
       std::uint32_t word = 0;
       bool my_turn = true, out_of_turn = false;
       if constexpr (queued) {
-        if (at.slot < 0 && queue_ && queue_.busy()) at.slot = queue_.enter();
+        if (at.slot < 0 && !full && queue_ && queue_.busy()) full = (at.slot = queue_.enter()) < 0;
         if (at.slot >= 0) {
           word = queue_.wake_word(at.slot);
           my_turn = queue_.first(at.slot);
@@ -544,8 +545,8 @@ private:
       }
       woken = false;
       if constexpr (queued) {
-        if (at.slot < 0 && open_queue(true)) {
-          at.slot = queue_.enter();
+        if (at.slot < 0 && !full && open_queue(true)) {
+          full = (at.slot = queue_.enter()) < 0;
           // Look again at once: an unlock between our try and our queueing
           // woke nobody for us.
           if (at.slot >= 0) continue;
