@@ -88,7 +88,7 @@ TEST_CASE("lock_file takes turns: waiters get the lock in the order they came, a
   CHECK(queued(path) == 0);
 }
 
-TEST_CASE("lock_file: a waiter SIGKILLed while queued is passed over at once; the unlock wakes the one behind it") {
+TEST_CASE("lock_file: a waiter SIGKILLed while queued is passed over at once, and the unlock wakes the one behind it") {
   temp_dir dir;
   const auto path = dir.path / "dead.lock";
   const auto journal = dir.path / "journal";
