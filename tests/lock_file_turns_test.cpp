@@ -32,6 +32,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The locks of these tests renew nothing (their holds last well under the
+// lease): no process here starts a renewal thread, so that children forked
+// from it may start none either (ThreadSanitizer refuses a thread started
+// after a fork of a process with threads).
+const dibs::lease_options quiet{.renew = false};
+
 // Effects: appends `line` to the file at `p` in one write (O_APPEND).
 void append(const fs::path& p, const std::string& line) {
   const int fd = ::open(p.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
@@ -68,12 +74,12 @@ TEST_CASE("lock_file takes turns: waiters get the lock in the order they came, a
   const auto path = dir.path / "turns.lock";
   const auto journal = dir.path / "journal";
   channel got;
-  dibs::lock_file a{path};
+  dibs::lock_file a{path, quiet};
   a.lock();
   std::vector<child> waiters;
   int n = 0;
   for (const char name : {'B', 'C', 'D'}) {
-    waiters.push_back(taker(path, {}, name, journal, got));
+    waiters.push_back(taker(path, quiet, name, journal, got));
     ++n;
     // Queued (a dibs without the queue: surely waiting by the time this gives up).
     dibs_test::eventually([&] { return queued(path) == n; }, 2s);
@@ -93,12 +99,12 @@ TEST_CASE("lock_file: a waiter SIGKILLed while queued is passed over at once, an
   const auto path = dir.path / "dead.lock";
   const auto journal = dir.path / "journal";
   channel got;
-  dibs::lock_file a{path};
+  dibs::lock_file a{path, quiet};
   a.lock();
-  child b = taker(path, {}, 'B', journal, got);
+  child b = taker(path, quiet, 'B', journal, got);
   REQUIRE(dibs_test::eventually([&] { return queued(path) == 1; }, 5s));
   // C polls only every 5 s: it can have the lock sooner only by being woken.
-  const dibs::lease_options slow{.wait = dibs::exponential_backoff{5s, 1.0, 5s, dibs::jitter::none}};
+  const dibs::lease_options slow{.renew = false, .wait = dibs::exponential_backoff{5s, 1.0, 5s, dibs::jitter::none}};
   child c = taker(path, slow, 'C', journal, got);
   REQUIRE(dibs_test::eventually([&] { return queued(path) == 2; }, 5s));
   b.kill();
@@ -123,11 +129,11 @@ TEST_CASE("lock_file: a waiter stopped (SIGSTOP) when its turn comes is passed a
   const auto path = dir.path / "stopped.lock";
   const auto journal = dir.path / "journal";
   channel got;
-  dibs::lock_file a{path};
+  dibs::lock_file a{path, quiet};
   a.lock();
-  child b = taker(path, {}, 'B', journal, got);
+  child b = taker(path, quiet, 'B', journal, got);
   REQUIRE(dibs_test::eventually([&] { return queued(path) == 1; }, 5s));
-  child c = taker(path, {}, 'C', journal, got, 100ms);
+  child c = taker(path, quiet, 'C', journal, got, 100ms);
   REQUIRE(dibs_test::eventually([&] { return queued(path) == 2; }, 5s));
   REQUIRE(::kill(b.pid(), SIGSTOP) == 0);
   const auto unlocked = std::chrono::steady_clock::now();
@@ -155,7 +161,7 @@ TEST_CASE("lock_file turns under SIGKILL of waiters, holders and unlockers: one 
   // (a new file renamed over it), "out <token> <pid>".
   auto start_worker = [&] {
     return dibs_test::spawn([&] {
-      dibs::lock_file lock{path, {.lease = 10s}};
+      dibs::lock_file lock{path, {.lease = 10s, .renew = false}};
       for (;;) {
         std::scoped_lock hold{lock};
         append(journal, fmt::format("in {} {} {}\n", lock.token(), ::getpid(), dibs_test::steady_ns()));
@@ -244,12 +250,12 @@ TEST_CASE("lock_file: more waiters than the queue has slots (63): the rest wait 
   const auto path = dir.path / "crowd.lock";
   const auto counter = dir.path / "counter";
   spit(counter, "0\n");
-  dibs::lock_file a{path};
+  dibs::lock_file a{path, quiet};
   a.lock();
   std::vector<child> kids;
   for (int i = 0; i < waiters; ++i) {
     kids.push_back(child{dibs_test::spawn([&] {
-      dibs::lock_file lock{path};
+      dibs::lock_file lock{path, quiet};
       std::scoped_lock hold{lock};
       long value = -1;
       std::ifstream(counter) >> value;
