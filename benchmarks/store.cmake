@@ -32,5 +32,8 @@ dibs_store_benchmark(store_lock_uncontended benchmark::benchmark)
 dibs_store_benchmark(store_lock_loop)
 # 2. N processes fighting over one lock: throughput and handoff latency.
 dibs_store_benchmark(store_lock_contended)
+# 2b. The floor of a handoff: a futex round-robin of N processes, no lock record
+# (benchmarks/run_handoff_benchmarks.sh runs it beside store_lock_contended).
+dibs_store_benchmark(handoff_floor)
 # 3. marker_claim claim+complete on file_store and shm_store.
 dibs_store_benchmark(store_marker_claim)

@@ -6,12 +6,20 @@
 // next acquirer reads it right after acquiring. An acquisition whose stamp
 // came from another process is a handoff; its latency is now - stamp.
 // Acquisitions right after the same process's own unlock are counted apart.
+// Each process asks again at once after its unlock.
+//
+// Fairness: every lock() call takes a request number and every acquisition
+// an acquisition number (shared counters). An acquisition passed a request
+// over if it was requested later and acquired earlier; "passed_over_max" is
+// the most times any one request was passed over. "wait" is each
+// acquisition's time from its lock() call to lock() returning.
 //
 //   store_lock_contended --impl <dibs|dibs-norenew|floor|liblockfile> --procs N --cycles C [--dir D]
 //
 // Prints one JSON object: wall time from the start barrier to the last exit,
 // cycles/s, handoff count and p50/p90/p99/max, the counter's final value and
-// whether it equals N*C, and "lost": holds found broken at unlock (floor and
+// whether it equals N*C, the share of acquisitions that are handoffs, the
+// wait's p50/p90/p99/max, passed_over_max, and "lost": holds found broken at unlock (floor and
 // liblockfile: the lock file was already gone, so someone else removed our
 // lock; dibs: lost() was true). Exit status 1 if the counter is wrong, a hold
 // was lost or a child failed.
@@ -63,12 +71,17 @@ struct stamp_page {
   std::atomic<std::int64_t> released_ns;  // CLOCK_MONOTONIC just before the last unlock
   std::atomic<std::int32_t> holder;       // who unlocked last (-1: nobody yet)
   std::atomic<std::int64_t> lost;         // holds found broken at unlock
+  std::atomic<std::uint32_t> requests;    // lock() calls so far
+  std::atomic<std::uint32_t> acquired;    // acquisitions so far
 };
 
 // One entry per cycle of each process.
 struct sample {
-  std::int64_t wait_ns;  // now - released_ns at acquisition (-1 for the very first)
-  std::int32_t handoff;  // 1: the stamp came from another process
+  std::int64_t wait_ns;     // now - released_ns at acquisition (-1 for the very first)
+  std::int64_t request_ns;  // lock() returned - lock() called
+  std::uint32_t request;    // this lock() call's request number
+  std::uint32_t acquired;   // this acquisition's number
+  std::int32_t handoff;     // 1: the stamp came from another process
   std::int32_t pad;
 };
 
@@ -163,11 +176,14 @@ int child(int me, std::string_view impl, const std::filesystem::path& dir, long 
   ::close(ready_fd);
   if (::read(start_fd, &go, 1) < 0) die("read start pipe");  // returns 0 when the parent closes it
   for (long i = 0; i < cycles; ++i) {
+    const std::uint32_t request = page->requests.fetch_add(1);
+    const std::int64_t asked = mono_ns();
     lock.lock();
     const std::int64_t now = mono_ns();
+    const std::uint32_t acquired = page->acquired.fetch_add(1);
     const std::int32_t last = page->holder.load(std::memory_order_acquire);
     const std::int64_t released = page->released_ns.load(std::memory_order_relaxed);
-    out[i] = sample{last < 0 ? -1 : now - released, last >= 0 && last != me ? 1 : 0, 0};
+    out[i] = sample{last < 0 ? -1 : now - released, now - asked, request, acquired, last >= 0 && last != me ? 1 : 0, 0};
     add_one(counter);
     page->released_ns.store(mono_ns(), std::memory_order_relaxed);
     page->holder.store(me, std::memory_order_release);
@@ -265,10 +281,25 @@ int main(int argc, char** argv) {
     ::close(fd);
     counter = std::strtoull(buf, nullptr, 10);
   }
-  std::vector<std::int64_t> handoff, self;
+  std::vector<std::int64_t> handoff, self, waits;
   for (std::size_t i = 0; i < n_samples; ++i) {
+    waits.push_back(samples[i].request_ns);
     if (samples[i].wait_ns < 0) continue;
     (samples[i].handoff ? handoff : self).push_back(samples[i].wait_ns);
+  }
+  // Passed over: in acquisition order, how many earlier acquisitions were
+  // requested after this one (a Fenwick tree over request numbers).
+  std::vector<std::uint32_t> request_of(n_samples);
+  for (std::size_t i = 0; i < n_samples; ++i) request_of[samples[i].acquired] = samples[i].request;
+  std::vector<std::uint32_t> tree(n_samples + 1, 0);
+  std::uint64_t passed_max = 0, passed_over_8 = 0;
+  for (std::size_t a = 0; a < n_samples; ++a) {
+    std::uint64_t not_later = 0;  // earlier acquisitions requested no later than this one
+    for (std::size_t k = request_of[a] + 1; k > 0; k -= k & (~k + 1)) not_later += tree[k];
+    const std::uint64_t passed = a - not_later;
+    passed_max = std::max(passed_max, passed);
+    passed_over_8 += passed > 8;
+    for (std::size_t k = request_of[a] + 1; k <= n_samples; k += k & (~k + 1)) ++tree[k];
   }
   const double seconds = static_cast<double>(t1 - t0) / 1e9;
   const unsigned long long expected = n_samples;
@@ -277,10 +308,15 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"impl\": \"%s\", \"procs\": %d, \"cycles\": %ld, \"seconds\": %.6f, \"cycles_per_s\": %.1f, "
       "\"handoffs\": %zu, \"handoff_p50_ns\": %.0f, \"handoff_p90_ns\": %.0f, \"handoff_p99_ns\": %.0f, "
-      "\"handoff_max_ns\": %.0f, \"self_reacquires\": %zu, \"self_p50_ns\": %.0f, "
+      "\"handoff_max_ns\": %.0f, \"self_reacquires\": %zu, \"self_p50_ns\": %.0f, \"handoff_share\": %.3f, "
+      "\"wait_p50_ns\": %.0f, \"wait_p90_ns\": %.0f, \"wait_p99_ns\": %.0f, \"wait_max_ns\": %.0f, "
+      "\"passed_over_max\": %llu, \"passed_over_more_than_8\": %llu, "
       "\"counter\": %llu, \"expected\": %llu, \"lost\": %lld, \"children_ok\": %s, \"ok\": %s}\n",
       impl.c_str(), procs, cycles, seconds, static_cast<double>(expected) / seconds, handoff.size(), pct(handoff, 50),
-      pct(handoff, 90), pct(handoff, 99), pct(handoff, 100), self.size(), pct(self, 50), counter, expected,
+      pct(handoff, 90), pct(handoff, 99), pct(handoff, 100), self.size(), pct(self, 50),
+      static_cast<double>(handoff.size()) / static_cast<double>(handoff.size() + self.size()), pct(waits, 50),
+      pct(waits, 90), pct(waits, 99), pct(waits, 100), static_cast<unsigned long long>(passed_max),
+      static_cast<unsigned long long>(passed_over_8), counter, expected,
       lost, kids_ok ? "true" : "false", ok ? "true" : "false");
   std::filesystem::remove_all(dir);
   return ok ? 0 : 1;

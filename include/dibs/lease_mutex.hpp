@@ -34,6 +34,16 @@
 // fork(): a child inherits a copy of a held lease_mutex, but the hold stays
 // the parent's. The child's copy never renews, releases or erases it.
 //
+// Waiting: on a store with a waiter queue (file_store, so lock_file), the
+// processes of one host that wait take turns first come, first served, and
+// unlock() wakes the next one itself; a holder that asks again at once
+// queues behind them. A waiter killed while queued is passed over at once;
+// one that stands still when its turn comes (stopped) is passed after
+// detail::queue_patience. The queue only orders the tries: who holds the
+// lock is decided by the record's compare-and-set, as without it.
+// try_lock() does not queue. Other stores wait unordered, with backoff and
+// their change notification. docs/file-locks.md, "Waiting in turn".
+//
 // Every acquisition's token() is the record's version at that moment: larger
 // than every token handed out before for the key, because store versions only
 // grow. Pass it along to whatever the lock protects, so a holder that was
@@ -68,6 +78,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -123,6 +134,30 @@ concept store_with_change_wait = requires(const S& s, std::string_view key, std:
 };
 
 inline constexpr std::string_view lease_magic = "dibs-lease 1\n";
+
+// A store that keeps a queue of the waiters for a key (file_store: this
+// host's processes, in a file beside the record); lease_mutex then takes
+// turns first come, first served, and an unlock wakes the next waiter.
+template <class S>
+concept store_with_waiter_queue = requires(const S& s, std::string_view key, bool create) {
+  { s.open_waiter_queue(key, create) } -> std::same_as<typename S::waiter_queue>;
+};
+struct no_waiter_queue {};
+template <class S>
+struct waiter_queue_of {
+  using type = no_waiter_queue;
+};
+template <store_with_waiter_queue S>
+struct waiter_queue_of<S> {
+  using type = typename S::waiter_queue;
+};
+
+// How long a queued waiter lets the queue stand still (no unlock, no
+// acquisition) before it tries the lock out of turn: the waiter whose turn
+// it is may be stopped (SIGSTOP, a debugger) or starved of a processor. A
+// waiter that takes the lock out of turn sends the ones it passed to the
+// back of the queue, so a stopped one costs this once, not at every unlock.
+inline constexpr std::chrono::milliseconds queue_patience{100};
 
 }  // namespace detail
 
@@ -209,6 +244,11 @@ public:
         if (!detail::store_erase(*store_, key_, version_, clock::now() + opts_.lease)) newly_lost = hold_.mark_lost();
       } catch (const std::system_error& e) {
         if (!detail::timed_out(e)) throw;
+      }
+      // The lock is free: its turn goes to the first queued waiter, woken
+      // here, not to whoever asks next (this process asking again, say).
+      if constexpr (detail::store_with_waiter_queue<Store>) {
+        if (open_queue(false)) queue_.wake_first();
       }
     }
     notify_lost(newly_lost);
@@ -353,6 +393,7 @@ private:
     seen_version_ = std::exchange(o.seen_version_, std::nullopt);
     seen_since_ = o.seen_since_;
     last_seen_ = std::exchange(o.last_seen_, std::nullopt);
+    queue_ = std::move(o.queue_);
     if (held_ && holder_pid_.load() == detail::current_pid() && !hold_.marked_lost()) start_renewal();
   }
 
@@ -438,6 +479,15 @@ private:
   // of the store's change notification.
   static constexpr std::chrono::milliseconds stop_check{10};
 
+  // Waiting, with a store that has a waiter queue: a waiter queues (takes a
+  // ticket) when its first try fails, or before it when others are queued
+  // already, and then tries only when no live waiter is ahead of it; it
+  // sleeps on its own slot, woken by the unlock that gives it its turn, or
+  // after its backoff delay (a holder that died unlocks nobody; proof (a)
+  // or (b) is found by the try that follows). If the queue stands still for
+  // queue_patience while it is not this waiter's turn, it tries anyway.
+  // Without a queue (other stores, or no slot free): backoff and the
+  // store's change notification, unordered.
   bool acquire(dibs::time_limit until, const std::stop_token& st) {
     thread_local std::mt19937_64 rng{std::random_device{}()};
     const bool stoppable = st.stop_possible();
@@ -445,17 +495,88 @@ private:
       std::lock_guard g{m_};
       last_seen_.reset();
     }
+    constexpr bool queued = detail::store_with_waiter_queue<Store>;
+    // Our slot in the queue while we wait; given up however we leave.
+    struct place {
+      lease_mutex& self;
+      int slot = -1;
+      ~place() {
+        if constexpr (queued) {
+          if (slot >= 0) self.queue_.leave(slot, false);
+        }
+      }
+    } at{*this};
+    // Opened (made) at the first acquisition, so that later ones, and their
+    // unlocks, find it mapped at no cost.
+    if constexpr (queued) (void)open_queue(true);
+    std::optional<std::uint64_t> seen_progress;
+    clock::time_point progress_since{};
+    bool woken = true;  // the lock is probably free: create first
+    bool full = false;  // every slot was taken when we looked: wait unordered this time
     for (std::uint64_t n = 0;; ++n) {
       if (st.stop_requested()) {
         std::lock_guard g{m_};
         throw_cancelled();
       }
-      if (try_once(n == 0, stoppable ? std::min(until, clock::now() + stop_check) : until)) return true;
+      std::uint32_t word = 0;
+      bool my_turn = true, out_of_turn = false;
+      if constexpr (queued) {
+        if (at.slot < 0 && !full && queue_ && queue_.busy()) full = (at.slot = queue_.enter()) < 0;
+        if (at.slot >= 0) {
+          word = queue_.wake_word(at.slot);
+          my_turn = queue_.first(at.slot);
+          if (!my_turn) {
+            const auto p = queue_.progress();
+            const auto now = clock::now();
+            if (!seen_progress || *seen_progress != p) {
+              seen_progress = p;
+              progress_since = now;
+            } else if (now - progress_since >= detail::queue_patience) {
+              my_turn = out_of_turn = true;  // the waiter whose turn it is does not take it
+            }
+          }
+        }
+      }
+      if (my_turn && try_once(woken, stoppable ? std::min(until, clock::now() + stop_check) : until)) {
+        if constexpr (queued) {
+          if (at.slot >= 0) queue_.leave(std::exchange(at.slot, -1), true, out_of_turn);
+        }
+        return true;
+      }
+      woken = false;
+      if constexpr (queued) {
+        if (at.slot < 0 && !full && open_queue(true)) {
+          full = (at.slot = queue_.enter()) < 0;
+          // Look again at once: an unlock between our try and our queueing
+          // woke nobody for us.
+          if (at.slot >= 0) continue;
+        }
+      }
       auto delay = opts_.wait.delay(n, {}, std::uniform_real_distribution<double>{0.0, 1.0}(rng));
       if (until != dibs::time_limit::max()) {
         const auto left = until - clock::now();
         if (left <= clock::duration::zero()) return false;
         delay = std::min<std::chrono::nanoseconds>(delay, left);
+      }
+      if constexpr (queued) {
+        if (at.slot >= 0) {
+          // A waiter whose turn it is not yet is woken when it comes; it
+          // looks on its own only for a waiter ahead that died after it was
+          // woken, and for the patience. Waking at the backoff's first,
+          // short delays would take processors from the handoff itself.
+          if (!my_turn) delay = std::max<std::chrono::nanoseconds>(delay, detail::queue_patience / 2);
+          if (until != dibs::time_limit::max()) delay = std::min<std::chrono::nanoseconds>(delay, until - clock::now());
+          for (const auto end = clock::now() + delay; !(stoppable && st.stop_requested());) {
+            const auto left = end - clock::now();
+            if (left <= clock::duration::zero()) break;
+            queue_.wait(at.slot, word, stoppable ? std::min<std::chrono::nanoseconds>(left, stop_check) : left);
+            if (queue_.wake_word(at.slot) != word) {
+              woken = true;  // our turn: the lock was just unlocked
+              break;
+            }
+          }
+          continue;
+        }
       }
       if constexpr (detail::store_with_change_wait<Store>) {
         if (!stoppable) {
@@ -471,6 +592,19 @@ private:
       } else {
         (void)detail::sleep_unless_stopped(delay, st);
       }
+    }
+  }
+
+  // Returns: true if the waiter queue is open in this process (opened now
+  // if it was not, or opened again in a forked child); `create`: made if
+  // there is none. Only for a store with a waiter queue.
+  bool open_queue(bool create) {
+    if constexpr (detail::store_with_waiter_queue<Store>) {
+      if (!queue_) queue_ = store_->open_waiter_queue(key_, create);
+      return static_cast<bool>(queue_);
+    } else {
+      (void)create;
+      return false;
     }
   }
 
@@ -522,6 +656,7 @@ private:
   clock::time_point seen_since_{};
   std::optional<lock_holder> last_seen_;  // the holder a waiter last found (for its error messages)
   std::uint64_t renewal_id_ = 0;
+  typename detail::waiter_queue_of<Store>::type queue_;  // opened when first needed
 };
 
 }  // namespace dibs

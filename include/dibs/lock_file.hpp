@@ -5,6 +5,9 @@
 //   std::scoped_lock hold{lock};   // waits; breaks a dead holder's lock on proof
 //   write_log_with(lock.token());
 //
+// Waiters on this host take turns, first come, first served, through the
+// hidden file `.dibs-queue.<name>` beside the lock file; an unlock wakes the
+// next one (docs/file-locks.md, "Waiting in turn").
 // Everything about holding, renewing, breaking and fencing is lease_mutex's
 // (<dibs/lease_mutex.hpp>); this header binds it to one file. It is apart
 // from lease_mutex.hpp because a policy never includes a store.

@@ -72,6 +72,10 @@
 // was not current either.
 // One host or many: flock, link and rename are atomic on local filesystems;
 // over NFS only link is (use a server-backed store there).
+// Waiters of a lease_mutex on a key queue in `.dibs-queue.<record file name>`
+// beside the record (open_waiter_queue; detail/posix/waiter_queue.hpp): a
+// page every waiter of this host maps, made at a lease_mutex's first lock,
+// never removed. It orders the tries only; the records are as above.
 //
 // The parts, in include/dibs/detail/file_store/: record_format.hpp (the
 // record's text and checksum), two_slots.hpp (records rewritten in place),
@@ -108,6 +112,7 @@
 #include <dibs/detail/posix/directory.hpp>
 #include <dibs/detail/posix/file_ops.hpp>
 #include <dibs/detail/posix/file_watch.hpp>
+#include <dibs/detail/posix/waiter_queue.hpp>
 #include <dibs/error.hpp>
 #include <dibs/store.hpp>
 
@@ -275,6 +280,21 @@ public:
   bool wait_for_change(std::string_view key, std::chrono::nanoseconds timeout) const {
     const auto name = name_of(key, "dibs::file_store::wait_for_change").name;
     return detail::wait_for_file_change(dir_, dir_ / name, name, timeout);
+  }
+
+  /// The queue of this host's processes waiting for a lock on a key
+  /// (detail/posix/waiter_queue.hpp); lease_mutex takes turns through it.
+  using waiter_queue = detail::waiter_queue;
+  /// Effects: opens the waiter queue of `key`'s lock, the file
+  /// `.dibs-queue.<record file name>` beside the record, creating it (with
+  /// the store's mode) if `create`. Returns: the queue, or an empty one
+  /// where there is none or it cannot be used (a name too long for the
+  /// prefix, no permission): the lock then goes unordered.
+  /// Throws: errc::invalid_argument for a bad key.
+  waiter_queue open_waiter_queue(std::string_view key, bool create) const {
+    const std::string name = ".dibs-queue." + name_of(key, "dibs::file_store::open_waiter_queue").name;
+    if (name.size() > detail::record_name_max) return {};
+    return waiter_queue{dir_ / name, opts_.mode, create};
   }
 
   /// Effects: moves the record dibs 0.1 kept for `key` under the key itself
