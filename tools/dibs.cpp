@@ -698,8 +698,8 @@ void refuse_unless_kernel(const lock_args& a) {
   const char* lock = a.dot ? "the presence lock (--dot)" : "the lease lock (the default)";
   if (a.fd >= 0)
     fail(ex::usage, fmt::format("dibs lock: a descriptor ({}) is flock(1)'s descriptor form, which only the kernel lock "
-                                "has: write 'dibs lock --kernel {}' (or, for a lock file named {}, give a COMMAND)",
-                                a.fd, a.fd, a.fd));
+                                "has: write 'dibs lock --kernel{}{}{} {}' (or, for a lock file named {}, give a COMMAND)",
+                                a.fd, a.unlock ? " -u" : "", a.shared ? " -s" : "", a.nonblock ? " -n" : "", a.fd, a.fd));
   if (a.shared)
     fail(ex::usage, fmt::format("dibs lock: -s (shared): {} has one holder at a time; for shared holders use the kernel "
                                 "lock: dibs lock --kernel -s PATH COMMAND{}",
