@@ -84,12 +84,15 @@ load helpers
 }
 
 # The critical section: checks nobody else is inside, increments, journals
-# its side ($1), clears its mark.
+# its side ($1), clears its mark. It lasts 30 ms or more, so that a lock lost
+# while COMMAND runs (a killed dibs's, if it named dibs) shows as an overlap.
 crit() {
   cat > crit.sh << 'EOF'
 read o < marker; [ -z "$o" ] || echo "enter $$ saw $o" >> overlaps
 echo $$ > marker
-read n < counter; echo $((n + 1)) > counter
+read n < counter
+sleep 0.03
+echo $((n + 1)) > counter
 read o < marker; [ "$o" = $$ ] || echo "leave $$ saw $o" >> overlaps
 echo "$1" >> journal
 : > marker
