@@ -64,7 +64,7 @@ using steady = std::chrono::steady_clock;
 // guide copies it.
 namespace ex {
 constexpr int ok = 0;
-constexpr int conflict = 1;        // lock: held by another (-n, or --wait ran out); see --conflict-exit-code
+constexpr int conflict = 1;        // lock: held by another (-n, or --wait or -r ran out); see --conflict-exit-code
 constexpr int completed = 10;      // claim: the item is already completed
 constexpr int taken = 11;          // claim: another worker holds the item (or its record is busy)
 constexpr int failed = 12;         // claim: the item failed for good (max attempts reached earlier)
@@ -85,7 +85,7 @@ constexpr int not_found = 127;     // COMMAND not found
 
 constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
   0        success; with a COMMAND: COMMAND's own exit status
-  1        lock: the lock is held by another (-n, or --wait ran out); change with -E
+  1        lock: the lock is held by another (-n, or --wait or --dot's -r ran out); change with -E
   10-15    claim's own outcomes below; COMMAND's status is passed through unchanged,
            so if COMMAND may exit 10-15 too, move these with claim --exit-base N
   10       claim: the item is already completed (nothing run)
@@ -1082,6 +1082,42 @@ bool is_store_spec(const std::string& t) {
   return false;
 }
 
+// A presence lock file (dibs lock --dot, dotlockfile, lockfile(1)): its
+// first line is a pid, or "0", or nothing; dibs's has its holder's record
+// after it. Returns: the exit code if `a.target` is one, else nullopt.
+std::optional<int> dot_status(const status_args& a) {
+  std::string text;
+  if (std::FILE* f = std::fopen(a.target.c_str(), "r")) {
+    char buf[4096];
+    text.assign(buf, std::fread(buf, 1, sizeof buf, f));
+    std::fclose(f);
+  }
+  const auto nl = text.find('\n');
+  const std::string first = text.substr(0, nl);
+  if (first.empty() || first.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  const auto owner = dibs::detail::parse_dot_lock(text);
+  if (!owner && nl != std::string::npos && nl + 1 < text.size()) return std::nullopt;  // more than a pid: not one
+  const bool gone = owner && dibs::detail::provably_dead(*owner);
+  const char* state = gone ? "free" : "held";
+  if (a.json) {
+    fmt::print("{{\"kind\": \"presence\", \"state\": \"{}\", \"held\": {}, \"gone\": {}, \"dibs\": {}, \"pid\": {}{}}}\n",
+               state, gone ? "false" : "true", gone ? "true" : "false", owner ? "true" : "false", first,
+               owner ? fmt::format(", \"host\": {}", json_string(owner->host)) : std::string{});
+    return ex::ok;
+  }
+  if (!owner)
+    fmt::print("{}: held: a presence lock of another tool (dotlockfile, lockfile(1), O_EXCL){}; dibs lock --dot breaks "
+               "it only once it is older than -l (5m by default)\n",
+               a.target, first == "0" ? std::string{", no pid in it"} : ", pid " + first);
+  else if (gone)
+    fmt::print("{}: free: its holder, pid {} on {} (a presence lock, dibs lock --dot), is gone; the next lock breaks it "
+               "at once\n",
+               a.target, owner->pid, owner->host);
+  else
+    fmt::print("{}: held: a presence lock (dibs lock --dot) of pid {} on {}\n", a.target, owner->pid, owner->host);
+  return ex::ok;
+}
+
 int cmd_status(status_args& a) {
   if (is_store_spec(a.target)) {
     return with_store(a.target, [&](auto& store) -> int {
@@ -1119,6 +1155,7 @@ int cmd_status(status_args& a) {
     fail(ex::dataerr, fmt::format("dibs status: '{}' is an empty file, not a dibs lease lock (a --kernel or flock(1) "
                                   "lock file?); the kernel does not say who holds those: try 'fuser -v {}'",
                                   a.target, a.target));
+  if (const auto code = dot_status(a)) return *code;
   dibs::lock_file lk{a.target};
   const auto h = lk.holder();  // reads the record; takes nothing
   // What the next taker would do: take a free lock, or one whose holder is
@@ -1452,7 +1489,8 @@ Examples:
   status->add_flag("--json", sa.json, "JSON for programs instead of a table");
   status->footer(std::string(data_rule) + R"(
 
-TARGET: a lock file, or a STORE (dir:..., sqlite:..., postgres:...).
+TARGET: a lock file (lease, or presence: dibs lock --dot, dotlockfile,
+lockfile(1)), or a STORE (dir:..., sqlite:..., postgres:...).
 Reads only: takes no lock, changes nothing.
 
 Examples:

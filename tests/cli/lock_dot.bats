@@ -3,6 +3,11 @@
 # (procmail), both ways and under SIGKILLs of dibs; lockfile(1)'s options.
 load helpers
 
+# A failed check must not leave a HOLD holder running: bats would wait for it.
+teardown() {
+  touch "$BATS_TEST_TMPDIR/release"
+}
+
 @test "--dot and dotlockfile, lockfile(1) exclude each other both ways; their exit codes and dibs's (-E to match)" {
   dibs lock --dot x.lock sh -c "$HOLD" &
   wait_for_file held
@@ -147,4 +152,31 @@ EOF
   [ $((acked + killed)) -ge $((n - by_dot)) ]
   [ ! -s overlaps ]
   [ ! -e counter.lock ]
+}
+
+@test "dibs status of a presence lock: held by COMMAND's pid, free once that is gone, another tool's held" {
+  host=$(hostname)
+  dibs lock --dot x.lock sh -c "echo \$\$ > cpid; $HOLD" &
+  dpid=$!
+  wait_for_file held
+  cpid=$(cat cpid)
+  run dibs status x.lock
+  [ "$status" -eq 0 ]
+  [ "$output" = "x.lock: held: a presence lock (dibs lock --dot) of pid $cpid on $host" ]
+  kill -KILL "$dpid"
+  wait "$dpid" || true
+  touch release
+  # COMMAND ends once it sees ./release (a zombie counts as gone).
+  for ((i = 0; i < 400; i++)); do
+    run dibs status --json x.lock
+    [[ "$output" == *'"state": "free"'* ]] && break
+    sleep 0.05
+  done
+  [[ "$output" == *'"state": "free", "held": false, "gone": true, "dibs": true'*"\"pid\": $cpid"* ]]
+  run dibs lock --dot -n x.lock true
+  [ "$status" -eq 0 ]
+  dotlockfile -p -r 0 x.lock
+  run dibs status x.lock
+  [ "$output" = "x.lock: held: a presence lock of another tool (dotlockfile, lockfile(1), O_EXCL), pid $$; dibs lock --dot breaks it only once it is older than -l (5m by default)" ]
+  dotlockfile -u x.lock
 }

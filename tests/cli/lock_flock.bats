@@ -6,6 +6,11 @@
 # then flock(1)'s options and the forms the lease lock refuses.
 load helpers
 
+# A failed check must not leave a HOLD holder running: bats would wait for it.
+teardown() {
+  touch "$BATS_TEST_TMPDIR/release"
+}
+
 # flock_cases LOCKER...: util-linux's flock cases (the flock(2) API) against
 # LOCKER ("flock" or "dibs lock --kernel"). A shared holder holds lockfile
 # until ./release exists; each case checks its exit code, as do_lock does.
