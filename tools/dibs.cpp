@@ -1317,7 +1317,8 @@ struct usage_formatter : CLI::Formatter {
   std::string make_usage(const CLI::App* app, std::string name) const override {
     static const std::pair<const char*, const char*> synopses[] = {
         {"lock", "[OPTIONS] PATH [--] COMMAND [ARGS...]\n       dibs lock [OPTIONS] PATH -c STRING\n"
-                 "       dibs lock --kernel [OPTIONS] FD\n       dibs lock --kernel [OPTIONS] --fd FD COMMAND [ARGS...]"},
+                 "       dibs lock --kernel [OPTIONS] FD\n       dibs lock --kernel [OPTIONS] --fd FD COMMAND [ARGS...]\n"
+                 "       dibs lock --dot [-r RETRIES] [-s PAUSE] [-l AGE] [OPTIONS] PATH [--] COMMAND [ARGS...]"},
         {"log", "[OPTIONS] PATH [--] [TEXT...]"},
         {"claim", "[OPTIONS] STORE KEY [--] COMMAND [ARGS...]\n       dibs claim [OPTIONS] --next PREFIX STORE [--] COMMAND [ARGS...]"},
         {"retry", "[OPTIONS] [--] COMMAND [ARGS...]"},
@@ -1373,12 +1374,13 @@ int main(int argc, char** argv) {
   lock->add_option("-r,--retries", la.retries, "--dot: tries after the first before giving up (-1: forever), with "
                                                "--sleep between them");
   lock->add_option("--sleep,-i,--interval", la.sleep,
-                   "--dot: pause between retries (default 1s; written -s after --dot, as lockfile(1))");
+                   "--dot: pause between retries (default 1s; -s with --dot, as lockfile(1)'s -SECONDS)");
   lock->add_option("-l,--lock-timeout", la.stale,
                    "--dot: a lock file older than this is stale (default 5m); a live dibs holder touches its file, so "
                    "only a foreign or dead holder's lock is broken");
   lock->add_flag("-p,--pid", la.pid, "--dot: record the pid (always done; accepted for dotlockfile's scripts)");
   lock->footer(std::string(data_rule) + R"(
+
 As flock(1): 'dibs lock PATH COMMAND -la' passes -la to COMMAND, 'dibs lock
 PATH -c STRING' runs STRING with the shell, and the descriptor form
 'exec 9>/var/lock/app; dibs lock --kernel 9' locks the shell's own
