@@ -40,7 +40,8 @@ group_all=(
   catch2 libbenchmark-dev                          # tests and benchmarks
   libcli11-dev                                     # the dibs command's argument parsing (tools/)
   bats util-linux                                  # the dibs command's tests (tests/cli), flock(1) among them
-  liblockfile-bin                                  # dotlockfile(1): dot_lock_test's foreign lock holder
+  liblockfile-bin                                  # dotlockfile(1): dot_lock_test's and tests/cli's foreign lock holder
+  procmail                                         # lockfile(1): tests/cli/lock_dot.bats
 )
 # The services a server package would start and enable.
 services_of() {

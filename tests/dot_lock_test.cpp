@@ -203,6 +203,28 @@ TEST_CASE("dot_lock: a killed dibs holder is broken at once, on proof") {
   CHECK(leftovers(d.path) == std::vector<std::string>{"x.lck"});
 }
 
+TEST_CASE("dot_lock: on_behalf_of names that process; the lock is broken once it is gone, though its taker lives") {
+  temp_dir d;
+  const auto lock = d.path / "x.lck";
+  dibs_test::child sleeper{dibs_test::spawn([] {
+    ::pause();
+    return 0;
+  })};
+  const pid_t behalf = sleeper.pid();
+  dibs::dot_lock held{lock, {.on_behalf_of = behalf}};
+  REQUIRE(held.try_lock());
+  const std::string text = dibs_test::slurp(lock);
+  CHECK(text.substr(0, text.find('\n')) == std::to_string(behalf));  // what dotlockfile -p reads
+  dibs::dot_lock waiter{lock};
+  CHECK(!waiter.try_lock());  // the process it names lives
+  sleeper.kill();
+  CHECK(waiter.try_lock());  // gone: proof, while `held`'s process still runs
+  CHECK_NOTHROW(held.unlock());  // leaves the new holder's file alone
+  CHECK(fs::exists(lock));
+  waiter.unlock();
+  CHECK_THROWS_WITH(dibs::dot_lock(lock, {.on_behalf_of = behalf}), Contains("does not exist"));
+}
+
 TEST_CASE("dot_lock: a foreign lock is broken only by age") {
   temp_dir d;
   const auto lock = d.path / "x.lck";

@@ -7,11 +7,15 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +36,7 @@
 #include <fmt/format.h>
 
 #include <dibs/backoff.hpp>
+#include <dibs/dot_lock.hpp>
 #include <dibs/error.hpp>
 #include <dibs/file_mutex.hpp>
 #include <dibs/stores/file_store.hpp>
@@ -59,7 +64,7 @@ using steady = std::chrono::steady_clock;
 // guide copies it.
 namespace ex {
 constexpr int ok = 0;
-constexpr int conflict = 1;        // lock: held by another (-n, or --wait ran out); see --conflict-exit-code
+constexpr int conflict = 1;        // lock: held by another (-n, or --wait or -r ran out); see --conflict-exit-code
 constexpr int completed = 10;      // claim: the item is already completed
 constexpr int taken = 11;          // claim: another worker holds the item (or its record is busy)
 constexpr int failed = 12;         // claim: the item failed for good (max attempts reached earlier)
@@ -80,7 +85,7 @@ constexpr int not_found = 127;     // COMMAND not found
 
 constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
   0        success; with a COMMAND: COMMAND's own exit status
-  1        lock: the lock is held by another (-n, or --wait ran out); change with -E
+  1        lock: the lock is held by another (-n, or --wait or --dot's -r ran out); change with -E
   10-15    claim's own outcomes below; COMMAND's status is passed through unchanged,
            so if COMMAND may exit 10-15 too, move these with claim --exit-base N
   10       claim: the item is already completed (nothing run)
@@ -318,9 +323,43 @@ struct lock_args {
   std::string wait;
   int conflict_code = ex::conflict;
   bool kernel = false;
+  bool dot = false;
   std::string lease = "10s";
+  // flock(1)'s
+  bool shared = false;
+  bool exclusive = false;
+  bool unlock = false;
+  bool close = false;     // -o: COMMAND does not get the lock
+  bool no_fork = false;   // -F: dibs becomes COMMAND
+  bool verbose = false;
+  std::string command_string;  // -c STRING: run by $SHELL -c (as flock(1)), or sh
+  bool has_command_string = false;
+  int fd = -1;            // --fd N, or the descriptor form 'dibs lock --kernel N'
+  // lockfile(1)'s and dotlockfile's, for --dot
+  int retries = -2;       // -r N; -1: forever; -2: not given
+  std::string sleep;      // -s/-i/--sleep between retries
+  std::string stale;      // -l: a lock file older than this is stale (unless its holder lives and touches it)
+  bool pid = false;       // -p: the pid is always recorded; accepted for dotlockfile's scripts
 };
 
+// The shell flock(1) runs a -c STRING with: $SHELL, or /bin/sh.
+std::vector<std::string> shell_command(const std::string& s) {
+  const char* sh = std::getenv("SHELL");
+  return {sh && *sh ? sh : "/bin/sh", "-c", s};
+}
+
+// --verbose, as flock(1) says it (on standard output).
+void say_took(const lock_args& a, steady::time_point start) {
+  if (!a.verbose) return;
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - start).count();
+  fmt::print("dibs lock: getting lock took {}.{:06} seconds\n", us / 1'000'000, us % 1'000'000);
+  std::fflush(stdout);
+}
+void say_executing(const lock_args& a) {
+  if (!a.verbose || a.command.empty()) return;
+  fmt::print("dibs lock: executing {}\n", a.command[0]);
+  std::fflush(stdout);  // before fork or exec: nothing buffered is printed twice or lost
+}
 
 std::string conflict_message(const std::string& path, const std::optional<dibs::lock_holder>& h, bool waited) {
   return fmt::format("dibs lock: '{}' is held{}{}; {}", path, h ? fmt::format(" by {}", *h) : std::string{},
@@ -328,37 +367,103 @@ std::string conflict_message(const std::string& path, const std::optional<dibs::
                      "wait longer (-w), or see who holds it with 'dibs status " + path + "'");
 }
 
-// The lease lock, held on behalf of COMMAND (lease_options::on_behalf_of):
-// dibs forks the child that becomes COMMAND, takes the lock naming the
-// child's pid and start time, then lets the child exec. dibs renews the lease
-// while COMMAND runs and removes the record when it has ended. If dibs is
-// killed, COMMAND keeps the lock until it exits (then the next taker breaks
-// it on proof at once: the pid is gone), or for one lease after dibs's last
-// renewal, whichever comes first.
-int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
-  const milliseconds lease = parse_duration("--lease", a.lease);
-  if (lease < milliseconds{300}) fail(ex::usage, "dibs lock: --lease must be at least 300ms");
-  // The token goes to the child through `go`; a lost lease is told to the
-  // main thread through `lost` (from the library's renewal thread), so that
-  // only the thread that reaps COMMAND ever signals it.
-  int go[2], lost[2];
-  // `go` is a socket pair so that a send to a child that has died meanwhile
-  // fails with EPIPE instead of raising SIGPIPE (whose disposition COMMAND
-  // would inherit if dibs ignored it).
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) != 0 || ::pipe2(lost, O_CLOEXEC | O_NONBLOCK) != 0)
-    fail(ex::software, "dibs lock: pipe failed");
+// The two locks dibs holds on behalf of COMMAND (below): the lease lock and
+// the presence lock (--dot). Each: open(pid) makes the lock for that
+// process, try_for(d) tries (once if d is 0), conflict(waited) says who
+// holds it, token() is the fencing token if the lock has one, unlock().
+struct lease_kind {
+  const lock_args& a;
+  int lost_fd;
+  std::optional<dibs::lock_file> lk;
+  void open(pid_t behalf) {
+    const milliseconds lease = parse_duration("--lease", a.lease);
+    if (lease < milliseconds{300}) fail(ex::usage, "dibs lock: --lease must be at least 300ms");
+    lk.emplace(a.path, dibs::lease_options{.lease = lease, .on_lost = [fd = lost_fd] { (void)!::write(fd, "x", 1); },
+                                           .on_behalf_of = behalf});
+  }
+  bool try_for(milliseconds d) { return d.count() == 0 ? lk->try_lock() : lk->try_lock_for(d); }
+  std::string conflict(bool waited) {
+    std::optional<dibs::lock_holder> h;
+    try {
+      h = lk->holder();
+    } catch (...) {
+    }
+    return conflict_message(a.path, h, waited);
+  }
+  std::optional<dibs::version> token() { return lk->token(); }
+  void unlock() { lk->unlock(); }  // a compare-and-set: a lock taken over is left to its new holder
+};
+
+struct dot_kind {
+  const lock_args& a;
+  std::optional<dibs::dot_lock> lk;
+  void open(pid_t behalf) {
+    dibs::dot_lock_options o;
+    if (!a.stale.empty()) o.stale_after = parse_duration("dibs lock -l", a.stale);
+    if (o.stale_after < milliseconds{3}) fail(ex::usage, "dibs lock: -l must be at least 3ms");
+    o.on_behalf_of = behalf;
+    lk.emplace(a.path, o);
+  }
+  bool try_for(milliseconds d) { return d.count() == 0 ? lk->try_lock() : lk->try_lock_for(d); }
+  std::string conflict(bool waited) {
+    // The first line of a lock file is its holder's pid (dotlockfile -p and
+    // dibs write it; 0 or nothing from the others).
+    std::string first;
+    if (std::FILE* f = std::fopen(a.path.c_str(), "r")) {
+      char buf[32] = {};
+      if (std::fgets(buf, sizeof buf, f)) first = buf;
+      std::fclose(f);
+    }
+    while (!first.empty() && (first.back() == '\n' || first.back() == '\r')) first.pop_back();
+    const bool pid = !first.empty() && first != "0" && first.find_first_not_of("0123456789") == std::string::npos;
+    return fmt::format("dibs lock: '{}' is held (its lock file exists{}){}; wait longer (-w, -r), or look at who made "
+                       "it; a lock whose holder is gone is broken on proof, any other once it is older than -l ({})",
+                       a.path, pid ? ", pid " + first : std::string{}, waited ? " (the wait or the retries ran out)" : "",
+                       a.stale.empty() ? "5m" : a.stale);
+  }
+  std::optional<dibs::version> token() { return std::nullopt; }
+  void unlock() { lk->unlock(); }
+};
+
+// What the waiting child learns from dibs: go, with or without a token.
+struct go_message {
+  dibs::version token = 0;
+  std::uint8_t has_token = 0;
+};
+
+// The lease lock and the presence lock, held on behalf of COMMAND
+// (lease_options::on_behalf_of, dot_lock_options::on_behalf_of): dibs forks
+// the child that becomes COMMAND, takes the lock naming the child's pid and
+// start time, then lets the child exec. dibs renews the lease (touches the
+// lock file) while COMMAND runs and removes the record when it has ended. If
+// dibs is killed, COMMAND keeps the lock until it exits (then the next taker
+// breaks it on proof at once: the pid is gone), or for one lease after dibs's
+// last renewal, whichever comes first. With -o the lock names dibs itself,
+// as flock -o leaves COMMAND without the lock: if dibs is killed, the lock
+// is free at once, though COMMAND runs on.
+template <class Kind>
+int lock_for_child(const lock_args& a, std::optional<milliseconds> wait, Kind& kind, int lost_read) {
+  const auto started = steady::now();
+  // The go message goes to the child through a socket pair, so that a send
+  // to a child that has died meanwhile fails with EPIPE instead of raising
+  // SIGPIPE (whose disposition COMMAND would inherit if dibs ignored it).
+  int go[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) != 0) fail(ex::software, "dibs lock: socketpair failed");
   signal_gate g;  // before the renewal thread starts: it must not take the forwarded signals
   const pid_t pid = ::fork();
   if (pid < 0) fail(ex::software, fmt::format("dibs lock: fork failed: {}", std::strerror(errno)));
   if (pid == 0) {
     ::close(go[1]);
     g.restore_in_child();
-    dibs::version token = 0;
+    go_message m;
     ssize_t n;
-    while ((n = ::read(go[0], &token, sizeof token)) < 0 && errno == EINTR) {
+    while ((n = ::read(go[0], &m, sizeof m)) < 0 && errno == EINTR) {
     }
-    if (n != static_cast<ssize_t>(sizeof token)) ::_exit(ex::software);  // dibs did not get the lock (or died)
-    ::setenv("DIBS_TOKEN", std::to_string(token).c_str(), 1);
+    if (n != static_cast<ssize_t>(sizeof m)) ::_exit(ex::software);  // dibs did not get the lock (or died)
+    if (m.has_token)
+      ::setenv("DIBS_TOKEN", std::to_string(m.token).c_str(), 1);
+    else
+      ::unsetenv("DIBS_TOKEN");
     exec_args ea{a.command, {}};
     exec_or_die(ea);
   }
@@ -370,63 +475,79 @@ int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
     while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
   };
-  std::optional<dibs::lock_file> lk;
+  // Waits up to `d` for a signal: one meant for COMMAND ends the wait
+  // (forwarded to the waiting child, it ends dibs as it would COMMAND).
+  // Returns: the exit status to end with, if it ended.
+  auto signalled = [&](milliseconds d) -> std::optional<int> {
+    pollfd p{g.fd(), POLLIN, 0};
+    if (d.count() > 0 && ::poll(&p, 1, static_cast<int>(d.count())) <= 0) return std::nullopt;
+    for (int s; (s = g.next()) != 0;) {
+      int st = 0;
+      if (s == SIGCHLD) {
+        // The waiting child was ended from outside: nothing to run, nothing to lock for.
+        if (::waitpid(pid, &st, WNOHANG) == pid) return status_code(st);
+        continue;
+      }
+      ::kill(pid, s);
+      while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+      }
+      return status_code(st);
+    }
+    return std::nullopt;
+  };
   try {
-    lk.emplace(a.path, dibs::lease_options{.lease = lease, .on_lost = [fd = lost[1]] { (void)!::write(fd, "x", 1); },
-                                           .on_behalf_of = pid});
+    kind.open(a.close ? 0 : pid);
     bool got = false;
-    if (a.nonblock || (wait && wait->count() == 0)) {
-      got = lk->try_lock();
+    if (a.nonblock || (wait && wait->count() == 0) || a.retries == 0) {
+      got = kind.try_for(milliseconds{0});
     } else {
-      // Waits in slices, so that a signal meant for COMMAND ends the wait
-      // (forwarded to the waiting child, it ends dibs as it would COMMAND).
       const auto until = wait ? steady::now() + *wait : steady::time_point::max();
-      while (!got) {
-        const auto left = until - steady::now();
-        if (left <= steady::duration::zero()) break;
-        got = lk->try_lock_for(std::min<steady::duration>(left, milliseconds{100}));
-        for (int s; !got && (s = g.next()) != 0;) {
-          int st = 0;
-          if (s == SIGCHLD) {
-            // The waiting child was ended from outside: nothing to run, nothing to lock for.
-            if (::waitpid(pid, &st, WNOHANG) == pid) return status_code(st);
-            continue;
+      const milliseconds pause = a.sleep.empty() ? milliseconds{1000} : parse_duration("dibs lock -s", a.sleep);
+      for (int tries = 0; !got;) {
+        const auto left = std::chrono::duration_cast<milliseconds>(until - steady::now());
+        if (left <= milliseconds{0}) break;
+        if (a.retries == -2) {
+          // Waits in slices, so that a signal ends the wait.
+          got = kind.try_for(std::clamp(left, milliseconds{1}, milliseconds{100}));
+          if (const auto st = got ? std::nullopt : signalled(milliseconds{0})) return *st;
+        } else {
+          // lockfile(1)'s way: a try, then a pause, -r times more (-1: forever).
+          got = kind.try_for(milliseconds{0});
+          if (got || (a.retries >= 0 && tries++ >= a.retries)) break;
+          for (auto end = std::min(until, steady::now() + pause); steady::now() < end;) {
+            const auto slice = std::chrono::duration_cast<milliseconds>(end - steady::now());
+            if (const auto st = signalled(std::max(slice, milliseconds{1}))) return *st;
           }
-          ::kill(pid, s);
-          while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-          }
-          return status_code(st);
         }
       }
     }
     if (!got) {
-      std::optional<dibs::lock_holder> h;
-      try {
-        h = lk->holder();
-      } catch (...) {
-      }
+      const std::string msg = kind.conflict(!a.nonblock && (wait || a.retries >= 0));
       abandon();
-      std::cerr << conflict_message(a.path, h, !a.nonblock && wait) << '\n';
+      std::cerr << msg << '\n';
       return a.conflict_code;
     }
   } catch (...) {
     abandon();
     throw;
   }
-  const dibs::version token = lk->token();
-  (void)::send(go[1], &token, sizeof token, MSG_NOSIGNAL);  // if the child is gone, supervise reaps it below
+  say_took(a, started);
+  say_executing(a);
+  const auto token = kind.token();
+  const go_message m{token.value_or(0), token ? std::uint8_t{1} : std::uint8_t{0}};
+  (void)::send(go[1], &m, sizeof m, MSG_NOSIGNAL);  // if the child is gone, supervise reaps it below
   ::close(go[1]);
-  const int status = supervise(g, pid, std::nullopt, [] {}, lost[0], [&] {
+  const int status = supervise(g, pid, std::nullopt, [] {}, lost_read, [&] {
     char c;
-    if (::read(lost[0], &c, 1) != 1) return true;
+    if (::read(lost_read, &c, 1) != 1) return true;
     std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}): it was taken over or its lease ran out "
                              "unrenewed; stopping COMMAND with SIGTERM\n",
-                             a.path, token);
+                             a.path, token.value_or(0));
     ::kill(pid, SIGTERM);
     return false;
   });
   try {
-    lk->unlock();  // a compare-and-set: a lock taken over is left to its new holder
+    kind.unlock();
   } catch (const std::system_error& e) {
     std::cerr << "dibs lock: could not remove the lock record of '" << a.path << "': " << e.what()
               << " (it is stale now: the next taker breaks it)\n";
@@ -434,46 +555,184 @@ int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
   return status_code(status);
 }
 
-// The kernel lock (--kernel): flock(2) through dibs::file_mutex, which
-// flock(1) sees. As flock(1) does by default, COMMAND inherits a descriptor
-// of the locked file: if dibs is killed, the lock stays with COMMAND (and
-// whatever it passes the descriptor on to) until they end. dibs unlocks
-// when COMMAND ends.
+int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
+  // A lost lease is told to the main thread through `lost` (from the
+  // library's renewal thread), so that only the thread that reaps COMMAND
+  // ever signals it.
+  int lost[2];
+  if (::pipe2(lost, O_CLOEXEC | O_NONBLOCK) != 0) fail(ex::software, "dibs lock: pipe failed");
+  lease_kind k{a, lost[1], {}};
+  return lock_for_child(a, wait, k, lost[0]);
+}
+
+int lock_dot(const lock_args& a, std::optional<milliseconds> wait) {
+  dot_kind k{a, {}};
+  return lock_for_child(a, wait, k, -1);
+}
+
+// -w for a blocking flock(2), as flock(1) does it: a timer whose signal
+// interrupts the call.
+volatile sig_atomic_t flock_timed_out = 0;
+extern "C" void on_flock_timer(int) { flock_timed_out = 1; }
+
+// Takes flock(2) `op` on `fd`, waiting as -n and -w say.
+// Returns: false if another holds it (-n) or the wait ran out (-w).
+bool flock_fd(const lock_args& a, int fd, int op, std::optional<milliseconds> wait) {
+  if (a.nonblock || (wait && wait->count() == 0)) op |= LOCK_NB;
+  const bool timed = wait && !(op & LOCK_NB);
+  struct sigaction old_action {};
+  if (timed) {
+    struct sigaction sa {};
+    sa.sa_handler = on_flock_timer;  // no SA_RESTART: the flock returns EINTR
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGALRM, &sa, &old_action);
+    flock_timed_out = 0;
+    itimerval t{};
+    t.it_value.tv_sec = wait->count() / 1000;
+    t.it_value.tv_usec = (wait->count() % 1000) * 1000;
+    ::setitimer(ITIMER_REAL, &t, nullptr);
+  }
+  int e = 0;
+  while (::flock(fd, op) != 0) {
+    e = errno;
+    if (e == EINTR && !flock_timed_out) continue;
+    break;
+  }
+  if (timed) {
+    itimerval off{};
+    ::setitimer(ITIMER_REAL, &off, nullptr);
+    ::sigaction(SIGALRM, &old_action, nullptr);
+  }
+  if (e == 0) return true;
+  if (e == EWOULDBLOCK || e == EINTR) return false;
+  // As flock(1): EX_DATAERR for a descriptor that is not open (or cannot be locked).
+  fail(e == ENOLCK || e == ENOMEM ? ex::software : ex::dataerr,
+       fmt::format("dibs lock: descriptor {}: {}{}", fd, std::strerror(e),
+                   e == EBADF ? " (open it in the calling shell first, e.g. 'exec 9>/var/lock/app; dibs lock --kernel 9')"
+                              : ""));
+}
+
+// Runs COMMAND holding the kernel lock on `lock_fd` (a descriptor COMMAND
+// inherits unless -o: `inherit`, or -1). -F: dibs becomes COMMAND.
+int run_kernel_command(const lock_args& a, int inherit) {
+  std::vector<std::pair<std::string, std::string>> set;
+  std::vector<std::string> unset{"DIBS_TOKEN"};
+  if (inherit >= 0 && !a.close)
+    set.emplace_back("DIBS_LOCK_FD", std::to_string(inherit));
+  else
+    unset.push_back("DIBS_LOCK_FD");
+  exec_args ea{a.command, set, unset};
+  say_executing(a);
+  if (a.no_fork) exec_or_die(ea);  // the lock stays with the inherited descriptor
+  signal_gate g;
+  const pid_t pid = ::fork();
+  if (pid < 0) fail(ex::software, "dibs lock: fork failed");
+  if (pid == 0) {
+    if (a.close && inherit >= 0) ::close(inherit);
+    g.restore_in_child();
+    exec_or_die(ea);
+  }
+  return status_code(supervise(g, pid, std::nullopt, [] {}, -1, [] { return false; }));
+}
+
+// The kernel lock (--kernel): flock(2), which flock(1) sees. As flock(1) does
+// by default, COMMAND inherits a descriptor of the locked file: if dibs is
+// killed, the lock stays with COMMAND (and whatever it passes the descriptor
+// on to) until they end. dibs unlocks when COMMAND ends. The descriptor form
+// (FD instead of PATH) locks the calling shell's own descriptor, which keeps
+// the lock after dibs ends, as with flock(1).
 int lock_kernel(const lock_args& a, std::optional<milliseconds> wait) {
+  const auto started = steady::now();
+  const int op = a.unlock ? LOCK_UN : a.shared ? LOCK_SH : LOCK_EX;
+  if (a.fd >= 0) {
+    if (!flock_fd(a, a.fd, op, wait)) {
+      std::cerr << fmt::format("dibs lock: descriptor {} is locked by another process (a kernel lock{})\n", a.fd,
+                               !a.nonblock && wait ? ", --wait ran out" : "");
+      return a.conflict_code;
+    }
+    say_took(a, started);
+    if (a.command.empty()) return ex::ok;
+    return run_kernel_command(a, a.fd);
+  }
   dibs::file_mutex m{a.path};
-  const bool got = a.nonblock || (wait && wait->count() == 0) ? m.try_lock()
-                   : wait                                     ? m.try_lock_for(*wait)
-                                                              : (m.lock(), true);
+  bool got = false;
+  if (a.shared)
+    got = a.nonblock || (wait && wait->count() == 0) ? m.try_lock_shared()
+          : wait                                     ? m.try_lock_shared_for(*wait)
+                                                     : (m.lock_shared(), true);
+  else
+    got = a.nonblock || (wait && wait->count() == 0) ? m.try_lock()
+          : wait                                     ? m.try_lock_for(*wait)
+                                                     : (m.lock(), true);
   if (!got) {
     std::cerr << fmt::format("dibs lock: '{}' is locked by another process (a kernel lock{}); see who with 'fuser -v {}'\n",
                              a.path, !a.nonblock && wait ? ", --wait ran out" : "", a.path);
     return a.conflict_code;
   }
-  const int inherited = ::fcntl(m.native_handle(), F_DUPFD, 3);  // no FD_CLOEXEC: COMMAND keeps it
-  if (inherited < 0) fail(ex::software, fmt::format("dibs lock: dup failed: {}", std::strerror(errno)));
-  exec_args ea{a.command, {{"DIBS_LOCK_FD", std::to_string(inherited)}}, {"DIBS_TOKEN"}};
+  say_took(a, started);
+  int inherited = -1;
+  if (!a.close) {
+    inherited = ::fcntl(m.native_handle(), F_DUPFD, 3);  // no FD_CLOEXEC: COMMAND keeps it
+    if (inherited < 0) fail(ex::software, fmt::format("dibs lock: dup failed: {}", std::strerror(errno)));
+  }
   int code = 0;
   {
-    signal_gate g;
-    const pid_t pid = ::fork();
-    if (pid < 0) fail(ex::software, "dibs lock: fork failed");
-    if (pid == 0) {
-      g.restore_in_child();
-      exec_or_die(ea);
-    }
-    ::close(inherited);
-    code = status_code(supervise(g, pid, std::nullopt, [] {}, -1, [] { return false; }));
+    // The child gets `inherited` (unless -o); dibs's copy goes, so that only
+    // COMMAND's and the lock's own descriptor hold the lock.
+    const int inherit = inherited;
+    struct closer {
+      int fd;
+      ~closer() {
+        if (fd >= 0) ::close(fd);
+      }
+    } c{inherit};
+    code = run_kernel_command(a, inherit);
   }
-  m.unlock();
+  a.shared ? m.unlock_shared() : m.unlock();
   return code;
 }
 
+// Says which form to use where the lease or presence lock cannot mean what
+// a flock(1) option means.
+void refuse_unless_kernel(const lock_args& a) {
+  const char* lock = a.dot ? "the presence lock (--dot)" : "the lease lock (the default)";
+  if (a.fd >= 0)
+    fail(ex::usage, fmt::format("dibs lock: a descriptor ({}) is flock(1)'s descriptor form, which only the kernel lock "
+                                "has: write 'dibs lock --kernel{}{}{} {}' (or, for a lock file named {}, give a COMMAND)",
+                                a.fd, a.unlock ? " -u" : "", a.shared ? " -s" : "", a.nonblock ? " -n" : "", a.fd, a.fd));
+  if (a.shared)
+    fail(ex::usage, fmt::format("dibs lock: -s (shared): {} has one holder at a time; for shared holders use the kernel "
+                                "lock: dibs lock --kernel -s PATH COMMAND{}",
+                                lock, a.dot ? " (with --dot, the sleep between retries is -s after --dot: --dot -s SECONDS)" : ""));
+  if (a.unlock)
+    fail(ex::usage, fmt::format("dibs lock: -u unlocks a descriptor of the calling shell; {} is held only while COMMAND "
+                                "runs: write 'dibs lock --kernel -u FD'",
+                                lock));
+  if (a.no_fork)
+    fail(ex::usage, fmt::format("dibs lock: -F (no fork): {} needs dibs to stay, renewing it and removing it after "
+                                "COMMAND; drop -F, or use 'dibs lock --kernel -F'",
+                                lock));
+}
+
 int cmd_lock(lock_args& a) {
-  if (a.command.empty())
+  if (a.kernel && a.dot) fail(ex::usage, "dibs lock: --kernel and --dot are two different locks: choose one");
+  if (a.no_fork && a.close) fail(ex::usage, "dibs lock: the -F (--no-fork) and -o (--close) options are incompatible");
+  if (int n = int{a.shared} + int{a.exclusive} + int{a.unlock}; n > 1)
+    fail(ex::usage, "dibs lock: -s, -x and -u are one choice each: give one of them (-x is the default)");
+  if (!a.dot && (a.retries != -2 || !a.sleep.empty() || !a.stale.empty() || a.pid))
+    fail(ex::usage, "dibs lock: -r, -l, -p and --sleep/-i are lockfile(1)'s and dotlockfile's options, for the "
+                    "presence lock: add --dot");
+  if (a.retries < -2) fail(ex::usage, "dibs lock -r: retries must be -1 (forever) or more");
+  if (a.retries == -2 && !a.sleep.empty()) a.retries = -1;  // lockfile(1): retry forever unless -r says
+  if (!a.kernel) refuse_unless_kernel(a);
+  if (a.command.empty() && a.fd < 0)
     fail(ex::usage, fmt::format("dibs lock: no COMMAND to run; write: dibs lock {} -- COMMAND [ARGS...]", a.path));
+  if (a.unlock && a.fd < 0)
+    fail(ex::usage, "dibs lock: -u unlocks a descriptor of the calling shell: write 'dibs lock --kernel -u FD' (with a "
+                    "PATH, there is nothing to unlock)");
   std::optional<milliseconds> wait;
   if (!a.wait.empty()) wait = parse_duration("dibs lock -w", a.wait);
-  return a.kernel ? lock_kernel(a, wait) : lock_lease(a, wait);
+  return a.kernel ? lock_kernel(a, wait) : a.dot ? lock_dot(a, wait) : lock_lease(a, wait);
 }
 
 // ---------------------------------------------------------------------------
@@ -823,6 +1082,42 @@ bool is_store_spec(const std::string& t) {
   return false;
 }
 
+// A presence lock file (dibs lock --dot, dotlockfile, lockfile(1)): its
+// first line is a pid, or "0", or nothing; dibs's has its holder's record
+// after it. Returns: the exit code if `a.target` is one, else nullopt.
+std::optional<int> dot_status(const status_args& a) {
+  std::string text;
+  if (std::FILE* f = std::fopen(a.target.c_str(), "r")) {
+    char buf[4096];
+    text.assign(buf, std::fread(buf, 1, sizeof buf, f));
+    std::fclose(f);
+  }
+  const auto nl = text.find('\n');
+  const std::string first = text.substr(0, nl);
+  if (first.empty() || first.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  const auto owner = dibs::detail::parse_dot_lock(text);
+  if (!owner && nl != std::string::npos && nl + 1 < text.size()) return std::nullopt;  // more than a pid: not one
+  const bool gone = owner && dibs::detail::provably_dead(*owner);
+  const char* state = gone ? "free" : "held";
+  if (a.json) {
+    fmt::print("{{\"kind\": \"presence\", \"state\": \"{}\", \"held\": {}, \"gone\": {}, \"dibs\": {}, \"pid\": {}{}}}\n",
+               state, gone ? "false" : "true", gone ? "true" : "false", owner ? "true" : "false", first,
+               owner ? fmt::format(", \"host\": {}", json_string(owner->host)) : std::string{});
+    return ex::ok;
+  }
+  if (!owner)
+    fmt::print("{}: held: a presence lock of another tool (dotlockfile, lockfile(1), O_EXCL){}; dibs lock --dot breaks "
+               "it only once it is older than -l (5m by default)\n",
+               a.target, first == "0" ? std::string{", no pid in it"} : ", pid " + first);
+  else if (gone)
+    fmt::print("{}: free: its holder, pid {} on {} (a presence lock, dibs lock --dot), is gone; the next lock breaks it "
+               "at once\n",
+               a.target, owner->pid, owner->host);
+  else
+    fmt::print("{}: held: a presence lock (dibs lock --dot) of pid {} on {}\n", a.target, owner->pid, owner->host);
+  return ex::ok;
+}
+
 int cmd_status(status_args& a) {
   if (is_store_spec(a.target)) {
     return with_store(a.target, [&](auto& store) -> int {
@@ -860,6 +1155,7 @@ int cmd_status(status_args& a) {
     fail(ex::dataerr, fmt::format("dibs status: '{}' is an empty file, not a dibs lease lock (a --kernel or flock(1) "
                                   "lock file?); the kernel does not say who holds those: try 'fuser -v {}'",
                                   a.target, a.target));
+  if (const auto code = dot_status(a)) return *code;
   dibs::lock_file lk{a.target};
   const auto h = lk.holder();  // reads the record; takes nothing
   // What the next taker would do: take a free lock, or one whose holder is
@@ -944,6 +1240,61 @@ int data_start(const CLI::App& sub, int argc, char** argv, int first, int* dashe
   return std::min(i, argc);
 }
 
+// Returns: true if --dot is among lock's options (argv[2] on), reading -s
+// as an option that takes a value (its --dot meaning); a value "--dot" of
+// another option is no --dot.
+bool dot_among_options(const CLI::App& lock, int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
+    const std::string_view a{argv[i]};
+    if (a == "--" || a.size() < 2 || a[0] != '-') return false;
+    if (a == "--dot") return true;
+    if (a[1] == '-') {
+      if (a.find('=') == std::string_view::npos && takes_value(lock, a.substr(2), true)) ++i;
+      continue;
+    }
+    for (std::size_t k = 1; k < a.size(); ++k) {
+      if (a[k] == 's' || takes_value(lock, a.substr(k, 1), false)) {
+        if (k + 1 == a.size()) ++i;
+        break;
+      }
+    }
+  }
+  return false;
+}
+
+// Returns: argv with lock's -s options (up to the data) written as --sleep:
+// '-s 5' as '--sleep 5', '-s5' as '--sleep=5', '-ps 5' as '-p --sleep 5'.
+std::vector<std::string> sleep_for_s(const CLI::App& lock, int argc, char** argv) {
+  std::vector<std::string> out(argv, argv + std::min(argc, 2));
+  int i = 2;
+  for (; i < argc; ++i) {
+    const std::string_view a{argv[i]};
+    if (a == "--" || a.size() < 2 || a[0] != '-') break;
+    if (a[1] == '-') {
+      out.emplace_back(a);
+      if (a.find('=') == std::string_view::npos && takes_value(lock, a.substr(2), true) && i + 1 < argc)
+        out.emplace_back(argv[++i]);
+      continue;
+    }
+    std::size_t k = 1;
+    while (k < a.size() && a[k] != 's' && !takes_value(lock, a.substr(k, 1), false)) ++k;
+    if (k == a.size() || a[k] != 's') {  // no -s in it
+      out.emplace_back(a);
+      if (k + 1 == a.size() && i + 1 < argc) out.emplace_back(argv[++i]);  // its last letter takes the next argument
+      continue;
+    }
+    if (k > 1) out.emplace_back(std::string{"-"} + std::string{a.substr(1, k - 1)});
+    if (k + 1 < a.size()) {
+      out.push_back(std::string{"--sleep="} + std::string{a.substr(k + 1)});
+    } else {
+      out.emplace_back("--sleep");
+      if (i + 1 < argc) out.emplace_back(argv[++i]);
+    }
+  }
+  for (; i < argc; ++i) out.emplace_back(argv[i]);
+  return out;
+}
+
 // A subcommand's data arguments, taken in order.
 struct data_args {
   std::vector<std::string> v;
@@ -965,7 +1316,9 @@ struct data_args {
 struct usage_formatter : CLI::Formatter {
   std::string make_usage(const CLI::App* app, std::string name) const override {
     static const std::pair<const char*, const char*> synopses[] = {
-        {"lock", "[OPTIONS] PATH [--] COMMAND [ARGS...]"},
+        {"lock", "[OPTIONS] PATH [--] COMMAND [ARGS...]\n       dibs lock [OPTIONS] PATH -c STRING\n"
+                 "       dibs lock --kernel [OPTIONS] FD\n       dibs lock --kernel [OPTIONS] --fd FD COMMAND [ARGS...]\n"
+                 "       dibs lock --dot [-r RETRIES] [-s PAUSE] [-l AGE] [OPTIONS] PATH [--] COMMAND [ARGS...]"},
         {"log", "[OPTIONS] PATH [--] [TEXT...]"},
         {"claim", "[OPTIONS] STORE KEY [--] COMMAND [ARGS...]\n       dibs claim [OPTIONS] --next PREFIX STORE [--] COMMAND [ARGS...]"},
         {"retry", "[OPTIONS] [--] COMMAND [ARGS...]"},
@@ -994,28 +1347,70 @@ int main(int argc, char** argv) {
              "\nSee 'dibs SUBCOMMAND --help' and docs/guide-shell.md.");
 
   lock_args la;
-  auto* lock = app.add_subcommand("lock", "Run COMMAND holding a lock on PATH (as flock(1))");
-  lock->add_flag("-n,--nonblock", la.nonblock, "Fail (exit 1, or -E) rather than wait if the lock is held");
-  lock->add_option("-w,--wait,--timeout", la.wait, "Wait at most DURATION (10s, 500ms, 2m; a bare number is seconds)");
-  lock->add_option("-E,--conflict-exit-code", la.conflict_code, "Exit code when the lock is not had (default 1)");
+  auto* lock = app.add_subcommand("lock", "Run COMMAND holding a lock on PATH (as flock(1), lockfile(1), dotlockfile)");
+  lock->add_flag("-n,--nonblock,--nonblocking,--nb", la.nonblock, "Fail (exit 1, or -E) rather than wait if the lock is held");
+  lock->add_option("-w,--wait,--timeout", la.wait, "Wait at most DURATION (10s, 500ms, 2m; a bare number is seconds; 0: as -n)");
+  lock->add_option("-E,--conflict-exit-code", la.conflict_code, "Exit code when the lock is not had (default 1)")
+      ->check(CLI::Range(0, 255));
   lock->add_flag("--kernel", la.kernel,
                  "A kernel lock (flock(2), interoperates with flock(1)) instead of the lease lock; COMMAND inherits "
                  "its descriptor (DIBS_LOCK_FD), as with flock(1)'s default");
+  lock->add_flag("--dot", la.dot,
+                 "A presence lock (held while the file exists; interoperates with dotlockfile, lockfile(1), O_EXCL "
+                 "and noclobber scripts) instead of the lease lock");
   lock->add_option("--lease", la.lease, "Lease lock: how long a lock is respected after dibs stops renewing it")
       ->capture_default_str();
+  lock->add_flag("-s,--shared", la.shared, "Kernel lock: a shared lock (with --dot, -s is --sleep)");
+  lock->add_flag("-x,-e,--exclusive", la.exclusive, "An exclusive lock (the default)");
+  lock->add_flag("-u,--unlock", la.unlock, "Kernel lock, descriptor form: unlock FD (dibs lock --kernel -u 9)");
+  lock->add_flag("-o,--close", la.close,
+                 "COMMAND does not get the lock: kernel lock: no descriptor of it; lease and presence locks: the "
+                 "record names dibs, so the lock ends with dibs even if COMMAND runs on");
+  lock->add_option("-c,--command", la.command_string, "Run STRING with $SHELL -c (or /bin/sh -c), as flock(1)");
+  lock->add_flag("-F,--no-fork", la.no_fork, "Kernel lock: dibs becomes COMMAND (exec) instead of waiting for it");
+  lock->add_flag("--verbose", la.verbose, "Say how long the lock took and what runs (on standard output, as flock(1))");
+  lock->add_option("--fd", la.fd, "Kernel lock: lock descriptor N of the calling shell, then run COMMAND (no PATH)")
+      ->check(CLI::NonNegativeNumber);
+  lock->add_option("-r,--retries", la.retries, "--dot: tries after the first before giving up (-1: forever), with "
+                                               "--sleep between them");
+  lock->add_option("--sleep,-i,--interval", la.sleep,
+                   "--dot: pause between retries (default 1s; -s with --dot, as lockfile(1)'s -SECONDS)");
+  lock->add_option("-l,--lock-timeout", la.stale,
+                   "--dot: a lock file older than this is stale (default 5m); a live dibs holder touches its file, so "
+                   "only a foreign or dead holder's lock is broken");
+  lock->add_flag("-p,--pid", la.pid, "--dot: record the pid (always done; accepted for dotlockfile's scripts)");
   lock->footer(std::string(data_rule) + R"(
 
-The default lock is dibs's lease lock (dibs::lock_file): the lock file is a
-readable record (host, pid, since, token); a lock whose holder died is broken
-at once on proof, and COMMAND gets its fencing token in DIBS_TOKEN. The lock
-is held by COMMAND's own process: it lasts until COMMAND ends, even if dibs
-is killed. --kernel uses flock(2) instead (no token).
+As flock(1): 'dibs lock PATH COMMAND -la' passes -la to COMMAND, 'dibs lock
+PATH -c STRING' runs STRING with the shell, and the descriptor form
+'exec 9>/var/lock/app; dibs lock --kernel 9' locks the shell's own
+descriptor (-s, -x, -u, -n, -w, -E apply), which stays locked after dibs ends.
+
+Three locks:
+  (default)  dibs's lease lock (dibs::lock_file): the lock file is a readable
+             record (host, pid, since, token); a lock whose holder died is
+             broken at once on proof, and COMMAND gets its fencing token in
+             DIBS_TOKEN. It is held by COMMAND's own process: it lasts until
+             COMMAND ends, even if dibs is killed. Unlike flock(1): it does
+             not exclude flock(1) users of PATH, has no shared holders (-s),
+             no descriptor form, no -u and no -F: those need --kernel.
+  --kernel   flock(2), exactly flock(1)'s lock; no token.
+  --dot      a presence lock (dibs::dot_lock), as dotlockfile and lockfile(1):
+             held while the file exists; its first line is the holder's pid.
+             Unlike theirs, a lock is broken only on proof (its holder gone)
+             or by age (-l) when no live dibs keeps touching it; no token.
+
+Exit codes: COMMAND's status; 1 (or -E) if the lock is held (-n), or -w or
+the retries (-r) ran out. flock(1) exits the same; dotlockfile exits 4 when
+its retries run out, lockfile(1) 73: give -E 4 or -E 73 where scripts test it.
 
 Examples:
   dibs lock /run/lock/nightly.lock -- ./nightly.sh
   dibs lock -n -E 0 /run/lock/backup.lock -- rsync -a src/ dst/   # skip if running
   dibs lock -w 30s counter.lock -- sh -c 'n=$(cat n); echo $((n+1)) > n'
-  dibs lock --kernel /var/lock/x.lock -- make   # excludes 'flock /var/lock/x.lock ...'
+  dibs lock --kernel /var/lock/x.lock make -j4  # excludes 'flock /var/lock/x.lock ...'
+  exec 9>/var/lock/app; dibs lock --kernel -n 9 || exit 1       # as 'flock -n 9'
+  dibs lock --dot -r 3 -s 5 /var/mail/alice.lock -- ./fetch      # as 'lockfile -5 -r 3'
 )");
 
   log_args lg;
@@ -1096,7 +1491,8 @@ Examples:
   status->add_flag("--json", sa.json, "JSON for programs instead of a table");
   status->footer(std::string(data_rule) + R"(
 
-TARGET: a lock file, or a STORE (dir:..., sqlite:..., postgres:...).
+TARGET: a lock file (lease, or presence: dibs lock --dot, dotlockfile,
+lockfile(1)), or a STORE (dir:..., sqlite:..., postgres:...).
 Reads only: takes no lock, changes nothing.
 
 Examples:
@@ -1104,6 +1500,17 @@ Examples:
   dibs status --json dir:/srv/claims | jq '.[] | select(.state == "failed")'
 )");
 
+  // lock's -s is flock(1)'s --shared, but with --dot lockfile(1)'s pause
+  // between retries: given --dot, it is read as --sleep.
+  std::vector<std::string> lock_args_owned;
+  std::vector<char*> lock_argv;
+  if (argc >= 2 && std::string_view{argv[1]} == "lock" && dot_among_options(*lock, argc, argv)) {
+    lock_args_owned = sleep_for_s(*lock, argc, argv);
+    for (auto& x : lock_args_owned) lock_argv.push_back(x.data());
+    lock_argv.push_back(nullptr);
+    argc = static_cast<int>(lock_args_owned.size());
+    argv = lock_argv.data();
+  }
   // CLI11 gets the options; the data after them is taken apart below.
   std::vector<char*> cli_argv(argv, argv + std::min(argc, 2));
   data_args data;
@@ -1141,8 +1548,31 @@ Examples:
       return ex::usage;
     }
     if (lock->parsed()) {
-      la.path = need("lock", "PATH", "[OPTIONS] PATH -- COMMAND [ARGS...]");
-      la.command = data.rest();
+      const bool has_string = lock->count("--command") > 0;
+      if (lock->count("--fd") == 0) {
+        la.path = need("lock", "PATH", "[OPTIONS] PATH -- COMMAND [ARGS...]");
+        // flock(1)'s 'PATH -c STRING': the string is the whole command.
+        if (!data.done() && (data.v[data.at] == "-c" || data.v[data.at] == "--command")) {
+          const std::string opt = data.take();
+          if (data.v.size() - data.at != 1)
+            fail(ex::usage, fmt::format("dibs lock: {} after PATH takes exactly one argument, the command string; "
+                                        "quote it: dibs lock {} {} 'COMMAND ARGS...'",
+                                        opt, la.path, opt));
+          la.command = shell_command(data.take());
+        }
+      }
+      if (la.command.empty()) la.command = data.rest();
+      if (has_string) {
+        if (!la.command.empty())
+          fail(ex::usage, "dibs lock: -c STRING and a COMMAND after PATH: give one of them");
+        la.command = shell_command(la.command_string);
+      }
+      // flock(1)'s descriptor form: a number and nothing after it.
+      int fd = -1;
+      const char* end = la.path.data() + la.path.size();
+      if (la.fd < 0 && la.command.empty() && !la.path.empty() &&
+          std::from_chars(la.path.data(), end, fd).ptr == end && fd >= 0)
+        la.fd = fd;
       return cmd_lock(la);
     }
     if (logc->parsed()) {

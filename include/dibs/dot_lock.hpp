@@ -79,6 +79,11 @@
 //
 // fork(): a child inherits a copy of a held dot_lock, but the hold stays the
 // parent's: the child's unlock() and destructor never remove the file.
+//
+// Holding for another process (dot_lock_options::on_behalf_of): the record
+// names that process (first line and owner lines), so waiters break the lock
+// on proof once it is gone, not once this object's process is; this object
+// still creates, touches and removes the file.
 #pragma once
 
 #include <fcntl.h>
@@ -129,6 +134,13 @@ struct dot_lock_options {
   /// Waiting between tries; a removal of the lock file does not wake a waiter
   /// early, so the cap bounds the handoff delay.
   exponential_backoff wait{std::chrono::microseconds{500}, 2.0, std::chrono::milliseconds{50}, jitter::full};
+  /// The process the lock is held for; 0: this process. Its pid (first
+  /// line) and identity go into the record instead of this process's, while
+  /// this object takes, touches and removes the lock as usual: a launcher
+  /// (dibs lock --dot) holds it for a COMMAND it forked, so the lock outlives
+  /// the launcher exactly as long as the COMMAND runs. Requires: a live
+  /// process of this host and PID namespace (a child not yet reaped).
+  pid_t on_behalf_of = 0;
 };
 
 namespace detail {
@@ -164,7 +176,8 @@ class dot_lock : public detail::timed_lockable<dot_lock> {
 public:
   /// Throws: std::system_error naming the path if its directory is missing
   /// or not a directory; errc::invalid_argument for a path without a file
-  /// name or a stale_after under 3 ms.
+  /// name or a stale_after under 3 ms; std::errc::no_such_process if
+  /// opts.on_behalf_of names no process.
   explicit dot_lock(std::filesystem::path path, dot_lock_options opts = {}) : path_(std::move(path)), opts_(opts) {
     if (!path_.has_filename() || path_.filename() == "." || path_.filename() == "..")
       throw std::system_error(make_error_code(errc::invalid_argument),
@@ -176,6 +189,19 @@ public:
     struct ::stat st {};
     if (::stat(dir_.c_str(), &st) != 0) throw detail::path_error(errno, "dibs::dot_lock: cannot use lock file", path_);
     if (!S_ISDIR(st.st_mode)) throw detail::path_error(ENOTDIR, "dibs::dot_lock: cannot use lock file", path_);
+    if (opts_.on_behalf_of != 0) {
+      // Read once, now: the start time is what tells the process from a
+      // later one that reuses its pid.
+      behalf_ = detail::this_process(opts_.stale_after);
+      behalf_->pid = opts_.on_behalf_of;
+      behalf_->start = 0;
+      if (::kill(opts_.on_behalf_of, 0) != 0 && errno == ESRCH)
+        throw std::system_error(std::make_error_code(std::errc::no_such_process),
+                                fmt::format("dibs::dot_lock '{}': on_behalf_of names pid {}, which does not exist",
+                                            path_.string(), opts_.on_behalf_of));
+      if (detail::this_process_info_cached().proc_own)
+        behalf_->start = detail::process_start(opts_.on_behalf_of).value_or(0);
+    }
   }
   dot_lock(const dot_lock&) = delete;
   dot_lock& operator=(const dot_lock&) = delete;
@@ -287,6 +313,7 @@ private:
     o.path_.clear();
     dir_ = std::move(o.dir_);
     opts_ = o.opts_;
+    behalf_ = std::move(o.behalf_);
     held_ = o.held_.exchange(false);
     holder_pid_ = std::exchange(o.holder_pid_, 0);
     fd_ = std::move(o.fd_);
@@ -340,8 +367,8 @@ private:
     // The mode exactly: a lock several users share must stay theirs to remove.
     if (::fchmod(fd.get(), opts_.mode) != 0) throw fail(errno, "dibs::dot_lock: cannot set the mode of lock file");
     const auto pid = detail::current_pid();
-    const std::string text = fmt::format("{}\n{}\n{}", pid, detail::dot_lock_magic,
-                                         detail::format_owner(detail::this_process(opts_.stale_after)));
+    const detail::owner_id owner = behalf_ ? *behalf_ : detail::this_process(opts_.stale_after);
+    const std::string text = fmt::format("{}\n{}\n{}", owner.pid, detail::dot_lock_magic, detail::format_owner(owner));
     for (std::size_t done = 0; done < text.size();) {
       const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
       if (n < 0 && errno == EINTR) continue;
@@ -507,6 +534,7 @@ private:
   std::filesystem::path path_;
   std::filesystem::path dir_;
   dot_lock_options opts_;
+  std::optional<detail::owner_id> behalf_;  // the process named in the record, if not this one
   mutable std::mutex m_;
   std::atomic<bool> held_{false};
   pid_t holder_pid_ = 0;

@@ -1,0 +1,234 @@
+#!/usr/bin/env bats
+# dibs lock as a drop-in for flock(1): util-linux's own flock test cases
+# (tests/ts/flock/{flock,close,unlock}), adapted to hold until released
+# instead of sleeping, with their expectations, run against `dibs lock
+# --kernel` and against flock(1) itself (so the expectations are flock's);
+# then flock(1)'s options and the forms the lease lock refuses.
+load helpers
+
+# A failed check must not leave a HOLD holder running: bats would wait for it.
+teardown() {
+  touch "$BATS_TEST_TMPDIR/release"
+}
+
+# flock_cases LOCKER...: util-linux's flock cases (the flock(2) API) against
+# LOCKER ("flock" or "dibs lock --kernel"). A shared holder holds lockfile
+# until ./release exists; each case checks its exit code, as do_lock does.
+flock_cases() {
+  : > out
+  "$@" --shared lockfile bash -c "echo 'Locking'; $HOLD; echo 'Unlocking'" >> out 2>&1 &
+  holder=$!
+  wait_for_file held
+
+  # non-block: an exclusive lock over a shared one is refused with -E's code.
+  run "$@" --nonblocking --conflict-exit-code 123 lockfile echo "You will never see this!"
+  [ "$status" -eq 123 ]
+  [[ "$output" != *"never see"* ]]
+  # no-fork: the same, without a child.
+  run "$@" --no-fork --nonblocking --conflict-exit-code 123 lockfile echo "You will never see this!"
+  [ "$status" -eq 123 ]
+  # shared: a second shared holder gets it.
+  run "$@" --shared lockfile echo "Have shared lock"
+  [ "$status" -eq 0 ]
+  [ "$output" = "Have shared lock" ]
+  # exclusive: as non-block, with -x written out (and --nb).
+  run "$@" --nb --exclusive --conflict-exit-code 123 lockfile echo "You will never see this!"
+  [ "$status" -eq 123 ]
+  # fd: the descriptor form, on a descriptor of the calling shell; no file
+  # named "4" is made.
+  exec 4<> lockfile
+  run "$@" --nonblocking --exclusive --conflict-exit-code 123 4
+  exec 4>&-
+  [ "$status" -eq 123 ]
+  [ ! -e 4 ]
+  # timeout: -w waits for the shared holder to end, then runs. Its COMMAND
+  # says whether the holder was already told to end when it ran: only a
+  # locker that waited can see ./release.
+  "$@" --timeout 20 --conflict-exit-code 5 lockfile sh -c '[ -e release ] && echo "After timeout."' >> out 2>&1 &
+  waiter=$!
+  sleep 0.5
+  touch release
+  rc=0
+  wait "$waiter" || rc=$?
+  [ "$rc" -eq 0 ]
+  wait "$holder"
+  # time-check, as an order: the waiter ran after the holder unlocked.
+  echo "Unlocked" >> out
+  run cat out
+  [ "$output" = $'Locking\nUnlocking\nAfter timeout.\nUnlocked' ]
+}
+
+@test "util-linux's flock cases (shared, non-block, no-fork, exclusive, fd, timeout) against flock(1) itself" {
+  flock_cases flock
+}
+
+@test "util-linux's flock cases (shared, non-block, no-fork, exclusive, fd, timeout) against dibs lock --kernel" {
+  flock_cases dibs lock --kernel
+}
+
+@test "util-linux's close case: with -o COMMAND does not inherit the descriptor (EX_DATAERR, 65), without it does (0)" {
+  exec 10<> lock
+  run dibs lock --kernel --exclusive --close --fd 10 --command "dibs lock --kernel --exclusive --nonblock --fd 10 true"
+  [ "$status" -eq 65 ]
+  [[ "$output" == "dibs lock: descriptor 10: Bad file descriptor"* ]]
+  run dibs lock --kernel --exclusive --fd 10 --command "dibs lock --kernel --exclusive --nonblock --fd 10 true"
+  [ "$status" -eq 0 ]
+  exec 10>&-
+}
+
+# unlock_case LOCKER...: util-linux's unlock case; prints its output with
+# the times and the program's name taken out.
+unlock_case() {
+  exec 10<> lock
+  {
+    "$@" --exclusive --nonblock --verbose 10
+    "$@" --unlock 10
+    # -w 0 is -n: it gets the lock only because -u unlocked fd 10.
+    "$@" --exclusive --wait 0 --verbose lock true
+  } > out 2>&1
+  exec 10>&-
+  sed -E -e 's/took [0-9]+\.[0-9]{6} seconds/took <n> seconds/' -e 's/^(flock|dibs lock): /LOCKER: /' out
+}
+
+@test "util-linux's unlock case: -u unlocks the descriptor, -w 0 is -n, --verbose says the same as flock(1)" {
+  expected=$'LOCKER: getting lock took <n> seconds\nLOCKER: getting lock took <n> seconds\nLOCKER: executing true'
+  run unlock_case flock
+  [ "$output" = "$expected" ]
+  run unlock_case dibs lock --kernel
+  [ "$output" = "$expected" ]
+}
+
+@test "options end at COMMAND, as with flock(1): 'dibs lock PATH ls -la' runs ls -la, for every lock" {
+  mkdir d
+  touch d/.hidden
+  for mode in "" --kernel --dot; do
+    run dibs lock $mode "x$mode.lock" ls -la d
+    [ "$status" -eq 0 ]
+    [[ "$output" == *" .hidden"* ]]
+  done
+}
+
+@test "-c STRING runs through the shell, after PATH (flock's form) or before it; the lease lock's token is in it" {
+  run dibs lock x.lock -c 'echo $((6 * 7)) ${DIBS_TOKEN:+token}'
+  [ "$status" -eq 0 ]
+  [ "$output" = "42 token" ]
+  run dibs lock -c 'exit 9' x.lock
+  [ "$status" -eq 9 ]
+  run dibs lock --kernel x.lock --command 'echo "$DIBS_LOCK_FD" | grep -qx "[0-9]*"'
+  [ "$status" -eq 0 ]
+  run dibs lock x.lock -c echo two words
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"exactly one argument"* ]]
+}
+
+@test "-s: shared kernel holders together, an exclusive one waits; the lease lock refuses -s and names --kernel -s" {
+  dibs lock --kernel -s x.lock sh -c "$HOLD" &
+  wait_for_file held
+  run dibs lock --kernel -s -n x.lock echo second
+  [ "$status" -eq 0 ]
+  [ "$output" = second ]
+  run flock -s -n x.lock true
+  [ "$status" -eq 0 ]
+  run dibs lock --kernel -x -n x.lock true
+  [ "$status" -eq 1 ]
+  run flock -x -n x.lock true
+  [ "$status" -eq 1 ]
+  touch release
+  wait
+  run dibs lock -s x.lock true
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"dibs lock --kernel -s"* ]]
+  run dibs lock --dot -s 1 dot.lock true  # with --dot, -s is the pause between retries
+  [ "$status" -eq 0 ]
+}
+
+@test "-o: the lock ends with dibs, not with COMMAND (kernel: no descriptor; lease: the record names dibs)" {
+  dibs lock --kernel -o x.lock sh -c "echo \${DIBS_LOCK_FD:-none} > fd; $HOLD" &
+  dpid=$!
+  wait_for_file held
+  [ "$(cat fd)" = none ]
+  run flock -n x.lock true
+  [ "$status" -eq 1 ]
+  kill -KILL "$dpid"
+  wait "$dpid" || true
+  run flock -n x.lock true  # COMMAND runs on, without the lock
+  [ "$status" -eq 0 ]
+  touch release
+  wait_for_kernel_free x.lock
+  rm held release
+
+  dibs lock -o y.lock sh -c "$HOLD" &
+  dpid=$!
+  wait_for_file held
+  grep -qx "pid $dpid" y.lock
+  kill -KILL "$dpid"
+  wait "$dpid" || true
+  run dibs lock -n y.lock echo taken
+  [ "$status" -eq 0 ]
+  [ "$output" = taken ]
+  touch release
+}
+
+@test "-F: dibs becomes COMMAND, which holds the kernel lock; the lease lock refuses -F, and -F with -o is refused as by flock(1)" {
+  dibs lock --kernel -F x.lock sh -c "echo \$\$ > pid; $HOLD" &
+  dpid=$!
+  wait_for_file held
+  [ "$(cat pid)" = "$dpid" ]
+  run flock -n x.lock true
+  [ "$status" -eq 1 ]
+  touch release
+  wait "$dpid"
+  run flock -n x.lock true
+  [ "$status" -eq 0 ]
+  run dibs lock -F x.lock true
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"dibs lock --kernel -F"* ]]
+  run dibs lock --kernel -F -o x.lock true
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"incompatible"* ]]
+}
+
+@test "the descriptor form: -s, -x, -n, -w and -E apply; the shell keeps the lock after dibs ends; the lease lock refuses it" {
+  exec 9> k.lock
+  run dibs lock --kernel -n 9
+  [ "$status" -eq 0 ]
+  run flock -n k.lock true
+  [ "$status" -eq 1 ]
+  run dibs lock --kernel -s 9  # converts the shell's lock to shared
+  [ "$status" -eq 0 ]
+  run flock -s -n k.lock true
+  [ "$status" -eq 0 ]
+  exec 9>&-
+  flock -x k.lock sh -c "$HOLD" &
+  wait_for_file held
+  exec 8> k.lock
+  run dibs lock --kernel -w 0.3 -E 7 8
+  [ "$status" -eq 7 ]
+  [[ "$output" == *"--wait ran out"* ]]
+  touch release
+  wait
+  run dibs lock --kernel -x -w 10 8
+  [ "$status" -eq 0 ]
+  exec 8>&-
+  exec 9> k.lock
+  run dibs lock 9
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"dibs lock --kernel 9"* ]]
+  run dibs lock -u 9
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"--kernel -u"* ]]
+  exec 9>&-
+}
+
+@test "bad flock-style input: -E outside 0-255, -s with -x, lockfile options without --dot" {
+  run dibs lock -E 256 x.lock true
+  [ "$status" -eq 64 ]
+  run dibs lock --kernel -s -x x.lock true
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"-s, -x and -u"* ]]
+  run dibs lock -r 3 x.lock true
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"add --dot"* ]]
+  run dibs lock --kernel --dot x.lock true
+  [ "$status" -eq 64 ]
+}
