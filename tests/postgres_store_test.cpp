@@ -53,7 +53,7 @@ TEST_CASE("records are rows a person can query, in a table dibs made and marked 
   CHECK(pg::sql(fmt::format("SELECT convert_from(value, 'UTF8') FROM {} WHERE key = convert_to('<m1/x@example.com>', "
                             "'UTF8')",
                             t)) == "hello");
-  CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 1");
+  CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 2");
   // A second store on the same table (another process's) checks and keeps it.
   auto again = pg_open(t);
   CHECK(again.read("<m1/x@example.com>")->value == "hello");

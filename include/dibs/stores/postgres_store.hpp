@@ -179,28 +179,48 @@ public:
     return ::PQntuples(r.get()) == 1;
   }
 
-  /// For marker_claim::claim_next (dibs::claim_queue_store): in one
-  /// statement, claims the first claimable item whose key starts with
-  /// `prefix` (an offered or released claim, or a row inserted with value
-  /// NULL and version 0; `max_attempts` is not read: a claim given back on
-  /// its last attempt is failed, not released), skipping
-  /// rows other workers are claiming (FOR UPDATE SKIP LOCKED, over a partial
-  /// index of claimable rows); its new value is the processing head with the
-  /// attempt counted, then `rest`. Returns: its key and new record.
-  std::optional<std::pair<std::string, record>> take_claimable(std::string_view prefix, std::string_view rest,
-                                                               std::uint32_t max_attempts,
-                                                               dibs::time_limit t = dibs::time_limit::max()) {
+  /// For marker_claim::claim_next and claim_next_n (dibs::claim_queue_store):
+  /// in one statement, claims up to `n` claimable items whose key starts
+  /// with `prefix` (state offered or released, or a row inserted with value
+  /// NULL and version 0, whose not_before has come by the server's clock),
+  /// the highest priority first, then in key order, skipping rows other
+  /// workers are claiming (FOR UPDATE SKIP LOCKED, over a partial index of
+  /// claimable rows); the new value of each is the processing head with the
+  /// attempt counted (from the attempts column) and its priority kept, then
+  /// `rest`. Returns: their keys and new records, highest priority first.
+  std::vector<std::pair<std::string, record>> take_claimable(std::string_view prefix, std::string_view rest,
+                                                             std::uint32_t n,
+                                                             dibs::time_limit t = dibs::time_limit::max()) {
     validate_value(prefix, rest);
     // The key range [prefix, upper): upper is prefix with its last byte that
     // is not 0xff increased and the rest cut; none if there is no such byte.
     std::string upper(prefix);
     while (!upper.empty() && static_cast<unsigned char>(upper.back()) == 0xff) upper.pop_back();
     if (!upper.empty()) upper.back() = static_cast<char>(static_cast<unsigned char>(upper.back()) + 1);
-    (void)max_attempts;  // a released record has fewer (a claim given back on its last attempt is failed)
-    const auto r = run(prefix.empty() ? stmt::take_all : stmt::take, {prefix, upper, rest}, t, true,
+    const std::string count = std::to_string(std::max<std::uint32_t>(n, 1));
+    const auto r = run(prefix.empty() ? stmt::take_all : stmt::take, {prefix, upper, rest, count}, t, true,
                        "claim the next item");
-    if (::PQntuples(r.get()) == 0) return std::nullopt;
-    return std::pair{bytes(r.get(), 0, 0), record{bytes(r.get(), 0, 1), integer(r.get(), 0, 2)}};
+    std::vector<std::pair<std::string, record>> out;
+    const int rows = ::PQntuples(r.get());
+    out.reserve(static_cast<std::size_t>(rows));
+    for (int i = 0; i < rows; ++i)
+      out.emplace_back(bytes(r.get(), i, 0), record{bytes(r.get(), i, 1), integer(r.get(), i, 2)});
+    if (rows > 1) {
+      // RETURNING keeps no order: by priority, then key.
+      std::vector<dibs::version> prio;
+      for (int i = 0; i < rows; ++i) prio.push_back(integer(r.get(), i, 3));
+      std::vector<std::size_t> idx(out.size());
+      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+        const auto pa = static_cast<std::int64_t>(prio[a]), pb = static_cast<std::int64_t>(prio[b]);
+        return pa != pb ? pa > pb : out[a].first < out[b].first;
+      });
+      std::vector<std::pair<std::string, record>> sorted;
+      sorted.reserve(out.size());
+      for (auto i : idx) sorted.push_back(std::move(out[i]));
+      out = std::move(sorted);
+    }
+    return out;
   }
 
   /// Returns: the keys of the live records that start with `prefix`.
@@ -283,7 +303,8 @@ private:
   enum class stmt { read, read_aged, create, replace, erase, keys, take, take_all };
   static constexpr std::chrono::milliseconds min_statement{250};
   using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
-  static constexpr std::string_view schema_comment = "dibs-store 1";
+  static constexpr std::string_view schema_comment = "dibs-store 2";
+  static constexpr std::string_view schema_1_comment = "dibs-store 1";
 
   // Requires: listen_m_ held. Opens the LISTEN connection (again).
   // Returns: false if that failed (the waiter then polls).
@@ -371,75 +392,163 @@ private:
     check(r.get(), c, what);
   }
 
-  // Creates the table if absent (under an advisory lock: two first users
-  // at once would collide in the catalog), then checks its shape.
-  void setup_table(PGconn* c) {
-    const std::string& t = opts_.table;
-    const result has{::PQexecParams(c,
-                                    "SELECT obj_description(c.oid, 'pg_class') FROM pg_class c "
-                                    "WHERE c.oid = to_regclass(quote_ident($1))",
-                                    1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
-                     ::PQclear};
-    check(has.get(), c, "look for the table");
-    if (::PQntuples(has.get()) == 0) {
-      exec(c, "BEGIN", "begin creating the table");
-      try {
-        exec(c, fmt::format("SELECT pg_advisory_xact_lock(hashtext('dibs-store:{}'))", t), "lock the table's creation");
-        exec(c, fmt::format("CREATE TABLE IF NOT EXISTS \"{0}\" (key bytea PRIMARY KEY, value bytea, "
-                         "version bigint NOT NULL DEFAULT 0, written timestamptz NOT NULL DEFAULT clock_timestamp()); "
-                         "COMMENT ON TABLE \"{0}\" IS '{1}'; "
-                         "CREATE OR REPLACE FUNCTION \"{0}_notify\"() RETURNS trigger LANGUAGE plpgsql AS "
-                         "$$BEGIN PERFORM pg_notify('dibs_{0}', encode(NEW.key, 'hex')); RETURN NULL; END$$; "
-                         "CREATE OR REPLACE TRIGGER \"{0}_erased\" AFTER UPDATE ON \"{0}\" FOR EACH ROW "
-                         "WHEN (NEW.value IS NULL AND OLD.value IS NOT NULL) EXECUTE FUNCTION \"{0}_notify\"(); "
-                         "CREATE INDEX IF NOT EXISTS \"{0}_claimable\" ON \"{0}\" (key) WHERE {2}",
-                         t, schema_comment, claimable),
-             "create the table");
-        exec(c, "COMMIT", "create the table");
-      } catch (...) {
-        const result r{::PQexec(c, "ROLLBACK"), ::PQclear};
-        throw;
-      }
-    }
-    // The shape: exactly what dibs reads and writes, and its schema version.
-    const result cols{
-        ::PQexecParams(c,
-                       "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY column_name), "
-                       "obj_description(to_regclass(quote_ident($1)), 'pg_class') "
-                       "FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 "
-                       "AND column_name IN ('key', 'value', 'version', 'written')",
-                       1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
-        ::PQclear};
-    check(cols.get(), c, "check the table's shape");
-    const std::string shape = ::PQgetvalue(cols.get(), 0, 0), comment = ::PQgetvalue(cols.get(), 0, 1);
-    constexpr std::string_view want = "key bytea, value bytea, version bigint, written timestamp with time zone";
-    if (shape != want || comment != schema_comment)
-      throw std::system_error(make_error_code(errc::corrupt_record),
-                              fmt::format("dibs::postgres_store: table '{}' on {} is not a dibs store table of this "
-                                          "version (columns: '{}', comment: '{}'; dibs needs columns '{}' and the "
-                                          "comment '{}'): name another table (postgres_store_options::table)",
-                                          t, server_, shape, comment, want, schema_comment));
+  // The queue columns of schema 2, generated from the record (so that no
+  // writer, this dibs or one of schema 1 still running, can make them
+  // disagree with what marker_claim reads): state and attempts from the
+  // record's lines 2 and 3, priority and not_before (ms since the epoch)
+  // from the lines marker_claim writes after them. A row an application
+  // inserted with value NULL and version 0 is offered.
+  static std::array<std::string, 4> queue_columns() {
+    constexpr std::string_view head = "encode(substring(value FROM 1 FOR 128), 'escape')";
+    return {
+        fmt::format("state text GENERATED ALWAYS AS (CASE WHEN value IS NULL THEN CASE WHEN version = 0 THEN "
+                    "'offered' END WHEN substring(value FROM 1 FOR 13) = 'dibs-claim 1\n'::bytea THEN "
+                    "substring(split_part({0}, E'\\n', 2) FROM '^state ([a-z]{{1,20}})$') END) STORED",
+                    head),
+        fmt::format("attempts integer NOT NULL GENERATED ALWAYS AS (coalesce(substring(split_part({0}, E'\\n', 3) "
+                    "FROM '^attempts ([0-9]{{1,9}})$')::integer, 0)) STORED",
+                    head),
+        fmt::format("priority bigint NOT NULL GENERATED ALWAYS AS (coalesce(substring({0} FROM "
+                    "E'\\npriority (-?[0-9]{{1,18}})\\n')::bigint, 0)) STORED",
+                    head),
+        fmt::format("not_before bigint GENERATED ALWAYS AS (substring({0} FROM "
+                    "E'\\nnot_before ([0-9]{{1,18}})\\n')::bigint) STORED",
+                    head)};
   }
 
   // The rows claim_next may take: also the condition of the partial index,
   // written the same, so that the planner uses it.
-  static constexpr std::string_view claimable =
-      "(value IS NULL AND version = 0) OR position('\nstate offered\n'::bytea IN value) > 0 OR "
-      "position('\nstate released\n'::bytea IN value) > 0";
+  static constexpr std::string_view claimable = "state IN ('offered', 'released')";
 
-  // claim_next's statement: the first claimable row (with the key prefix $1,
-  // its range [$1, $2) for the index, $2 empty: no end), locked while other
-  // workers skip it, made processing with its attempt counted. The attempts
-  // are read from the record's third line ("attempts N"), on its first bytes
-  // only; a record whose third line is not that counts as 0.
+  // Returns: the table's comment (its schema), "" if it has none, nullopt if
+  // there is no such table.
+  std::optional<std::string> table_comment(PGconn* c) {
+    const std::string& t = opts_.table;
+    const result has{::PQexecParams(c,
+                                    "SELECT coalesce(obj_description(c.oid, 'pg_class'), '') FROM pg_class c "
+                                    "WHERE c.oid = to_regclass(quote_ident($1))",
+                                    1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
+                     ::PQclear};
+    check(has.get(), c, "look for the table");
+    if (::PQntuples(has.get()) == 0) return std::nullopt;
+    return std::string(::PQgetvalue(has.get(), 0, 0));
+  }
+
+  // Runs `body` in one transaction that holds the table's advisory lock
+  // (two first users at once would collide in the catalog).
+  template <class Body>
+  void under_table_lock(PGconn* c, std::string_view what, Body body) {
+    exec(c, "BEGIN", what);
+    try {
+      exec(c, fmt::format("SELECT pg_advisory_xact_lock(hashtext('dibs-store:{}'))", opts_.table), what);
+      body();
+      exec(c, "COMMIT", what);
+    } catch (...) {
+      const result r{::PQexec(c, "ROLLBACK"), ::PQclear};
+      throw;
+    }
+  }
+
+  // Creates the table if absent, migrates one of schema 1 to schema 2, then
+  // checks its shape.
+  void setup_table(PGconn* c) {
+    const std::string& t = opts_.table;
+    auto comment = table_comment(c);
+    if (!comment) {
+      under_table_lock(c, "create the table", [&] {
+        exec(c, fmt::format("CREATE TABLE IF NOT EXISTS \"{0}\" (key bytea PRIMARY KEY, value bytea, "
+                            "version bigint NOT NULL DEFAULT 0, written timestamptz NOT NULL DEFAULT clock_timestamp(), "
+                            "{3}); "
+                            "COMMENT ON TABLE \"{0}\" IS '{1}'; "
+                            "CREATE OR REPLACE FUNCTION \"{0}_notify\"() RETURNS trigger LANGUAGE plpgsql AS "
+                            "$$BEGIN PERFORM pg_notify('dibs_{0}', encode(NEW.key, 'hex')); RETURN NULL; END$$; "
+                            "CREATE OR REPLACE TRIGGER \"{0}_erased\" AFTER UPDATE ON \"{0}\" FOR EACH ROW "
+                            "WHEN (NEW.value IS NULL AND OLD.value IS NOT NULL) EXECUTE FUNCTION \"{0}_notify\"(); "
+                            "CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" (priority DESC, key) WHERE {2}",
+                            t, schema_comment, claimable, [] {
+                              std::string all;
+                              for (const auto& col : queue_columns()) all += (all.empty() ? "" : ", ") + col;
+                              return all;
+                            }()),
+             "create the table");
+      });
+      comment = table_comment(c);
+    }
+    if (comment && *comment == schema_1_comment) migrate(c);
+    comment = table_comment(c);
+    // A newer dibs's table: what it keeps there this one cannot keep right.
+    if (comment && comment->starts_with("dibs-store ") && *comment != schema_comment && *comment != schema_1_comment) {
+      throw std::system_error(make_error_code(errc::corrupt_record),
+                              fmt::format("dibs::postgres_store: table '{}' on {} has the schema '{}', which this "
+                                          "dibs does not know (it knows '{}' and migrates '{}'): use the newer dibs "
+                                          "that made it, or name another table (postgres_store_options::table)",
+                                          t, server_, *comment, schema_comment, schema_1_comment));
+    }
+    // The shape: exactly what dibs reads and writes, and its schema version.
+    const result cols{
+        ::PQexecParams(c,
+                       "SELECT string_agg(column_name || ' ' || data_type || CASE WHEN is_generated = 'ALWAYS' "
+                       "THEN ' generated' ELSE '' END, ', ' ORDER BY column_name), "
+                       "obj_description(to_regclass(quote_ident($1)), 'pg_class') "
+                       "FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 "
+                       "AND column_name IN ('key', 'value', 'version', 'written', 'state', 'attempts', 'priority', "
+                       "'not_before')",
+                       1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
+        ::PQclear};
+    check(cols.get(), c, "check the table's shape");
+    const std::string shape = ::PQgetvalue(cols.get(), 0, 0), comment_now = ::PQgetvalue(cols.get(), 0, 1);
+    constexpr std::string_view want =
+        "attempts integer generated, key bytea, not_before bigint generated, priority bigint generated, "
+        "state text generated, value bytea, version bigint, written timestamp with time zone";
+    if (shape != want || comment_now != schema_comment)
+      throw std::system_error(make_error_code(errc::corrupt_record),
+                              fmt::format("dibs::postgres_store: table '{}' on {} is not a dibs store table of this "
+                                          "version (columns: '{}', comment: '{}'; dibs needs columns '{}' and the "
+                                          "comment '{}'): name another table (postgres_store_options::table)",
+                                          t, server_, shape, comment_now, want, schema_comment));
+  }
+
+  // Migrates a table of schema 1 to schema 2 in place, in one transaction
+  // under the table's advisory lock (the first process of this dibs to open
+  // it does; the others find it done). Adding the generated columns
+  // rewrites the table under an exclusive lock: workers wait for it, and
+  // then go on. A worker of schema 1 that opened before keeps working: its
+  // statements are planned again, its claim statement still reads the
+  // record (which the columns follow), so it takes nothing twice; it only
+  // ignores priorities and backoffs. One that opens after is refused by
+  // the comment.
+  void migrate(PGconn* c) {
+    const std::string& t = opts_.table;
+    under_table_lock(c, "migrate the table to schema 2", [&] {
+      const auto now = table_comment(c);
+      if (!now || *now != schema_1_comment) return;  // another process did it meanwhile
+      // Behind a long transaction of the application's that holds rows of
+      // the table, the exclusive lock would queue every worker up behind
+      // it: give up instead, and say so.
+      exec(c, "SET LOCAL lock_timeout = '10s'", "migrate the table to schema 2");
+      std::string add;
+      for (const auto& col : queue_columns()) add += (add.empty() ? "ADD COLUMN " : ", ADD COLUMN ") + col;
+      exec(c, fmt::format("ALTER TABLE \"{0}\" {1}; DROP INDEX IF EXISTS \"{0}_claimable\"; "
+                          "CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" (priority DESC, key) WHERE {2}; "
+                          "COMMENT ON TABLE \"{0}\" IS '{3}'",
+                          t, add, claimable, schema_comment),
+           "migrate the table to schema 2 (columns state, attempts, priority, not_before)");
+    });
+  }
+
+  // claim_next's statement: up to $4 claimable rows whose not_before has
+  // come by the server's clock (with the key prefix $1, its range [$1, $2)
+  // for the index, $2 empty: no end), highest priority first, locked while
+  // other workers skip them, made processing with their attempt counted.
   static std::string take_sql(const std::string& t, bool prefix) {
     return fmt::format(
-        "WITH next AS (SELECT key, split_part(encode(substring(value FROM 1 FOR 80), 'escape'), chr(10), 3) AS line "
-        "FROM \"{0}\" WHERE ({1}) {2} ORDER BY key LIMIT 1 FOR UPDATE SKIP LOCKED) "
-        "UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || chr(10) || 'state processing' || chr(10) || "
-        "'attempts ' || (CASE WHEN next.line ~ '^attempts [0-9]{{1,9}}$' THEN substring(next.line FROM 10)::int "
-        "ELSE 0 END + 1) || chr(10), 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp() "
-        "FROM next WHERE r.key = next.key RETURNING r.key, r.value, r.version",
+        "UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || E'\\n' || 'state processing' || E'\\n' || "
+        "'attempts ' || (r.attempts + 1) || E'\\n' || CASE WHEN r.priority <> 0 THEN 'priority ' || r.priority || "
+        "E'\\n' ELSE '' END, 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp() "
+        "WHERE r.key = ANY (ARRAY(SELECT key FROM \"{0}\" WHERE ({1}) AND (not_before IS NULL OR "
+        "not_before <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint) {2} "
+        "ORDER BY priority DESC, key LIMIT $4::integer FOR UPDATE SKIP LOCKED)) "
+        "RETURNING r.key, r.value, r.version, r.priority",
         t, claimable,
         prefix ? "AND key >= $1::bytea AND ($2::bytea = ''::bytea OR key < $2::bytea) AND "
                  "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea"
@@ -535,8 +644,10 @@ private:
     for (const auto& p : params) {
       values.push_back(p.data());
       lengths.push_back(static_cast<int>(p.size()));
-      // Versions go as text ($2 of replace and erase); keys and values as bytes.
-      const bool text = (s == stmt::replace || s == stmt::erase) && i == 1;
+      // Versions go as text ($2 of replace and erase), and so does the
+      // count of take ($4); keys and values as bytes.
+      const bool text = ((s == stmt::replace || s == stmt::erase) && i == 1) ||
+                        ((s == stmt::take || s == stmt::take_all) && i == 3);
       formats.push_back(text ? 0 : 1);
       ++i;
     }
