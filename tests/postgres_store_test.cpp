@@ -46,6 +46,13 @@ TEST_CASE("postgres_store passes the conformance suite, in one process and acros
   REQUIRE_NOTHROW(dibs::testing::check_counter_race_processes([&] { return pg_open(t); }, 8, 200, "race-counter"));
 }
 
+TEST_CASE("postgres_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 8 processes") {
+  const auto t = pg::fresh_table("queueconf");
+  auto s = pg_open(t);
+  REQUIRE_NOTHROW(dibs::testing::check_queue(s, "q-"));
+  REQUIRE_NOTHROW(dibs::testing::check_queue_race_processes([&] { return pg_open(t); }, 8, 600, "race-"));
+}
+
 TEST_CASE("records are rows a person can query, in a table dibs made and marked with its schema version") {
   const auto t = pg::fresh_table("rows");
   auto s = pg_open(t);

@@ -602,3 +602,13 @@ TEST_CASE("a full filesystem at a store's open is named as such, with the path a
                          Contains("the filesystem of '" + mnt.string() + "' is full") && !Contains("CREATE") &&
                          !Contains("SELECT") && !Contains("PRAGMA"));
 }
+
+TEST_CASE("sqlite_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 4 processes") {
+  temp_dir dir;
+  const auto db = dir.path / "queue.db";
+  {
+    dibs::sqlite_store s{db};
+    REQUIRE_NOTHROW(dibs::testing::check_queue(s, "q-"));
+  }  // closed before forking
+  REQUIRE_NOTHROW(dibs::testing::check_queue_race_processes([&] { return dibs::sqlite_store{db}; }, 4, 150, "race-"));
+}

@@ -10,9 +10,12 @@
 //
 // States of an item (the record's value, readable text):
 //   absent      never claimed
-//   offered     put in the queue by offer(), for claim_next to find; never claimed
+//   offered     put in the queue by offer(), for claim_next to find; never
+//               claimed; maybe with a priority and a not_before time
 //   processing  claimed: owner (host, boot, pid, start time), lease, attempts
-//   released    given back (scope left without complete(), or an error); attempts kept
+//   released    given back (scope left without complete(), or an error);
+//               attempts and priority kept; claimable again after a backoff
+//               (release(error, retry_after), claim_options::retry_backoff)
 //   completed   done; kept as proof
 //   failed      given back max_attempts times; kept, with the last error
 // Every change is one compare-and-set on the record's version, so two workers
@@ -888,8 +891,9 @@ private:
     std::string v = fmt::format("dibs-claim 1\nstate {}\nattempts {}\n", to_string(s), attempts);
     if (priority != 0) v += fmt::format("priority {}\n", priority);
     if (not_before != std::chrono::system_clock::time_point{})
-      v += fmt::format("not_before {}\n", std::chrono::duration_cast<std::chrono::milliseconds>(
-                                              not_before.time_since_epoch()).count());
+      // Rounded up: never claimable before the time asked for.
+      v += fmt::format("not_before {}\n",
+                       std::chrono::ceil<std::chrono::milliseconds>(not_before.time_since_epoch()).count());
     return v + encode_rest(s, error, result, token);
   }
   // What claim_next's statement on a claim_queue_store writes after the

@@ -14,9 +14,18 @@
 //   version bigint NOT NULL      grows with every change, also across erase
 //                                and re-create (rows are never deleted by dibs)
 //   written timestamptz          the server's clock at the last change
+//   state, attempts, priority, not_before
+//                                marker_claim's queue, generated from the
+//                                record (GENERATED ALWAYS ... STORED), so
+//                                they never disagree with it; a partial
+//                                index <table>_queue over the claimable rows
 //
-// and marked with the comment 'dibs-store 1' (the schema version); a table
-// of another shape or version under that name is refused, naming it.
+// and marked with the comment 'dibs-store 2' (the schema version); a table
+// of another shape under that name is refused, naming it, and so is one of
+// a newer schema. A table of schema 1 (without the queue columns) is
+// migrated in place by the first process that opens it, in one transaction
+// under an advisory lock, while workers of either version go on (see
+// migrate() and docs/stores.md).
 //
 // Every operation is one prepared autocommit statement. Failures:
 //   - a lost connection, a server restarting or shutting down (class 08,
