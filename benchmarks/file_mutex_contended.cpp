@@ -32,8 +32,6 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,14 +53,13 @@
 
 #include <fmt/format.h>
 
+#include "procs.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using dibs_bench::mono_ns;  // CLOCK_MONOTONIC, steady_clock's clock
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "file_mutex_contended: FATAL: %s\n", what.c_str());
@@ -77,8 +74,6 @@ constexpr int max_procs = 64;
 struct shared_page {
   std::atomic<std::int64_t> last_unlock_ns{0};
   std::atomic<std::int32_t> last_holder{-1};
-  std::atomic<std::int32_t> ready{0};
-  std::atomic<std::int64_t> finish_ns[max_procs];
 };
 
 // The locks under test: constructed in the child, after fork().
@@ -146,22 +141,18 @@ void write_all(int fd, const void* data, std::size_t size, const char* what) {
 }
 
 template <class Lock>
-[[noreturn]] void child(int id, const spec& s, shared_page* page, int go_fd) {
-  int rc = 0;
-  try {
+void child(int id, const spec& s, shared_page* page, dibs_bench::gate& g) {
+  {
     Lock l{s.lock_path};
     const int cfd = ::open(s.counter_path.c_str(), O_RDWR | O_CLOEXEC);
     if (cfd < 0) throw sys_error("open counter");
     std::vector<std::int64_t> cross, self;
     cross.reserve(static_cast<std::size_t>(s.cycles));
     self.reserve(static_cast<std::size_t>(s.cycles));
-    page->ready.fetch_add(1);
-    char c;
-    while (::read(go_fd, &c, 1) < 0 && errno == EINTR) {
-    }
+    g.wait();
     for (long n = 0; n < s.cycles; ++n) {
       l.lock();
-      const std::int64_t t = now_ns();
+      const std::int64_t t = mono_ns();
       const std::int64_t last = page->last_unlock_ns.load(std::memory_order_acquire);
       const std::int32_t who = page->last_holder.load(std::memory_order_relaxed);
       if (last != 0) (who == id ? self : cross).push_back(t - last);
@@ -170,10 +161,10 @@ template <class Lock>
       ++v;
       if (::pwrite(cfd, &v, sizeof v, 0) != static_cast<ssize_t>(sizeof v)) throw sys_error("pwrite counter");
       page->last_holder.store(id, std::memory_order_relaxed);
-      page->last_unlock_ns.store(now_ns(), std::memory_order_release);
+      page->last_unlock_ns.store(mono_ns(), std::memory_order_release);
       l.unlock();
     }
-    page->finish_ns[id].store(now_ns());
+    g.end();
     ::close(cfd);
     const int out = ::open(s.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out < 0) throw sys_error("open " + s.out_path.string());
@@ -182,14 +173,10 @@ template <class Lock>
     write_all(out, cross.data(), cross.size() * sizeof(std::int64_t), "write latencies");
     write_all(out, self.data(), self.size() * sizeof(std::int64_t), "write latencies");
     ::close(out);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "file_mutex_contended: child %d: %s\n", id, e.what());
-    rc = 1;
   }
-  ::_exit(rc);
 }
 
-using child_fn = void (*)(int, const spec&, shared_page*, int);
+using child_fn = void (*)(int, const spec&, shared_page*, dibs_bench::gate&);
 
 const std::vector<std::pair<std::string, child_fn>>& all_locks() {
   static const std::vector<std::pair<std::string, child_fn>> v = {
@@ -208,13 +195,6 @@ struct result {
   double p50_all = 0, p99_all = 0, p50_cross = 0, p99_cross = 0, cross_share = 0;
 };
 
-double percentile(std::vector<std::int64_t>& v, double q) {
-  if (v.empty()) return 0;
-  const auto k = std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())));
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return static_cast<double>(v[k]);
-}
-
 result run_once(const std::string& name, child_fn fn, int procs, long cycles, const fs::path& base) {
   const fs::path dir = base / fmt::format("{}-{}", name, procs);
   fs::remove_all(dir);
@@ -230,34 +210,15 @@ result run_once(const std::string& name, child_fn fn, int procs, long cycles, co
       die("cannot create " + counter_path.string());
     ::close(c);
   }
-  void* mem = ::mmap(nullptr, sizeof(shared_page), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) die("mmap");
-  auto* page = new (mem) shared_page{};
-  int go[2];
-  if (::pipe(go) != 0) die("pipe");
-  std::vector<pid_t> pids;
-  for (int i = 0; i < procs; ++i) {
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid < 0) die("fork");
-    if (pid == 0) {
-      ::close(go[1]);
-      fn(i, spec{lock_path, counter_path, dir / fmt::format("lat-{}", i), cycles}, page, go[0]);
-    }
-    pids.push_back(pid);
+  auto* page = dibs_bench::shared_new<shared_page>();
+  double secs = 0;
+  try {
+    secs = dibs_bench::run_procs(procs, [&](int i, dibs_bench::gate& g) {
+      fn(i, spec{lock_path, counter_path, dir / fmt::format("lat-{}", i), cycles}, page, g);
+    });
+  } catch (const std::exception& e) {
+    die(fmt::format("{} with {} processes: {}", name, procs, e.what()));
   }
-  ::close(go[0]);
-  while (page->ready.load() < procs) std::this_thread::sleep_for(std::chrono::milliseconds{1});
-  const std::int64_t t0 = now_ns();
-  ::close(go[1]);  // the starting gun
-  bool failed = false;
-  for (pid_t p : pids) {
-    int status = 0;
-    while (::waitpid(p, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = true;
-  }
-  if (failed) die(fmt::format("{} with {} processes: a child failed", name, procs));
   std::uint64_t total = 0;
   {
     const int c = ::open(counter_path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -268,8 +229,6 @@ result run_once(const std::string& name, child_fn fn, int procs, long cycles, co
   if (total != expected)
     die(fmt::format("{} with {} processes: counter is {}, expected {}: the lock did not exclude", name, procs, total,
                     expected));
-  std::int64_t t1 = t0;
-  for (int i = 0; i < procs; ++i) t1 = std::max(t1, page->finish_ns[i].load());
 
   std::vector<std::int64_t> cross, all;
   for (int i = 0; i < procs; ++i) {
@@ -286,16 +245,15 @@ result run_once(const std::string& name, child_fn fn, int procs, long cycles, co
     all.insert(all.end(), c.begin(), c.end());
     all.insert(all.end(), s.begin(), s.end());
   }
-  ::munmap(mem, sizeof(shared_page));
   fs::remove_all(dir);
 
   result r;
-  r.cycles_per_s = static_cast<double>(expected) / (static_cast<double>(t1 - t0) / 1e9);
+  r.cycles_per_s = static_cast<double>(expected) / secs;
   r.cross_share = all.empty() ? 0 : static_cast<double>(cross.size()) / static_cast<double>(all.size());
-  r.p50_all = percentile(all, 0.50);
-  r.p99_all = percentile(all, 0.99);
-  r.p50_cross = percentile(cross, 0.50);
-  r.p99_cross = percentile(cross, 0.99);
+  r.p50_all = dibs_bench::quantile(all, 0.50);
+  r.p99_all = dibs_bench::quantile(all, 0.99);
+  r.p50_cross = dibs_bench::quantile(cross, 0.50);
+  r.p99_cross = dibs_bench::quantile(cross, 0.99);
   return r;
 }
 
@@ -305,12 +263,6 @@ std::vector<std::string> split(const std::string& s) {
   for (std::string item; std::getline(in, item, ',');)
     if (!item.empty()) out.push_back(item);
   return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 }  // namespace
@@ -372,7 +324,7 @@ int main(int argc, char** argv) {
       const auto med = [&](double result::*m) {
         std::vector<double> xs;
         for (const auto& x : v) xs.push_back(x.*m);
-        return median(xs);
+        return dibs_bench::median(xs);
       };
       fmt::print("| {} | {} | {:.0f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f} |\n", l, p, med(&result::cycles_per_s),
                  med(&result::p50_all) / 1e3, med(&result::p99_all) / 1e3, med(&result::p50_cross) / 1e3,

@@ -43,9 +43,6 @@
 #include <dibs/imap/store.hpp>
 #include <dibs/marker_claim.hpp>
 
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,34 +57,21 @@
 
 #include <fmt/format.h>
 
+#include "procs.hpp"
+
 namespace {
 
-std::int64_t mono_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
+using dibs_bench::mono_ns;
 
 constexpr long max_items = 100'000;
 
 struct shared {
-  std::atomic<int> ready{0};
-  std::atomic<int> go{0};
-  std::atomic<int> finished{0};
-  std::atomic<long> handled{0};         // mailbox: messages completed so far
-  std::atomic<std::int64_t> last_ns{0};  // when the last item was won/handled
+  std::atomic<long> handled{0};  // mailbox: messages completed so far
   std::atomic<long> won[64];
   std::atomic<std::int64_t> append_ns{0}, fetch_ns{0}, claim_ns{0}, work_ns{0};
   std::atomic<long> appends{0}, fetches{0}, claims{0}, works{0}, refetches{0};
   std::atomic<int> winners[max_items];
 };
-
-void note_end(shared* sh) {
-  const auto now = mono_ns();
-  auto seen = sh->last_ns.load();
-  while (seen < now && !sh->last_ns.compare_exchange_weak(seen, now)) {
-  }
-}
 
 std::string key_of(long i) { return fmt::format("job-{:08}", i); }
 
@@ -185,54 +169,7 @@ struct hand {
   }
 };
 
-template <class Body>
-double run_procs(shared* sh, int procs, Body body) {
-  std::vector<pid_t> pids;
-  for (int p = 0; p < procs; ++p) {
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
-        body(p, [&] {
-          sh->ready.fetch_add(1);
-          while (sh->go.load() == 0) {
-          }
-        });
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "process %d: %s\n", p, e.what());
-        code = 1;
-      }
-      // Nobody exits before all are done: a claim whose process is gone is
-      // fair game (marker_claim recovers it), and a worker still racing for
-      // the shared keys would take it over.
-      sh->finished.fetch_add(1);
-      while (sh->go.load() && sh->finished.load() < procs) ::usleep(1000);
-      std::fflush(nullptr);
-      std::_Exit(code);  // no destructors: claims are neither given back nor tidied
-    }
-    pids.push_back(pid);
-  }
-  while (sh->ready.load() < procs) {
-    int st = 0;
-    if (::waitpid(-1, &st, WNOHANG) > 0) throw std::runtime_error("a process failed before the start");
-  }
-  const auto t0 = mono_ns();
-  sh->go.store(1);
-  int failed = 0;
-  for (pid_t pid : pids) {
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
-  if (failed) throw std::runtime_error(fmt::format("{} processes failed", failed));
-  return static_cast<double>(sh->last_ns.load() - t0) / 1e9;
-}
-
-double median_ms(std::vector<std::int64_t> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : static_cast<double>(v[v.size() / 2]) / 1e6;
-}
+double median_ms(const std::vector<std::int64_t>& v) { return dibs_bench::median(v) / 1e6; }
 
 int ops(long n) try {
   auto* sh = new shared{};
@@ -301,9 +238,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    void* mem = ::mmap(nullptr, sizeof(shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) return 2;
-    auto* sh = new (mem) shared{};
+    auto* sh = dibs_bench::shared_new<shared>();
     const auto server = dibs::imap::options::from_env();
     const std::string folder = fmt::format("bench-{}-{}", mode, ::getpid());
     const std::string inbox = folder + "-inbox";
@@ -326,7 +261,10 @@ int main(int argc, char** argv) {
       }
     }
     const dibs::claim_options copts{.lease = std::chrono::minutes{10}, .renew = false};
-    double secs = run_procs(sh, procs, [&](int p, auto&& gate) {
+    // Nobody exits before all are done: a claim whose process is gone is fair
+    // game (marker_claim recovers it), and a worker still racing for the
+    // shared keys would take it over. The time ends at the last item won.
+    double secs = dibs_bench::run_procs(procs, [&](int p, dibs_bench::gate& g) {
       long won = 0;
       const long first = p * items / procs, last = (p + 1) * items / procs;
       if (way == "dibs" && bench != "mailbox") {
@@ -334,7 +272,7 @@ int main(int argc, char** argv) {
         dibs::marker_claim<dibs::imap_store> claims{store, copts};
         auto* keep = new std::vector<dibs::marker_claim<dibs::imap_store>::claim>;  // never given back
         keep->reserve(static_cast<std::size_t>(items));
-        gate();
+        g.wait();
         const long from = bench == "own" ? first : 0, to = bench == "own" ? last : items;
         for (long k = from; k < to; ++k) {
           const auto t0 = mono_ns();
@@ -346,18 +284,18 @@ int main(int argc, char** argv) {
           else keep->push_back(std::move(*c));
           ++won;
           ++sh->winners[k];
-          note_end(sh);
+          g.end();
         }
       } else if (way == "floor" && bench != "mailbox") {
         hand h{folder, sh};
-        gate();
+        g.wait();
         if (bench == "own") {
           for (long k = first; k < last; ++k) {
             h.append_and_read(key_of(k), "claim");
             if (complete) h.append_and_read(key_of(k), "completed");
             ++won;
             ++sh->winners[k];
-            note_end(sh);
+            g.end();
           }
         } else {
           for (long k = 0; k < items; ++k) {
@@ -365,13 +303,13 @@ int main(int argc, char** argv) {
             if (h.claimed(key) || !h.race(key)) continue;
             ++won;
             ++sh->winners[k];
-            note_end(sh);
+            g.end();
           }
         }
       } else if (way == "dibs") {
         dibs::imap_store store{server, {.folder = folder}};
         dibs::imap_mailbox box{server, store, {.mailbox = inbox, .claims = copts}};
-        gate();
+        g.wait();
         while (sh->handled.load() < items) {
           auto m = box.next(std::chrono::milliseconds{200});
           if (!m) continue;
@@ -381,7 +319,7 @@ int main(int argc, char** argv) {
           ++sh->winners[uid - 1];
           ++won;
           ++sh->handled;
-          note_end(sh);
+          g.end();
         }
       } else {
         hand claims{folder, sh};
@@ -391,7 +329,7 @@ int main(int argc, char** argv) {
           for (const auto& v : dibs::imap::parse(line))
             if (v.number()) todo.push_back(static_cast<std::uint32_t>(*v.number()));
         std::shuffle(todo.begin(), todo.end(), claims.rng);  // workers spread over the backlog, as imap_mailbox does
-        gate();
+        g.wait();
         for (const auto uid : todo) {
           const auto key = std::to_string(uid);
           if (claims.claimed(key) || !claims.race(key)) continue;
@@ -405,11 +343,11 @@ int main(int argc, char** argv) {
           ++sh->winners[uid - 1];
           ++won;
           ++sh->handled;
-          note_end(sh);
+          g.end();
         }
       }
       sh->won[p] = won;
-    });
+    }, {.stay_until_all_done = true});
 
     long total = 0;
     std::string per;

@@ -21,9 +21,6 @@
 #include <dibs/stores/postgres_store.hpp>
 
 #include <libpq-fe.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,13 +35,11 @@
 
 #include <fmt/format.h>
 
+#include "procs.hpp"
+
 namespace {
 
-std::int64_t mono_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
+using dibs_bench::mono_ns;
 
 std::string conninfo() {
   const char* c = std::getenv("DIBS_PG_CONNINFO");
@@ -86,8 +81,6 @@ struct pg {
 };
 
 struct shared {
-  std::atomic<int> ready{0};
-  std::atomic<int> go{0};
   std::atomic<long> done[64];
   std::atomic<std::int64_t> unlocked_ns{0};
   std::atomic<long> round{0};
@@ -147,41 +140,6 @@ struct polling_store {
   bool erase(std::string_view k, dibs::version e, dibs::time_limit t) { return s.erase(k, e, t); }
 };
 
-template <class Body>
-double run_procs(shared* sh, int procs, Body body) {
-  std::vector<pid_t> pids;
-  for (int p = 0; p < procs; ++p) {
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
-        sh->ready.fetch_add(1);
-        while (sh->go.load() == 0) {
-        }
-        sh->done[p] = body(p);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "process %d: %s\n", p, e.what());
-        code = 1;
-      }
-      std::_Exit(code);
-    }
-    pids.push_back(pid);
-  }
-  while (sh->ready.load() < procs) {
-  }
-  const auto t0 = mono_ns();
-  sh->go.store(1);
-  int failed = 0;
-  for (pid_t pid : pids) {
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
-  if (failed) throw std::runtime_error(fmt::format("{} processes failed", failed));
-  return static_cast<double>(mono_ns() - t0) / 1e9;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,9 +158,8 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    void* mem = ::mmap(nullptr, sizeof(shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED || procs < 1 || procs > 64 || items < 1 || items > 200'000) return 2;
-    auto* sh = new (mem) shared{};
+    if (procs < 1 || procs > 64 || items < 1 || items > 200'000) return 2;
+    auto* sh = dibs_bench::shared_new<shared>();
     const std::string table = fmt::format("bench_{}_{}_{}", bench, way, ::getpid());
     pg admin;
     long total = 0;
@@ -211,12 +168,13 @@ int main(int argc, char** argv) {
     if (bench == "claim") {
       if (way == "dibs") dibs::postgres_store{conninfo(), {.table = table}};  // the same table both ways
       else admin.exec(fmt::format("CREATE TABLE {} (key text PRIMARY KEY, value text, version bigint NOT NULL DEFAULT 0)", table));
-      secs = run_procs(sh, procs, [&](int p) {
+      secs = dibs_bench::run_procs(procs, [&](int p, dibs_bench::gate& g) {
         long won = 0;
         const long first = p * items / procs, last = (p + 1) * items / procs;
         if (way == "dibs") {
           dibs::postgres_store store{conninfo(), {.table = table}};
           dibs::marker_claim<dibs::postgres_store> claims{store, {.renew = false}};
+          g.wait();
           for (long k = first; k < last; ++k)
             if (auto c = claims.try_claim(key_of(k))) {
               c->complete();
@@ -224,9 +182,10 @@ int main(int argc, char** argv) {
             }
         } else {
           hand_claims h{table};
+          g.wait();
           for (long k = first; k < last; ++k) won += h.claim_and_complete(key_of(k));
         }
-        return won;
+        sh->done[p] = won;
       });
     } else if (bench == "next") {
       if (way == "dibs") {
@@ -240,28 +199,31 @@ int main(int argc, char** argv) {
                                table, items - 1));
       }
       admin.exec(fmt::format("VACUUM ANALYZE {}", table));
-      secs = run_procs(sh, procs, [&](int) {
+      secs = dibs_bench::run_procs(procs, [&](int p, dibs_bench::gate& g) {
         long won = 0;
         if (way == "dibs") {
           dibs::postgres_store store{conninfo(), {.table = table}};
           dibs::marker_claim<dibs::postgres_store> claims{store, {.renew = false}};
+          g.wait();
           while (auto c = claims.claim_next()) {
             c->complete();
             ++won;
           }
         } else {
           hand_queue q{table};
+          g.wait();
           while (q.next()) ++won;
         }
-        return won;
+        sh->done[p] = won;
       });
     } else if (bench == "handoff") {
       procs = 2;
       dibs::postgres_store{conninfo(), {.table = table}};
-      secs = run_procs(sh, 2, [&](int p) {
+      secs = dibs_bench::run_procs(2, [&](int p, dibs_bench::gate& g) {
         dibs::postgres_store store{conninfo(), {.table = table}};
         polling_store polling{store};
         auto loop = [&](auto& lock) {
+          g.wait();
           long mine = 0;
           for (;;) {
             lock.lock();
@@ -285,16 +247,16 @@ int main(int argc, char** argv) {
         const dibs::lease_options o{.lease = std::chrono::seconds{10}};
         if (way == "notify") {
           dibs::lease_mutex<dibs::postgres_store> lock{store, "handoff", o};
-          return loop(lock);
+          loop(lock);
+          return;
         }
         dibs::lease_mutex<polling_store> lock{polling, "handoff", o};
         (void)p;
-        return loop(lock);
+        loop(lock);
       });
       std::vector<std::int64_t> h(sh->handoff_ns + 1, sh->handoff_ns + std::min<long>(items, 200'000));
       h.erase(std::remove(h.begin(), h.end(), 0), h.end());
-      std::sort(h.begin(), h.end());
-      auto pct = [&](double q) { return h.empty() ? 0.0 : static_cast<double>(h[static_cast<std::size_t>(q * static_cast<double>(h.size() - 1))]) / 1e6; };
+      auto pct = [&](double q) { return dibs_bench::quantile(h, q) / 1e6; };
       extra = fmt::format(", \"handoffs\": {}, \"p50_ms\": {:.3f}, \"p99_ms\": {:.3f}", h.size(), pct(0.5), pct(0.99));
       total = items;
     } else {

@@ -6,6 +6,7 @@
 #
 #   benchmarks/run_cli_benchmarks.sh [N] [DIBS]   (N = 500 rounds; DIBS = build/default/tools/dibs)
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 n=${1:-500}
 dibs=${2:-$(dirname "$0")/../build/default/tools/dibs}
@@ -35,15 +36,14 @@ for ((i = 0; i < n; i++)); do
   done
 done
 
-median() { sort -g "t.$1" | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 declare -A m
-for v in "${variants[@]}"; do m[$v]=$(median "$v"); done
+for v in "${variants[@]}"; do m[$v]=$(median < "t.$v"); done
 echo "rounds: $n (median ms per invocation, each variant run once per round in turn)"
 printf '%-40s %8.2f ms\n' "flock k.lock true" "${m[flock]}"
 printf '%-40s %8.2f ms  %5.2fx flock\n' "dibs lock --kernel k.lock -- true" "${m[dibs_kernel]}" \
-  "$(awk -v a="${m[dibs_kernel]}" -v b="${m[flock]}" 'BEGIN { print a / b }')"
+  "$(ratio "${m[dibs_kernel]}" "${m[flock]}")"
 printf '%-40s %8.2f ms  %5.2fx flock\n' "dibs lock l.lock -- true (lease)" "${m[dibs_lease]}" \
-  "$(awk -v a="${m[dibs_lease]}" -v b="${m[flock]}" 'BEGIN { print a / b }')"
+  "$(ratio "${m[dibs_lease]}" "${m[flock]}")"
 printf '%-40s %8.2f ms\n' "sh -c 'echo text >> a.log'" "${m[echo_append]}"
 printf '%-40s %8.2f ms  %5.2fx echo\n' "dibs log d.log text" "${m[dibs_log]}" \
-  "$(awk -v a="${m[dibs_log]}" -v b="${m[echo_append]}" 'BEGIN { print a / b }')"
+  "$(ratio "${m[dibs_log]}" "${m[echo_append]}")"

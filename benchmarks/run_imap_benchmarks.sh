@@ -10,7 +10,7 @@
 # Environment: BUILD_DIR (default <repo>/build/bench-imap), OUT (default
 # $BUILD_DIR/results).
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BUILD_DIR=${BUILD_DIR:-$ROOT/build/bench-imap}
 OUT=${OUT:-$BUILD_DIR/results}
 quick=0 build=1 runs=5
@@ -24,25 +24,13 @@ while (($#)); do
   esac
   shift
 done
-if [[ $build == 1 ]]; then
-  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIBS_BUILD_TESTS=OFF -DDIBS_BUILD_EXAMPLES=OFF \
-    -DDIBS_BUILD_TOOLS=OFF -DDIBS_TEST_CONSUMERS=OFF >/dev/null
-  cmake --build "$BUILD_DIR" --target imap_claims
-fi
+[[ $build == 1 ]] && bench_build "$BUILD_DIR" imap_claims
 mkdir -p "$OUT"
-server=$(mktemp -d "${TMPDIR:-/tmp}/dibs-bench-imap.XXXXXX")
-trap '"$ROOT/scripts/imap.sh" stop "$server"; rm -rf "$server"' EXIT
-"$ROOT/scripts/imap.sh" start "$server" >/dev/null
-set -a
-# shellcheck disable=SC1091
-. "$server/env"
-set +a
+bench_server imap
 B=$BUILD_DIR/benchmarks/imap_claims
 items=400
 [[ $quick == 1 ]] && runs=1 items=60
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-field() { sed -n "s/.*\"$1\": \"\{0,1\}\([0-9.a-z-]*\).*/\1/p"; }
 
 log=$OUT/imap.jsonl
 : >"$log"

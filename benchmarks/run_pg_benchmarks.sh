@@ -9,7 +9,7 @@
 # Environment: BUILD_DIR (default <repo>/build/bench-pg), OUT (default
 # $BUILD_DIR/results).
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BUILD_DIR=${BUILD_DIR:-$ROOT/build/bench-pg}
 OUT=${OUT:-$BUILD_DIR/results}
 quick=0 build=1
@@ -21,22 +21,13 @@ for a in "$@"; do
     *) echo "run_pg_benchmarks.sh: unknown option $a (try --help)" >&2; exit 2 ;;
   esac
 done
-if [[ $build == 1 ]]; then
-  "$ROOT/scripts/install-deps.sh"
-  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIBS_BUILD_TESTS=OFF -DDIBS_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build "$BUILD_DIR" --target pg_claims
-fi
+[[ $build == 1 ]] && bench_build "$BUILD_DIR" pg_claims
 mkdir -p "$OUT"
-server=$(mktemp -d "${TMPDIR:-/tmp}/dibs-bench-pg.XXXXXX")
-trap '"$ROOT/scripts/pg.sh" stop "$server"; rm -rf "$server"' EXIT
-"$ROOT/scripts/pg.sh" start "$server" --durable
-export DIBS_PG_CONNINFO=$(cat "$server/conninfo")
+bench_server pg --durable
 B=$BUILD_DIR/benchmarks/pg_claims
 runs=5 items1=1000 items8=4000 handoffs=300
 [[ $quick == 1 ]] && runs=1 items1=200 items8=500 handoffs=50
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-field() { sed -n "s/.*\"$1\": \"\{0,1\}\([0-9.a-z]*\).*/\1/p"; }
 
 : >"$OUT/pg.jsonl"
 for bench in claim next; do

@@ -15,7 +15,7 @@
 # $BUILD_DIR/results: every output is kept there too).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BUILD_DIR=${BUILD_DIR:-$ROOT/build/bench-sqlite}
 export DIBS_BENCH_DIR=${DIBS_BENCH_DIR:-/var/tmp}
 OUT=${OUT:-$BUILD_DIR/results}
@@ -30,11 +30,7 @@ for a in "$@"; do
   esac
 done
 
-if [[ $build == 1 ]]; then
-  "$ROOT/scripts/install-deps.sh"
-  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIBS_BUILD_TESTS=OFF -DDIBS_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build "$BUILD_DIR" --target sqlite_claim_single sqlite_claim_procs
-fi
+[[ $build == 1 ]] && bench_build "$BUILD_DIR" sqlite_claim_single sqlite_claim_procs
 mkdir -p "$OUT"
 B=$BUILD_DIR/benchmarks
 reps=10 runs=5 items=20000 procs=8
@@ -44,8 +40,6 @@ echo "== 1. claim+complete, 1 process ($reps repetitions)"
 "$B/sqlite_claim_single" --benchmark_repetitions=$reps --benchmark_report_aggregates_only=true \
   --benchmark_out="$OUT/single.json" --benchmark_out_format=json | tee "$OUT/single.txt"
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-field() { sed -n "s/.*\"$1\": \"\{0,1\}\([0-9.a-z]*\).*/\1/p"; }
 
 echo "== 2. $procs processes, one table of $items rows ($runs runs each way)"
 : >"$OUT/procs.jsonl"

@@ -31,9 +31,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,17 +54,14 @@
 
 #include <fmt/format.h>
 
+#include "procs.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
 constexpr std::size_t record_size = 100;
 constexpr int max_procs = 64;
-
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "shared_log_throughput: FATAL: %s\n", what.c_str());
@@ -77,8 +72,6 @@ std::int64_t now_ns() {
 std::system_error sys_error(const std::string& what) { return {errno, std::generic_category(), what}; }
 
 struct shared_page {
-  std::atomic<std::int32_t> ready{0};
-  std::atomic<std::int64_t> finish_ns[max_procs];
   std::atomic<std::int64_t> failed_tries[max_procs];  // seed_lockfile: O_EXCL tries that found the lock taken
 };
 
@@ -175,29 +168,21 @@ struct seed_lockfile {
 };
 
 template <class Way>
-[[noreturn]] void child(int id, const fs::path& log, long records, shared_page* page, int go_fd) {
-  int rc = 0;
-  try {
+void child(int id, const fs::path& log, long records, shared_page* page, dibs_bench::gate& g) {
+  {
     Way w{log};
     if constexpr (std::is_same_v<Way, seed_lockfile>) w.page = page;
     char rec[record_size];
-    page->ready.fetch_add(1);
-    char c;
-    while (::read(go_fd, &c, 1) < 0 && errno == EINTR) {
-    }
+    g.wait();
     for (long n = 0; n < records; ++n) {
       make_record(rec, id, n);
       w.append(rec, id);
     }
-    page->finish_ns[id].store(now_ns());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "shared_log_throughput: child %d: %s\n", id, e.what());
-    rc = 1;
+    g.end();
   }
-  ::_exit(rc);
 }
 
-using child_fn = void (*)(int, const fs::path&, long, shared_page*, int);
+using child_fn = void (*)(int, const fs::path&, long, shared_page*, dibs_bench::gate&);
 
 const std::vector<std::pair<std::string, child_fn>>& all_ways() {
   static const std::vector<std::pair<std::string, child_fn>> v = {
@@ -257,44 +242,16 @@ result run_once(const std::string& name, child_fn fn, int procs, long records, c
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path log = dir / "test.log";
-  void* mem = ::mmap(nullptr, sizeof(shared_page), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) die("mmap");
-  auto* page = new (mem) shared_page{};
-  int go[2];
-  if (::pipe(go) != 0) die("pipe");
-  std::vector<pid_t> pids;
-  for (int i = 0; i < procs; ++i) {
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid < 0) die("fork");
-    if (pid == 0) {
-      ::close(go[1]);
-      fn(i, log, records, page, go[0]);
-    }
-    pids.push_back(pid);
-  }
-  ::close(go[0]);
-  while (page->ready.load() < procs) std::this_thread::sleep_for(std::chrono::milliseconds{1});
-  const std::int64_t t0 = now_ns();
-  ::close(go[1]);  // the starting gun
-  bool failed = false;
-  for (pid_t p : pids) {
-    int status = 0;
-    while (::waitpid(p, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = true;
-  }
-  if (failed) die(name + ": a child failed");
-  std::int64_t t1 = t0;
+  auto* page = dibs_bench::shared_new<shared_page>();
   result r;
-  for (int i = 0; i < procs; ++i) {
-    t1 = std::max(t1, page->finish_ns[i].load());
-    r.failed_tries += page->failed_tries[i].load();
+  try {
+    r.seconds = dibs_bench::run_procs(procs, [&](int i, dibs_bench::gate& g) { fn(i, log, records, page, g); });
+  } catch (const std::exception& e) {
+    die(name + ": " + e.what());
   }
-  ::munmap(mem, sizeof(shared_page));
+  for (int i = 0; i < procs; ++i) r.failed_tries += page->failed_tries[i].load();
   verify(log, name, procs, records);
   fs::remove_all(dir);
-  r.seconds = static_cast<double>(t1 - t0) / 1e9;
   r.records_per_s = static_cast<double>(procs) * static_cast<double>(records) / r.seconds;
   return r;
 }
@@ -305,12 +262,6 @@ std::vector<std::string> split(const std::string& s) {
   for (std::string item; std::getline(in, item, ',');)
     if (!item.empty()) out.push_back(item);
   return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 }  // namespace
@@ -364,7 +315,7 @@ int main(int argc, char** argv) {
 
   std::vector<double> raw;
   for (const auto& x : results["raw_append"]) raw.push_back(x.records_per_s);
-  const double raw_med = median(raw);
+  const double raw_med = dibs_bench::median(raw);
   fmt::print("\n# medians over {} repeats (record count and content verified after every run)\n", repeat);
   fmt::print("| way | procs x records | records/s | vs raw_append | failed O_EXCL tries |\n");
   fmt::print("|---|---:|---:|---:|---:|\n");
@@ -374,10 +325,10 @@ int main(int argc, char** argv) {
       rs.push_back(x.records_per_s);
       ft.push_back(static_cast<double>(x.failed_tries));
     }
-    const double m = median(rs);
+    const double m = dibs_bench::median(rs);
     fmt::print("| {} | {} x {} | {:.0f} | {} | {} |\n", w, procs, w == "seed_lockfile" ? seed_records : records, m,
                raw_med > 0 ? fmt::format("{:.3f}x", m / raw_med) : std::string("-"),
-               w == "seed_lockfile" ? fmt::format("{:.0f}", median(ft)) : std::string("-"));
+               w == "seed_lockfile" ? fmt::format("{:.0f}", dibs_bench::median(ft)) : std::string("-"));
   }
   return 0;
 }

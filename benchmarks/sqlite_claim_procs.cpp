@@ -11,10 +11,6 @@
 // up to M and every row ends completed. Exit status 1 if the check fails.
 #include <dibs/marker_claim.hpp>
 
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <time.h>
-
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -22,28 +18,21 @@
 #include <string>
 #include <vector>
 
+#include "procs.hpp"
 #include "sqlite_claim_common.hpp"
 
 namespace {
 
-std::int64_t mono_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 struct shared {
-  std::atomic<int> ready{0};
-  std::atomic<int> go{0};
-  std::atomic<std::int64_t> start_ns{0};
   std::atomic<long> won[64];
 };
 
-long walk(const std::string& way, const std::filesystem::path& path, long items, long first) {
+long walk(const std::string& way, const std::filesystem::path& path, long items, long first, dibs_bench::gate& g) {
   long won = 0;
   if (way == "dibs") {
     dibs::sqlite_store store{path, "mailbox"};
     dibs::marker_claim<dibs::sqlite_store> claims{store};
+    g.wait();
     for (long k = 0; k < items; ++k)
       if (auto c = claims.try_claim(bench::key_of((first + k) % items))) {
         c->complete();
@@ -51,6 +40,7 @@ long walk(const std::string& way, const std::filesystem::path& path, long items,
       }
   } else {
     bench::hand_claims claims{path};
+    g.wait();
     for (long k = 0; k < items; ++k) won += claims.claim_and_complete(bench::key_of((first + k) % items));
   }
   return won;
@@ -81,38 +71,17 @@ int main(int argc, char** argv) {
   const auto path = std::filesystem::path(dir) / fmt::format("dibs-bench-procs-{}.db", ::getpid());
   bench::make_mailbox(path, items);
 
-  void* mem = ::mmap(nullptr, sizeof(shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) return 3;
-  auto* sh = new (mem) shared{};
-  std::vector<pid_t> pids;
-  for (int p = 0; p < procs; ++p) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
-        sh->ready.fetch_add(1);
-        while (sh->go.load() == 0) {
-        }
-        sh->won[p] = walk(way, path, items, p * items / procs);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "worker %d: %s\n", p, e.what());
-        code = 1;
-      }
-      std::_Exit(code);
-    }
-    pids.push_back(pid);
-  }
-  while (sh->ready.load() < procs) {
-  }
-  const auto t0 = mono_ns();
-  sh->go.store(1);
+  auto* sh = dibs_bench::shared_new<shared>();
   int failed = 0;
-  for (pid_t pid : pids) {
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  double secs = 0;
+  try {
+    secs = dibs_bench::run_procs(procs, [&](int p, dibs_bench::gate& g) {
+      sh->won[p] = walk(way, path, items, p * items / procs, g);
+    });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sqlite_claim_procs: %s\n", e.what());
+    failed = 1;
   }
-  const double secs = static_cast<double>(mono_ns() - t0) / 1e9;
   long won = 0;
   for (int p = 0; p < procs; ++p) won += sh->won[p];
   dibs::sqlite::connection db{path};
@@ -120,7 +89,7 @@ int main(int argc, char** argv) {
       db.query_int64("SELECT count(*) FROM mailbox WHERE value = 'completed' OR value LIKE '%state completed%'").value_or(0));
   const long attempts = static_cast<long>(procs) * items;  // every process tries every key once
   const bool ok = failed == 0 && won == items && completed == items;
-  if (!ok) std::fprintf(stderr, "check: %d workers failed, %ld won, %ld rows completed, of %ld\n", failed, won, completed, items);
+  if (!ok) std::fprintf(stderr, "check: workers failed: %d, %ld won, %ld rows completed, of %ld\n", failed, won, completed, items);
   std::printf("{\"way\": \"%s\", \"procs\": %d, \"items\": %ld, \"seconds\": %.4f, \"items_per_s\": %.0f, "
               "\"claim_attempts\": %ld, \"failed_attempts\": %ld, \"failed_share\": %.4f, \"check\": \"%s\"}\n",
               way.c_str(), procs, items, secs, static_cast<double>(won) / secs, attempts, attempts - won,

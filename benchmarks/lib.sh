@@ -1,0 +1,54 @@
+# Shared by the benchmark runners (run_*_benchmarks.sh): source it, after
+# `set -euo pipefail`.
+#
+#   . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+#   bench_build "$BUILD_DIR" pg_claims            # Release build of the targets
+#   bench_server pg --durable                     # throwaway server, stopped at exit
+#   ... | field items_per_s | median
+#   ratio "$dibs" "$hand"                         # dibs/hand, 2 decimals
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# median: the median of the numbers on standard input, one per line (the
+# mean of the middle two if their count is even).
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# field NAME: the value of "NAME": in each JSON line on standard input (the
+# benchmarks print one flat object per run).
+field() { sed -n "s/.*\"$1\": \"\{0,1\}\([0-9.a-z-]*\).*/\1/p"; }
+
+# ratio A B: A / B with two decimals ("-" if either is missing or B is 0).
+ratio() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f\n", a / b }'; }
+
+# bench_build DIR TARGET...: configures DIR as a Release build of the
+# benchmarks only (no tests, examples or consumers) and builds the targets,
+# installing missing Debian packages first.
+bench_build() {
+  local dir=$1
+  shift
+  "$ROOT/scripts/install-deps.sh"
+  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIBS_BUILD_BENCHMARKS=ON -DDIBS_BUILD_TESTS=OFF \
+    -DDIBS_BUILD_EXAMPLES=OFF -DDIBS_TEST_CONSUMERS=OFF >/dev/null
+  cmake --build "$dir" --target "$@"
+}
+
+# bench_server pg|imap [ARGS...]: starts a throwaway server of scripts/pg.sh
+# or scripts/imap.sh on loopback, exports how to reach it (DIBS_PG_CONNINFO,
+# or the DIBS_IMAP_* variables), and stops and removes it when the shell exits.
+bench_server() {
+  local kind=$1
+  shift
+  BENCH_SERVER_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dibs-bench-$kind.XXXXXX")
+  BENCH_SERVER_KIND=$kind
+  trap '"$ROOT/scripts/$BENCH_SERVER_KIND.sh" stop "$BENCH_SERVER_DIR" >/dev/null 2>&1; rm -rf "$BENCH_SERVER_DIR"' EXIT
+  "$ROOT/scripts/$kind.sh" start "$BENCH_SERVER_DIR" "$@" >/dev/null
+  case $kind in
+    pg) DIBS_PG_CONNINFO=$(cat "$BENCH_SERVER_DIR/conninfo"); export DIBS_PG_CONNINFO ;;
+    imap)
+      set -a
+      # shellcheck disable=SC1091
+      . "$BENCH_SERVER_DIR/env"
+      set +a
+      ;;
+  esac
+}
