@@ -160,7 +160,8 @@ public:
   std::optional<dibs::version> create(std::string_view key, std::string_view value, dibs::time_limit t) {
     validate_key(key, "dibs::postgres_store::create");
     validate_value(key, value);
-    const auto r = run(stmt::create, {key, value}, t, true, "create");
+    const queue_row q{value};
+    const auto r = run(stmt::create, {key, value, q.state(), q.attempts(), q.priority(), q.not_before()}, t, true, "create");
     if (::PQntuples(r.get()) == 0) return std::nullopt;
     return integer(r.get(), 0, 0);
   }
@@ -174,7 +175,9 @@ public:
     validate_value(key, value);
     if (expected > static_cast<dibs::version>(INT64_MAX)) return std::nullopt;
     const std::string v = std::to_string(expected);
-    const auto r = run(stmt::replace, {key, v, value}, t, true, "replace");
+    const queue_row q{value};
+    const auto r = run(stmt::replace, {key, v, value, q.state(), q.attempts(), q.priority(), q.not_before()}, t, true,
+                       "replace");
     if (::PQntuples(r.get()) == 0) return std::nullopt;
     return integer(r.get(), 0, 0);
   }
@@ -313,6 +316,9 @@ private:
   static constexpr std::chrono::milliseconds min_statement{250};
   using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
   static constexpr std::string_view schema_comment = "dibs-store 2";
+  // A parameter of run() that is SQL NULL (by its address).
+  static constexpr char null_text[] = "";
+  static constexpr std::string_view null{null_text, 0};
   static constexpr std::string_view schema_1_comment = "dibs-store 1";
 
   // Requires: listen_m_ held. Opens the LISTEN connection (again).
@@ -373,6 +379,11 @@ private:
     ::PQsetNoticeReceiver(c, &postgres::detail::note_ending, &ses.ended);
     try {
       if (first) setup_table(c);
+      // The statements are prepared once and run many times; left to
+      // choose, the server plans the claim statement again at every call
+      // (its parameters look as if they mattered to the plan), which costs
+      // more than running it. This session is the store's own.
+      exec(c, "SET plan_cache_mode = force_generic_plan", "set up its session");
       prepare(c);
       // Its session, by pid and start time (as a number: text depends on
       // DateStyle and TimeZone).
@@ -401,29 +412,100 @@ private:
     check(r.get(), c, what);
   }
 
-  // The queue columns of schema 2, generated from the record (so that no
-  // writer, this dibs or one of schema 1 still running, can make them
-  // disagree with what marker_claim reads): state and attempts from the
-  // record's lines 2 and 3, priority and not_before (ms since the epoch)
-  // from the lines marker_claim writes after them. A row an application
-  // inserted with value NULL and version 0 is offered.
-  static std::array<std::string, 4> queue_columns() {
-    constexpr std::string_view head = "encode(substring(value FROM 1 FOR 128), 'escape')";
-    return {
-        fmt::format("state text GENERATED ALWAYS AS (CASE WHEN value IS NULL THEN CASE WHEN version = 0 THEN "
-                    "'offered' END WHEN substring(value FROM 1 FOR 13) = 'dibs-claim 1\n'::bytea THEN "
-                    "substring(split_part({0}, E'\\n', 2) FROM '^state ([a-z]{{1,20}})$') END) STORED",
-                    head),
-        fmt::format("attempts integer NOT NULL GENERATED ALWAYS AS (coalesce(substring(split_part({0}, E'\\n', 3) "
-                    "FROM '^attempts ([0-9]{{1,9}})$')::integer, 0)) STORED",
-                    head),
-        fmt::format("priority bigint NOT NULL GENERATED ALWAYS AS (coalesce(substring({0} FROM "
-                    "E'\\npriority (-?[0-9]{{1,18}})\\n')::bigint, 0)) STORED",
-                    head),
-        fmt::format("not_before bigint GENERATED ALWAYS AS (substring({0} FROM "
-                    "E'\\nnot_before ([0-9]{{1,18}})\\n')::bigint) STORED",
-                    head)};
+  // The queue columns of schema 2: what marker_claim's record says (its
+  // state and attempts on lines 2 and 3; its priority and not_before
+  // lines), for the claim statement and its index. This dibs writes them
+  // with the record, in the same statement (queue_row); `synced` is the
+  // version they were written for. Any other writer (dibs of schema 1 still
+  // running, an application's own INSERT) leaves `synced` behind the version
+  // (or a record erased under a claimable state), and the trigger
+  // <table>_queue_sync computes them from the record: they never disagree
+  // with what marker_claim reads. (Generated columns would do that too, but
+  // the server prepares their expressions again at every statement, which
+  // cost more than the claim itself.)
+  static constexpr std::string_view queue_column_defs =
+      "state text, attempts integer NOT NULL DEFAULT 0, priority bigint NOT NULL DEFAULT 0, not_before bigint, "
+      "synced bigint";
+
+  // The trigger that keeps the columns of rows written by others. Its
+  // parsing is queue_row's.
+  static std::string queue_sync_sql(const std::string& t) {
+    return fmt::format(
+        "CREATE OR REPLACE FUNCTION \"{0}_queue_sync\"() RETURNS trigger LANGUAGE plpgsql AS $$"
+        "DECLARE head text; BEGIN "
+        "NEW.synced := NEW.version; NEW.state := NULL; NEW.attempts := 0; NEW.priority := 0; NEW.not_before := NULL; "
+        "IF NEW.value IS NULL THEN "
+        "IF NEW.version = 0 THEN NEW.state := 'offered'; END IF; "
+        "ELSIF substring(NEW.value FROM 1 FOR 13) = 'dibs-claim 1\n'::bytea THEN "
+        "head := encode(NEW.value, 'escape'); "
+        "NEW.state := substring(split_part(head, E'\\n', 2) FROM '^state ([a-z]{{1,20}})$'); "
+        "NEW.attempts := coalesce(substring(split_part(head, E'\\n', 3) FROM '^attempts ([0-9]{{1,9}})$')::integer, 0); "
+        "NEW.priority := coalesce(substring(head FROM E'(?:^|\\n)priority (-?[0-9]{{1,18}})(?:\\n|$)')::bigint, 0); "
+        "NEW.not_before := substring(head FROM E'(?:^|\\n)not_before ([0-9]{{1,18}})(?:\\n|$)')::bigint; "
+        "END IF; RETURN NEW; END$$; "
+        "CREATE OR REPLACE TRIGGER \"{0}_queue_sync\" BEFORE INSERT OR UPDATE ON \"{0}\" FOR EACH ROW "
+        "WHEN (NEW.synced IS DISTINCT FROM NEW.version OR (NEW.value IS NULL AND NEW.state IS DISTINCT FROM "
+        "CASE WHEN NEW.version = 0 THEN 'offered' END)) EXECUTE FUNCTION \"{0}_queue_sync\"()",
+        t);
   }
+
+  // The queue columns of a record, as the trigger computes them, as text
+  // parameters (`null` for SQL NULL; text parameters end at a NUL, hence
+  // the copies).
+  class queue_row {
+  public:
+    std::string_view state() const noexcept { return state_null_ ? null : std::string_view{state_}; }
+    std::string_view attempts() const noexcept { return attempts_; }
+    std::string_view priority() const noexcept { return priority_; }
+    std::string_view not_before() const noexcept { return not_before_null_ ? null : std::string_view{not_before_}; }
+
+    explicit queue_row(std::string_view v) {
+      if (!v.starts_with("dibs-claim 1\n")) return;
+      const auto lower = [](char c) { return c >= 'a' && c <= 'z'; };
+      const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+      const auto all_of = [](std::string_view s, auto pred) { return std::all_of(s.begin(), s.end(), pred); };
+      // Line n (0-based), without its newline.
+      std::array<std::string_view, 3> head{};
+      for (std::size_t pos = 0, n = 0; n < head.size() && pos <= v.size(); ++n) {
+        const auto nl = v.find('\n', pos);
+        head[n] = v.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+        if (nl == std::string_view::npos) break;
+        pos = nl + 1;
+      }
+      if (head[1].starts_with("state ") && head[1].size() > 6 && head[1].size() <= 26 &&
+          all_of(head[1].substr(6), lower)) {
+        state_ = head[1].substr(6);
+        state_null_ = false;
+      }
+      if (head[2].starts_with("attempts ") && head[2].size() > 9 && head[2].size() <= 18 &&
+          all_of(head[2].substr(9), digit))
+        attempts_ = head[2].substr(9);
+      // The first line "priority <-?1 to 18 digits>"; likewise not_before.
+      const auto first = [&](std::string_view name, bool sign) -> std::optional<std::string_view> {
+        for (std::size_t pos = 0; pos < v.size();) {
+          const auto nl = v.find('\n', pos);
+          const auto l = v.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+          if (l.starts_with(name)) {
+            const auto num = l.substr(name.size());
+            const auto digits = sign && num.starts_with('-') ? num.substr(1) : num;
+            if (!digits.empty() && digits.size() <= 18 && all_of(digits, digit)) return num;
+          }
+          if (nl == std::string_view::npos) break;
+          pos = nl + 1;
+        }
+        return std::nullopt;
+      };
+      if (const auto p = first("priority ", true)) priority_ = *p;
+      if (const auto n = first("not_before ", false)) {
+        not_before_ = *n;
+        not_before_null_ = false;
+      }
+    }
+
+  private:
+    std::string state_, attempts_ = "0", priority_ = "0", not_before_;
+    bool state_null_ = true, not_before_null_ = true;
+  };
 
   // The rows claim_next may take: also the condition of the partial index,
   // written the same, so that the planner uses it.
@@ -467,18 +549,14 @@ private:
       under_table_lock(c, "create the table", [&] {
         exec(c, fmt::format("CREATE TABLE IF NOT EXISTS \"{0}\" (key bytea PRIMARY KEY, value bytea, "
                             "version bigint NOT NULL DEFAULT 0, written timestamptz NOT NULL DEFAULT clock_timestamp(), "
-                            "{3}); "
+                            "{3}); {4}; "
                             "COMMENT ON TABLE \"{0}\" IS '{1}'; "
                             "CREATE OR REPLACE FUNCTION \"{0}_notify\"() RETURNS trigger LANGUAGE plpgsql AS "
                             "$$BEGIN PERFORM pg_notify('dibs_{0}', encode(NEW.key, 'hex')); RETURN NULL; END$$; "
                             "CREATE OR REPLACE TRIGGER \"{0}_erased\" AFTER UPDATE ON \"{0}\" FOR EACH ROW "
                             "WHEN (NEW.value IS NULL AND OLD.value IS NOT NULL) EXECUTE FUNCTION \"{0}_notify\"(); "
                             "CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" (priority DESC, key) WHERE {2}",
-                            t, schema_comment, claimable, [] {
-                              std::string all;
-                              for (const auto& col : queue_columns()) all += (all.empty() ? "" : ", ") + col;
-                              return all;
-                            }()),
+                            t, schema_comment, claimable, queue_column_defs, queue_sync_sql(t)),
              "create the table");
       });
       comment = table_comment(c);
@@ -496,19 +574,18 @@ private:
     // The shape: exactly what dibs reads and writes, and its schema version.
     const result cols{
         ::PQexecParams(c,
-                       "SELECT string_agg(column_name || ' ' || data_type || CASE WHEN is_generated = 'ALWAYS' "
-                       "THEN ' generated' ELSE '' END, ', ' ORDER BY column_name), "
+                       "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY column_name), "
                        "obj_description(to_regclass(quote_ident($1)), 'pg_class') "
                        "FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 "
                        "AND column_name IN ('key', 'value', 'version', 'written', 'state', 'attempts', 'priority', "
-                       "'not_before')",
+                       "'not_before', 'synced')",
                        1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
         ::PQclear};
     check(cols.get(), c, "check the table's shape");
     const std::string shape = ::PQgetvalue(cols.get(), 0, 0), comment_now = ::PQgetvalue(cols.get(), 0, 1);
     constexpr std::string_view want =
-        "attempts integer generated, key bytea, not_before bigint generated, priority bigint generated, "
-        "state text generated, value bytea, version bigint, written timestamp with time zone";
+        "attempts integer, key bytea, not_before bigint, priority bigint, state text, synced bigint, value bytea, "
+        "version bigint, written timestamp with time zone";
     if (shape != want || comment_now != schema_comment)
       throw std::system_error(make_error_code(errc::corrupt_record),
                               fmt::format("dibs::postgres_store: table '{}' on {} is not a dibs store table of this "
@@ -536,12 +613,19 @@ private:
       // it: give up instead, and say so.
       exec(c, "SET LOCAL lock_timeout = '10s'", "migrate the table to schema 2");
       std::string add;
-      for (const auto& col : queue_columns()) add += (add.empty() ? "ADD COLUMN " : ", ADD COLUMN ") + col;
-      exec(c, fmt::format("ALTER TABLE \"{0}\" {1}; DROP INDEX IF EXISTS \"{0}_claimable\"; "
-                          "CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" (priority DESC, key) WHERE {2}; "
-                          "COMMENT ON TABLE \"{0}\" IS '{3}'",
-                          t, add, claimable, schema_comment),
-           "migrate the table to schema 2 (columns state, attempts, priority, not_before)");
+      for (std::string_view defs = queue_column_defs; !defs.empty();) {
+        const auto comma = defs.find(", ");
+        add += fmt::format("{}ADD COLUMN {}", add.empty() ? "" : ", ", defs.substr(0, comma));
+        defs = comma == std::string_view::npos ? std::string_view{} : defs.substr(comma + 2);
+      }
+      // The columns are added empty (no rewrite), then filled by the
+      // trigger, row by row, from the records.
+      exec(c, fmt::format("ALTER TABLE \"{0}\" {1}; {2}; UPDATE \"{0}\" SET synced = -1; "
+                          "DROP INDEX IF EXISTS \"{0}_claimable\"; "
+                          "CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" (priority DESC, key) WHERE {3}; "
+                          "COMMENT ON TABLE \"{0}\" IS '{4}'",
+                          t, add, queue_sync_sql(t), claimable, schema_comment),
+           "migrate the table to schema 2 (columns state, attempts, priority, not_before, synced)");
     });
   }
 
@@ -553,7 +637,8 @@ private:
     return fmt::format(
         "UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || E'\\n' || 'state processing' || E'\\n' || "
         "'attempts ' || (r.attempts + 1) || E'\\n' || CASE WHEN r.priority <> 0 THEN 'priority ' || r.priority || "
-        "E'\\n' ELSE '' END, 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp() "
+        "E'\\n' ELSE '' END, 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp(), "
+        "state = 'processing', attempts = r.attempts + 1, not_before = NULL, synced = r.version + 1 "
         "WHERE r.key = ANY (ARRAY(SELECT key FROM \"{0}\" WHERE ({1}) AND (not_before IS NULL OR "
         "not_before <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint) {2} "
         "ORDER BY priority DESC, key LIMIT $4::integer FOR UPDATE SKIP LOCKED)) "
@@ -571,15 +656,21 @@ private:
         {stmt::read_aged, fmt::format("SELECT value, version, (extract(epoch FROM clock_timestamp() - written) * 1000)::bigint "
                                       "FROM \"{}\" WHERE key = $1",
                                       t)},
-        {stmt::create, fmt::format("INSERT INTO \"{0}\" AS r (key, value, version, written) VALUES ($1, $2, 1, "
-                                   "clock_timestamp()) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
-                                   "version = r.version + 1, written = clock_timestamp() WHERE r.value IS NULL "
+        {stmt::create, fmt::format("INSERT INTO \"{0}\" AS r (key, value, version, written, state, attempts, priority, "
+                                   "not_before, synced) VALUES ($1, $2, 1, clock_timestamp(), $3, $4::integer, "
+                                   "$5::bigint, $6::bigint, 1) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                                   "version = r.version + 1, written = clock_timestamp(), state = excluded.state, "
+                                   "attempts = excluded.attempts, priority = excluded.priority, "
+                                   "not_before = excluded.not_before, synced = r.version + 1 WHERE r.value IS NULL "
                                    "RETURNING version",
                                    t)},
-        {stmt::replace, fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = clock_timestamp() "
+        {stmt::replace, fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = clock_timestamp(), "
+                                    "state = $4, attempts = $5::integer, priority = $6::bigint, not_before = $7::bigint, "
+                                    "synced = version + 1 "
                                     "WHERE key = $1 AND version = $2::bigint AND value IS NOT NULL RETURNING version",
                                     t)},
-        {stmt::erase, fmt::format("UPDATE \"{}\" SET value = NULL, written = clock_timestamp() "
+        {stmt::erase, fmt::format("UPDATE \"{}\" SET value = NULL, written = clock_timestamp(), state = NULL, "
+                                  "attempts = 0, priority = 0, not_before = NULL, synced = version "
                                   "WHERE key = $1 AND version = $2::bigint AND value IS NOT NULL RETURNING version",
                                   t)},
         {stmt::take, take_sql(t, true)},
@@ -653,16 +744,18 @@ private:
     for (const auto& p : params) {
       values.push_back(p.data());
       lengths.push_back(static_cast<int>(p.size()));
-      // Versions go as text ($2 of replace and erase), and so does the
-      // count of take ($4); keys and values as bytes.
+      // Versions go as text ($2 of replace and erase), and so do the
+      // count of take ($4) and the queue columns; keys and values as bytes.
       const bool text = ((s == stmt::replace || s == stmt::erase) && i == 1) ||
-                        ((s == stmt::take || s == stmt::take_all) && i == 3);
+                        ((s == stmt::take || s == stmt::take_all) && i == 3) || (s == stmt::create && i >= 2) ||
+                        (s == stmt::replace && i >= 3);
       formats.push_back(text ? 0 : 1);
       ++i;
     }
     static const char empty = 0;
     for (auto& v : values)
       if (!v) v = &empty;
+      else if (v == null.data()) v = nullptr;  // SQL NULL
     // A deadline is for waiting on what others hold (a row lock of a stopped
     // session), not for the statement's own work: on a loaded machine a few
     // round trips can take more than a "try"'s 20 ms, so a statement always
