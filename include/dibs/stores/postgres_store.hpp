@@ -14,11 +14,12 @@
 //   version bigint NOT NULL      grows with every change, also across erase
 //                                and re-create (rows are never deleted by dibs)
 //   written timestamptz          the server's clock at the last change
-//   state, attempts, priority, not_before
-//                                marker_claim's queue, generated from the
-//                                record (GENERATED ALWAYS ... STORED), so
-//                                they never disagree with it; a partial
-//                                index <table>_queue over the claimable rows
+//   state, attempts, priority, not_before, synced
+//                                marker_claim's queue: what the record says,
+//                                written with it (by a trigger for writers
+//                                other than this dibs), so they never
+//                                disagree with it; a partial index
+//                                <table>_queue over the claimable rows
 //
 // and marked with the comment 'dibs-store 2' (the schema version); a table
 // of another shape under that name is refused, naming it, and so is one of
