@@ -121,11 +121,14 @@ struct offer_options {
 /// another worker is taking, and replaces each with "dibs-claim
 /// 1\nstate processing\nattempts <its attempts + 1>\n", its "priority
 /// <p>\n" line if it had one, then `rest`. Returns their keys and new
-/// records (none if no item is claimable).
+/// records (none if no item is claimable). processing_keys(prefix) returns
+/// the keys starting with `prefix` whose record is a processing claim (the
+/// only ones a sweep can recover).
 template <class S>
 concept claim_queue_store = requires(S& s, std::string_view prefix, std::string_view rest, std::uint32_t n,
                                      dibs::time_limit t) {
   { s.take_claimable(prefix, rest, n, t) } -> std::same_as<std::vector<std::pair<std::string, record>>>;
+  { s.processing_keys(prefix) } -> std::same_as<std::vector<std::string>>;
 };
 
 /// `damaged`: the item's record cannot be read as a claim (a damaged file, a
@@ -606,7 +609,8 @@ public:
   /// claims the first claimable item (by priority, then key), skipping items
   /// other workers are claiming (FOR UPDATE SKIP LOCKED over a partial index
   /// of claimable rows), and items of workers that are gone are recovered by
-  /// a sweep at most every third of a lease when none is claimable.
+  /// a sweep of the processing items (which the store lists) at most every
+  /// third of a lease when none is claimable.
   /// Elsewhere it reads the records of the store's keys, and tries the
   /// claimable ones, highest priority first, in random order within one.
   std::optional<claim> claim_next(std::string_view prefix = {})
@@ -646,8 +650,10 @@ public:
           }
           return out;
         }
+        // Only processing claims can be recovered: the store lists them, so
+        // an idle queue costs one statement, not a read of every item.
         if (round == 0 && !sweep_due()) break;
-        if (round == 0 && sweep_all(prefix) == 0) break;
+        if (round == 0 && sweep(store_.processing_keys(prefix)) == 0) break;
       }
       return out;
     } else {

@@ -236,6 +236,16 @@ public:
     return out;
   }
 
+  /// For marker_claim's sweeps (dibs::claim_queue_store). Returns: the keys
+  /// that start with `prefix` whose record is a processing claim (by the
+  /// state column; a scan of the table, run when the queue is idle).
+  std::vector<std::string> processing_keys(std::string_view prefix = {}) {
+    const auto r = run(stmt::processing, {prefix}, dibs::time_limit::max(), false, "list claims in progress");
+    std::vector<std::string> out;
+    for (int i = 0; i < ::PQntuples(r.get()); ++i) out.push_back(bytes(r.get(), i, 0));
+    return out;
+  }
+
   /// Returns: the keys of the live records that start with `prefix`.
   std::vector<std::string> keys(std::string_view prefix = {}) {
     const auto r = run(stmt::keys, {prefix}, dibs::time_limit::max(), false, "list keys");
@@ -313,7 +323,7 @@ private:
   // Renewals (on the renewal keeper's threads) have a connection of their
   // own, so a statement of the application's that waits (a row lock held by
   // an open transaction, a table lock) never holds a lease's renewal up.
-  enum class stmt { read, read_aged, create, replace, erase, keys, take, take_all };
+  enum class stmt { read, read_aged, create, replace, erase, keys, take, take_all, processing };
   static constexpr std::chrono::milliseconds min_statement{250};
   using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
   static constexpr std::string_view schema_comment = "dibs-store 2";
@@ -676,6 +686,9 @@ private:
                                   t)},
         {stmt::take, take_sql(t, true)},
         {stmt::take_all, take_sql(t, false)},
+        {stmt::processing, fmt::format("SELECT key FROM \"{}\" WHERE state = 'processing' AND "
+                                       "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea",
+                                       t)},
         {stmt::keys, fmt::format("SELECT key FROM \"{}\" WHERE value IS NOT NULL AND "
                                  "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea",
                                  t)},
@@ -696,6 +709,7 @@ private:
       case stmt::keys: return "dibs_keys";
       case stmt::take: return "dibs_take";
       case stmt::take_all: return "dibs_take_all";
+      case stmt::processing: return "dibs_processing";
     }
     return "";
   }
