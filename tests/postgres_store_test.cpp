@@ -1025,3 +1025,53 @@ TEST_CASE("a table of a newer schema than this dibs knows is refused by name, an
   }
   CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 3");
 }
+
+namespace {
+
+// postgres_store, counting the records read one by one.
+struct counting_store {
+  dibs::postgres_store& s;
+  std::atomic<int> reads{0};
+  std::optional<dibs::record> read(std::string_view k) { return ++reads, s.read(k); }
+  std::optional<dibs::record> read(std::string_view k, dibs::time_limit t) { return ++reads, s.read(k, t); }
+  std::optional<dibs::aged_record> read_aged(std::string_view k, dibs::time_limit t) { return ++reads, s.read_aged(k, t); }
+  std::optional<dibs::version> create(std::string_view k, std::string_view v) { return s.create(k, v); }
+  std::optional<dibs::version> create(std::string_view k, std::string_view v, dibs::time_limit t) { return s.create(k, v, t); }
+  std::optional<dibs::version> replace(std::string_view k, dibs::version e, std::string_view v) { return s.replace(k, e, v); }
+  std::optional<dibs::version> replace(std::string_view k, dibs::version e, std::string_view v, dibs::time_limit t) {
+    return s.replace(k, e, v, t);
+  }
+  bool erase(std::string_view k, dibs::version e) { return s.erase(k, e); }
+  bool erase(std::string_view k, dibs::version e, dibs::time_limit t) { return s.erase(k, e, t); }
+  std::vector<std::string> keys(std::string_view p) { return s.keys(p); }
+  auto take_claimable(std::string_view p, std::string_view rest, std::uint32_t n, dibs::time_limit t) {
+    return s.take_claimable(p, rest, n, t);
+  }
+  std::vector<std::string> processing_keys(std::string_view p) { return s.processing_keys(p); }
+};
+
+}  // namespace
+
+TEST_CASE("claim_next on an idle PostgreSQL queue sweeps only the claims in progress, not every item") {
+  const auto t = pg::fresh_table("idlesweep");
+  auto s = pg_open(t);
+  counting_store counted{s};
+  static_assert(dibs::claim_queue_store<counting_store>);
+  dibs::marker_claim<counting_store> claims{counted, {.lease = 3s, .renew = false}};
+  for (int i = 0; i < 300; ++i) REQUIRE(claims.offer(fmt::format("job-{:03}", i)));
+  int done = 0;
+  while (auto c = claims.claim_next("job-")) {
+    c->complete();
+    ++done;
+  }
+  CHECK(done == 300);
+  // One claim in progress, of a worker that is alive (this one).
+  REQUIRE(claims.offer("job-held"));
+  auto held = claims.claim_next("job-");
+  REQUIRE(held);
+  counted.reads = 0;
+  std::this_thread::sleep_for(1100ms);  // a third of the lease: a sweep is due
+  CHECK_FALSE(claims.claim_next("job-"));
+  CHECK(counted.reads <= 2);  // the one processing claim (and its age), not 301 records
+  held->complete();
+}
