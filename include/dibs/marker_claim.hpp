@@ -736,7 +736,16 @@ public:
       std::set<std::string> have;
       for (auto& [k, r] : store_.records(prefix)) {
         have.insert(k);
-        out.push_back({k, parse(k, r)});
+        try {
+          out.push_back({k, parse(k, r)});
+        } catch (const std::system_error& e) {
+          // A record that is not a claim (a store may hand those out too).
+          if (e.code() != make_error_code(errc::corrupt_record)) throw;
+          claim_status st;
+          st.state = claim_state::damaged;
+          st.error = e.what();
+          out.push_back({k, std::move(st)});
+        }
       }
       for (auto& k : store_.keys(prefix))
         if (!have.count(k))
