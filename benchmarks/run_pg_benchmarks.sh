@@ -39,11 +39,13 @@ for bench in claim next; do
         "$B" --bench $bench --way $way --procs $procs --items $items | tee -a "$OUT/pg.jsonl"
       done
     done
+    declare -A med=()
     for way in hand dibs; do
-      m=$(grep "\"bench\": \"$bench\"" "$OUT/pg.jsonl" | grep "\"way\": \"$way\"" | grep "\"procs\": $procs," |
+      med[$way]=$(grep "\"bench\": \"$bench\"" "$OUT/pg.jsonl" | grep "\"way\": \"$way\"" | grep "\"procs\": $procs," |
         field items_per_s | median)
-      echo "$bench, $procs processes, $way: median $m items/s"
+      echo "$bench, $procs processes, $way: median ${med[$way]} items/s"
     done
+    echo "$bench, $procs processes: dibs / hand $(ratio "${med[dibs]}" "${med[hand]}")x"
   done
 done
 for ((r = 1; r <= runs; r++)); do

@@ -485,3 +485,10 @@ TEST_CASE("a damaged or unreadable record of dibs 0.1 at a '%' key's old name is
     CHECK_THROWS_AS(s.create("10%off", "mine"), std::system_error);
   }
 }
+
+TEST_CASE("file_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 4 processes") {
+  temp_dir dir;
+  dibs::file_store s{dir.path};
+  REQUIRE_NOTHROW(dibs::testing::check_queue(s, "q-"));
+  REQUIRE_NOTHROW(dibs::testing::check_queue_race_processes([&] { return dibs::file_store{dir.path}; }, 4, 150, "race-"));
+}

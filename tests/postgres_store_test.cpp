@@ -46,6 +46,36 @@ TEST_CASE("postgres_store passes the conformance suite, in one process and acros
   REQUIRE_NOTHROW(dibs::testing::check_counter_race_processes([&] { return pg_open(t); }, 8, 200, "race-counter"));
 }
 
+TEST_CASE("postgres_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 8 processes") {
+  const auto t = pg::fresh_table("queueconf");
+  auto s = pg_open(t);
+  REQUIRE_NOTHROW(dibs::testing::check_queue(s, "q-"));
+  REQUIRE_NOTHROW(dibs::testing::check_queue_race_processes([&] { return pg_open(t); }, 8, 600, "race-"));
+  // The queue columns this dibs wrote with the records are what the
+  // trigger computes from them (it does for every other writer): make it
+  // compute them all again, and compare.
+  dibs::marker_claim<dibs::postgres_store> claims{s, {.renew = false}};
+  REQUIRE(claims.offer("later", {.not_before = std::chrono::system_clock::now() + 1h, .priority = -3}));
+  {
+    auto c = claims.try_claim("held");
+    REQUIRE(c);
+    auto d = claims.try_claim("erased");
+    d->complete();
+    CHECK(claims.purge(0ms, [](std::string_view) { return true; }) >= 1);
+    REQUIRE(s.create("a-lock", "host h\npid 7\n"));
+    const std::string cols = "coalesce(state, '-') || ' ' || attempts || ' ' || priority || ' ' || "
+                             "coalesce(not_before::text, '-')";
+    const auto before = pg::sql(fmt::format("SELECT string_agg(encode(key, 'hex') || ' ' || {}, ', ' ORDER BY key) FROM \"{}\"", cols, t));
+    pg::sql(fmt::format("UPDATE \"{}\" SET synced = -1", t));
+    CHECK(pg::sql(fmt::format("SELECT count(*) FROM \"{}\" WHERE synced IS DISTINCT FROM version", t)) == "0");
+    CHECK(pg::sql(fmt::format("SELECT string_agg(encode(key, 'hex') || ' ' || {}, ', ' ORDER BY key) FROM \"{}\"", cols, t)) ==
+          before);
+    CHECK(pg::sql(fmt::format("SELECT state || ' ' || priority || ' ' || (not_before > 0) FROM \"{}\" WHERE key = 'later'", t)) ==
+          "offered -3 true");
+    c->complete();
+  }
+}
+
 TEST_CASE("records are rows a person can query, in a table dibs made and marked with its schema version") {
   const auto t = pg::fresh_table("rows");
   auto s = pg_open(t);
@@ -53,7 +83,7 @@ TEST_CASE("records are rows a person can query, in a table dibs made and marked 
   CHECK(pg::sql(fmt::format("SELECT convert_from(value, 'UTF8') FROM {} WHERE key = convert_to('<m1/x@example.com>', "
                             "'UTF8')",
                             t)) == "hello");
-  CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 1");
+  CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 2");
   // A second store on the same table (another process's) checks and keeps it.
   auto again = pg_open(t);
   CHECK(again.read("<m1/x@example.com>")->value == "hello");
@@ -797,4 +827,251 @@ TEST_CASE("a session the server closed while idle (idle_session_timeout) is open
   CHECK(woke.load());
   CHECK((woke_ns.load() - erased_ns) / 1'000'000 < 1000);
   CHECK(s.read("made") == dibs::record{"v", 1});
+}
+
+namespace {
+
+// A worker of dibs before queue schema 2, as far as the table sees it: the
+// DDL and statements postgres_store of schema 1 made and prepared (copied
+// from it, so the test needs no build of the old code), records in
+// marker_claim's format. Its statements are prepared when it is made, as
+// an old worker's are when it opens the store.
+struct schema_1_worker {
+  static constexpr const char* claimable =
+      "(value IS NULL AND version = 0) OR position('\nstate offered\n'::bytea IN value) > 0 OR "
+      "position('\nstate released\n'::bytea IN value) > 0";
+
+  static void create_table(const std::string& t) {
+    pg::sql(fmt::format("BEGIN; CREATE TABLE IF NOT EXISTS \"{0}\" (key bytea PRIMARY KEY, value bytea, "
+                        "version bigint NOT NULL DEFAULT 0, written timestamptz NOT NULL DEFAULT clock_timestamp()); "
+                        "COMMENT ON TABLE \"{0}\" IS 'dibs-store 1'; "
+                        "CREATE OR REPLACE FUNCTION \"{0}_notify\"() RETURNS trigger LANGUAGE plpgsql AS "
+                        "$$BEGIN PERFORM pg_notify('dibs_{0}', encode(NEW.key, 'hex')); RETURN NULL; END$$; "
+                        "CREATE OR REPLACE TRIGGER \"{0}_erased\" AFTER UPDATE ON \"{0}\" FOR EACH ROW "
+                        "WHEN (NEW.value IS NULL AND OLD.value IS NOT NULL) EXECUTE FUNCTION \"{0}_notify\"(); "
+                        "CREATE INDEX IF NOT EXISTS \"{0}_claimable\" ON \"{0}\" (key) WHERE {1}; COMMIT",
+                        t, claimable));
+  }
+
+  std::unique_ptr<PGconn, decltype(&::PQfinish)> c{::PQconnectdb(pg::conninfo().c_str()), ::PQfinish};
+
+  explicit schema_1_worker(const std::string& t) {
+    REQUIRE(::PQstatus(c.get()) == CONNECTION_OK);
+    prepare("dibs_take",
+            fmt::format("WITH next AS (SELECT key, split_part(encode(substring(value FROM 1 FOR 80), 'escape'), "
+                        "chr(10), 3) AS line FROM \"{0}\" WHERE ({1}) AND key >= $1::bytea AND ($2::bytea = "
+                        "''::bytea OR key < $2::bytea) AND substring(key FROM 1 FOR length($1::bytea)) = $1::bytea "
+                        "ORDER BY key LIMIT 1 "
+                        "FOR UPDATE SKIP LOCKED) UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || chr(10) || "
+                        "'state processing' || chr(10) || 'attempts ' || (CASE WHEN next.line ~ "
+                        "'^attempts [0-9]{{1,9}}$' THEN substring(next.line FROM 10)::int ELSE 0 END + 1) || chr(10), "
+                        "'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp() FROM next "
+                        "WHERE r.key = next.key RETURNING r.key, r.value, r.version",
+                        t, claimable));
+    prepare("dibs_replace", fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = "
+                                        "clock_timestamp() WHERE key = $1 AND version = $2::bigint AND value IS NOT "
+                                        "NULL RETURNING version",
+                                        t));
+  }
+  void prepare(const char* name, const std::string& sql) {
+    std::unique_ptr<PGresult, decltype(&::PQclear)> r{::PQprepare(c.get(), name, sql.c_str(), 0, nullptr), ::PQclear};
+    REQUIRE(::PQresultStatus(r.get()) == PGRES_COMMAND_OK);
+  }
+  // Runs a prepared statement (text parameters, binary results).
+  std::unique_ptr<PGresult, decltype(&::PQclear)> run(const char* name, std::vector<std::string> params) {
+    std::vector<const char*> v;
+    for (auto& p : params) v.push_back(p.c_str());
+    std::unique_ptr<PGresult, decltype(&::PQclear)> r{
+        ::PQexecPrepared(c.get(), name, static_cast<int>(v.size()), v.data(), nullptr, nullptr, 1), ::PQclear};
+    if (::PQresultStatus(r.get()) != PGRES_TUPLES_OK)
+      throw std::runtime_error(std::string(name) + ": " + ::PQresultErrorMessage(r.get()));
+    return r;
+  }
+  static std::int64_t int8(const PGresult* r, int col) {
+    std::uint64_t be = 0;
+    std::memcpy(&be, ::PQgetvalue(r, 0, col), 8);
+    return static_cast<std::int64_t>(be64toh(be));
+  }
+  // Claims the next item whose key starts with "job-" and completes it.
+  // Returns: its key, "" if none.
+  std::string take_and_complete() {
+    const auto got = run("dibs_take", {"job-", "job.", "changed 0\nnonce 0123456789abcdef\nhost old-worker\npid 1\n"});
+    if (::PQntuples(got.get()) == 0) return "";
+    const std::string key(::PQgetvalue(got.get(), 0, 0), static_cast<std::size_t>(::PQgetlength(got.get(), 0, 0)));
+    const std::string value(::PQgetvalue(got.get(), 0, 1), static_cast<std::size_t>(::PQgetlength(got.get(), 0, 1)));
+    const auto version = int8(got.get(), 2);
+    const auto attempts = value.substr(value.find("attempts "), value.find('\n', value.find("attempts ")) -
+                                                                     value.find("attempts "));
+    const auto done = run("dibs_replace", {key, std::to_string(version),
+                                           "dibs-claim 1\nstate completed\n" + attempts +
+                                               "\nchanged 0\nnonce fedcba9876543210\ntoken " +
+                                               std::to_string(version) + "\n"});
+    if (::PQntuples(done.get()) != 1) throw std::runtime_error("an old worker's claim of " + key + " was taken over");
+    return key;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a table of schema 1 is migrated in place by the first opener while old and new workers claim: each item taken once") {
+  const auto t = pg::fresh_table("migrate");
+  schema_1_worker::create_table(t);
+  constexpr int items = 1500;
+  // Offered the way marker_claim of schema 1 wrote it, plus one row of each
+  // other kind, to check the columns against the records afterwards.
+  pg::sql(fmt::format("INSERT INTO \"{0}\" (key, value, version) SELECT convert_to('job-' || lpad(g::text, 5, '0'), "
+                      "'UTF8'), convert_to('dibs-claim 1' || chr(10) || 'state offered' || chr(10) || 'attempts 0' || "
+                      "chr(10) || 'changed 0' || chr(10), 'UTF8'), 1 FROM generate_series(1, {1}) g; "
+                      "INSERT INTO \"{0}\" (key, value, version) VALUES "
+                      "('x-released', convert_to('dibs-claim 1' || chr(10) || 'state released' || chr(10) || "
+                      "'attempts 2' || chr(10) || 'error later' || chr(10), 'UTF8'), 4), "
+                      "('x-failed', convert_to('dibs-claim 1' || chr(10) || 'state failed' || chr(10) || "
+                      "'attempts 5' || chr(10), 'UTF8'), 9), "
+                      "('x-lock', convert_to('host h' || chr(10) || 'pid 7' || chr(10), 'UTF8'), 3), "
+                      "('x-new', NULL, 0), ('x-erased', NULL, 6)",
+                      t, items));
+  std::mutex m;
+  std::map<std::string, int> taken;  // key: how many times a worker took it
+  std::atomic<bool> migrated{false};
+  std::atomic<int> old_before{0}, old_after{0}, by_new{0};
+  auto note = [&](const std::string& key) {
+    std::lock_guard g{m};
+    ++taken[key];
+  };
+  std::vector<std::unique_ptr<schema_1_worker>> olds;
+  for (int i = 0; i < 3; ++i) olds.push_back(std::make_unique<schema_1_worker>(t));  // opened before the migration
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (auto& w : olds)
+    threads.emplace_back([&, w = w.get()] {
+      try {
+        for (;;) {
+          const std::string k = w->take_and_complete();
+          if (k.empty()) {
+            if ((migrated && by_new.load() > 0) || failures > 0) return;
+            std::this_thread::sleep_for(1ms);
+            continue;
+          }
+          note(k);
+          ++(migrated ? old_after : old_before);
+        }
+      } catch (const std::exception& e) {
+        UNSCOPED_INFO(e.what());
+        ++failures;
+      }
+    });
+  while (old_before < 100 && failures == 0) std::this_thread::sleep_for(1ms);
+  // The first opener of the new code migrates, the others find it done.
+  std::vector<std::thread> news;
+  for (int i = 0; i < 3; ++i)
+    news.emplace_back([&] {
+      try {
+        auto s = pg_open(t);
+        migrated = true;
+        dibs::marker_claim<dibs::postgres_store> claims{s, {.renew = false}};
+        while (auto c = claims.claim_next("job-")) {
+          note(c->key());
+          c->complete();
+          ++by_new;
+        }
+      } catch (const std::exception& e) {
+        UNSCOPED_INFO(e.what());
+        ++failures;
+      }
+    });
+  for (auto& th : news) th.join();
+  for (auto& th : threads) th.join();
+  REQUIRE(failures == 0);
+  CHECK(old_before >= 100);
+  CHECK(old_after > 0);  // old workers went on claiming after the migration
+  CHECK(by_new > 0);
+  CHECK(static_cast<int>(taken.size()) == items);
+  int twice = 0;
+  for (const auto& [k, n] : taken) twice += n != 1;
+  CHECK(twice == 0);
+  CHECK(old_before + old_after + by_new == items);
+  CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 2");
+  // Every record completed once, and the columns say what the records say.
+  CHECK(pg::sql(fmt::format("SELECT count(*) FROM \"{}\" WHERE state = 'completed' AND attempts = 1 AND "
+                            "position('state completed'::bytea IN value) > 0",
+                            t)) == std::to_string(items));
+  CHECK(pg::sql(fmt::format("SELECT string_agg(convert_from(key, 'UTF8') || ':' || coalesce(state, '-') || ':' || "
+                            "attempts, ' ' ORDER BY key) FROM \"{}\" WHERE key >= 'x'",
+                            t)) == "x-erased:-:0 x-failed:failed:5 x-lock:-:0 x-new:offered:0 x-released:released:2");
+  // Schema 1 code opening it now finds another comment (it refuses it);
+  // the new code opens it again without migrating anything.
+  auto again = pg_open(t);
+  dibs::marker_claim<dibs::postgres_store> claims{again, {.renew = false}};
+  auto r = claims.claim_next("x-");
+  REQUIRE(r);
+  CHECK(r->key() == "x-new");  // then x-released: both claimable, in key order
+  auto r2 = claims.claim_next("x-");
+  REQUIRE(r2);
+  CHECK(r2->key() == "x-released");
+  CHECK(r2->attempts() == 3);
+  CHECK_FALSE(claims.claim_next("x-"));
+}
+
+TEST_CASE("a table of a newer schema than this dibs knows is refused by name, and left as it was") {
+  const auto t = pg::fresh_table("newer");
+  pg_open(t);
+  pg::sql(fmt::format("COMMENT ON TABLE \"{}\" IS 'dibs-store 3'", t));
+  try {
+    pg_open(t);
+    FAIL("a table of schema 3 was opened");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == dibs::errc::corrupt_record);
+    CHECK_THAT(e.what(), Contains("table '" + t + "'") && Contains("'dibs-store 3'") && Contains("newer dibs"));
+  }
+  CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 3");
+}
+
+namespace {
+
+// postgres_store, counting the records read one by one.
+struct counting_store {
+  dibs::postgres_store& s;
+  std::atomic<int> reads{0};
+  std::optional<dibs::record> read(std::string_view k) { return ++reads, s.read(k); }
+  std::optional<dibs::record> read(std::string_view k, dibs::time_limit t) { return ++reads, s.read(k, t); }
+  std::optional<dibs::aged_record> read_aged(std::string_view k, dibs::time_limit t) { return ++reads, s.read_aged(k, t); }
+  std::optional<dibs::version> create(std::string_view k, std::string_view v) { return s.create(k, v); }
+  std::optional<dibs::version> create(std::string_view k, std::string_view v, dibs::time_limit t) { return s.create(k, v, t); }
+  std::optional<dibs::version> replace(std::string_view k, dibs::version e, std::string_view v) { return s.replace(k, e, v); }
+  std::optional<dibs::version> replace(std::string_view k, dibs::version e, std::string_view v, dibs::time_limit t) {
+    return s.replace(k, e, v, t);
+  }
+  bool erase(std::string_view k, dibs::version e) { return s.erase(k, e); }
+  bool erase(std::string_view k, dibs::version e, dibs::time_limit t) { return s.erase(k, e, t); }
+  std::vector<std::string> keys(std::string_view p) { return s.keys(p); }
+  auto take_claimable(std::string_view p, std::string_view rest, std::uint32_t n, dibs::time_limit t) {
+    return s.take_claimable(p, rest, n, t);
+  }
+  std::vector<std::string> processing_keys(std::string_view p) { return s.processing_keys(p); }
+};
+
+}  // namespace
+
+TEST_CASE("claim_next on an idle PostgreSQL queue sweeps only the claims in progress, not every item") {
+  const auto t = pg::fresh_table("idlesweep");
+  auto s = pg_open(t);
+  counting_store counted{s};
+  static_assert(dibs::claim_queue_store<counting_store>);
+  dibs::marker_claim<counting_store> claims{counted, {.lease = 3s, .renew = false}};
+  for (int i = 0; i < 300; ++i) REQUIRE(claims.offer(fmt::format("job-{:03}", i)));
+  int done = 0;
+  while (auto c = claims.claim_next("job-")) {
+    c->complete();
+    ++done;
+  }
+  CHECK(done == 300);
+  // One claim in progress, of a worker that is alive (this one).
+  REQUIRE(claims.offer("job-held"));
+  auto held = claims.claim_next("job-");
+  REQUIRE(held);
+  counted.reads = 0;
+  std::this_thread::sleep_for(1100ms);  // a third of the lease: a sweep is due
+  CHECK_FALSE(claims.claim_next("job-"));
+  CHECK(counted.reads <= 2);  // the one processing claim (and its age), not 301 records
+  held->complete();
 }

@@ -91,3 +91,10 @@ TEST_CASE("shm_store: a full table, a bad name, a mismatched shape are clear err
   c->complete();
   CHECK(claims.status("k1").state == dibs::claim_state::completed);
 }
+
+TEST_CASE("shm_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 4 processes") {
+  segment seg;
+  dibs::shm_store s{seg.name};
+  REQUIRE_NOTHROW(dibs::testing::check_queue(s, "q-"));
+  REQUIRE_NOTHROW(dibs::testing::check_queue_race_processes([&] { return dibs::shm_store{seg.name}; }, 4, 150, "race-"));
+}

@@ -602,3 +602,36 @@ TEST_CASE("a full filesystem at a store's open is named as such, with the path a
                          Contains("the filesystem of '" + mnt.string() + "' is full") && !Contains("CREATE") &&
                          !Contains("SELECT") && !Contains("PRAGMA"));
 }
+
+TEST_CASE("sqlite_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 4 processes") {
+  temp_dir dir;
+  const auto db = dir.path / "queue.db";
+  {
+    dibs::sqlite_store s{db};
+    REQUIRE_NOTHROW(dibs::testing::check_queue(s, "q-"));
+  }  // closed before forking
+  REQUIRE_NOTHROW(dibs::testing::check_queue_race_processes([&] { return dibs::sqlite_store{db}; }, 4, 150, "race-"));
+}
+
+TEST_CASE("over sqlite_store, list() and claim_next read the table in one statement, and a record that is not a claim is listed as damaged") {
+  temp_dir dir;
+  dibs::sqlite_store s{dir.path / "q.db"};
+  static_assert(dibs::snapshot_store<dibs::sqlite_store>);
+  std::vector<std::string> damaged;
+  dibs::marker_claim<dibs::sqlite_store> claims{
+      s, {.renew = false, .on_damaged = [&](std::string_view k, std::string_view) { damaged.emplace_back(k); }}};
+  REQUIRE(s.create("q-lock", "a lease or some other record"));
+  REQUIRE(claims.offer("q-1", {.priority = 2}));
+  REQUIRE(claims.offer("q-2"));
+  const auto items = claims.list("q-");
+  REQUIRE(items.size() == 3);
+  CHECK(items[0].key == "q-1");
+  CHECK(items[0].status.priority == 2);
+  CHECK(items[2].key == "q-lock");
+  CHECK(items[2].status.state == dibs::claim_state::damaged);
+  auto c = claims.claim_next("q-");
+  REQUIRE(c);
+  CHECK(c->key() == "q-1");  // the higher priority
+  CHECK(damaged == std::vector<std::string>{"q-lock"});
+  c->complete();
+}

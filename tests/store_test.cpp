@@ -99,3 +99,9 @@ TEST_CASE("a Message-ID, a URL and bytes that are not text are keys like any oth
   for (const auto& k : keys) REQUIRE(s.create(k, k));
   for (const auto& k : keys) CHECK(s.read(k)->value == k);
 }
+
+TEST_CASE("memory_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once") {
+  dibs::memory_store s;
+  REQUIRE_NOTHROW(dibs::testing::check_queue(s, "q-"));
+  REQUIRE_NOTHROW(dibs::testing::check_queue_race_threads(s, 8, 400, "race-"));
+}

@@ -10,9 +10,12 @@
 //
 // States of an item (the record's value, readable text):
 //   absent      never claimed
-//   offered     put in the queue by offer(), for claim_next to find; never claimed
+//   offered     put in the queue by offer(), for claim_next to find; never
+//               claimed; maybe with a priority and a not_before time
 //   processing  claimed: owner (host, boot, pid, start time), lease, attempts
-//   released    given back (scope left without complete(), or an error); attempts kept
+//   released    given back (scope left without complete(), or an error);
+//               attempts and priority kept; claimable again after a backoff
+//               (release(error, retry_after), claim_options::retry_backoff)
 //   completed   done; kept as proof
 //   failed      given back max_attempts times; kept, with the last error
 // Every change is one compare-and-set on the record's version, so two workers
@@ -60,6 +63,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/backoff.hpp>
 #include <dibs/detail/format.hpp>
 #include <dibs/detail/owner.hpp>
 #include <dibs/detail/posix/sys.hpp>
@@ -89,21 +93,42 @@ struct claim_options {
   /// (the item is skipped, never treated as absent), with the key and what
   /// is wrong. Unset: one line on stderr, once per key and marker_claim.
   std::function<void(std::string_view key, std::string_view what)> on_damaged{};
+  /// How long an item given back (release(), a claim left without
+  /// complete()) waits before it is claimable again, by its attempt count:
+  /// attempt n waits retry_backoff->delay(n - 1, ...). Unset: claimable at
+  /// once, as before queue schema 2. release(error, retry_after) chooses
+  /// the wait itself. An item recovered from a worker that is gone comes
+  /// back at once either way.
+  std::optional<exponential_backoff> retry_backoff{};
 };
 
-/// A store that can claim the next claimable item itself, in one atomic step
-/// (postgres_store): take_claimable(prefix, rest, max_attempts, t) picks a
-/// record whose key starts with `prefix` and that is an offered or released
-/// claim (or a row with no record that was never written: version 0; a
-/// store may leave `max_attempts` unread, as a claim given back on its last
-/// attempt is failed, not released), skipping those another worker is
-/// taking, and replaces it with "dibs-claim 1\nstate processing\nattempts
-/// <its attempts + 1>\n" followed by `rest`. Returns the key and the new
-/// record, or nothing if no item is claimable.
+/// How offer() puts an item in the queue.
+struct offer_options {
+  /// Not claimable before this time (by the clock of the machine that
+  /// offers it; the epoch: at once). Scheduled items.
+  std::chrono::system_clock::time_point not_before{};
+  /// claim_next takes claimable items of a higher priority first (then in
+  /// key order on postgres_store, in random order elsewhere); a released
+  /// item keeps its priority. Urgent items: above 0.
+  std::int32_t priority = 0;
+};
+
+/// A store that can claim the next claimable items itself, in one atomic
+/// step (postgres_store): take_claimable(prefix, rest, n, t) picks up to `n`
+/// records whose key starts with `prefix` and that are offered or released
+/// claims (or rows with no record that were never written: version 0) whose
+/// "not_before" time has come, the highest "priority" first, skipping those
+/// another worker is taking, and replaces each with "dibs-claim
+/// 1\nstate processing\nattempts <its attempts + 1>\n", its "priority
+/// <p>\n" line if it had one, then `rest`. Returns their keys and new
+/// records (none if no item is claimable). processing_keys(prefix) returns
+/// the keys starting with `prefix` whose record is a processing claim (the
+/// only ones a sweep can recover).
 template <class S>
 concept claim_queue_store = requires(S& s, std::string_view prefix, std::string_view rest, std::uint32_t n,
                                      dibs::time_limit t) {
-  { s.take_claimable(prefix, rest, n, t) } -> std::same_as<std::optional<std::pair<std::string, record>>>;
+  { s.take_claimable(prefix, rest, n, t) } -> std::same_as<std::vector<std::pair<std::string, record>>>;
+  { s.processing_keys(prefix) } -> std::same_as<std::vector<std::string>>;
 };
 
 /// `damaged`: the item's record cannot be read as a claim (a damaged file, a
@@ -139,6 +164,9 @@ struct claim_status {
   std::uint32_t attempts = 0;
   std::string error;              ///< the last error given back, if any; what is wrong, if damaged
   std::string result;             ///< what complete() recorded
+  std::int32_t priority = 0;      ///< offer_options::priority, kept across attempts
+  /// Offered or released: not claimable before this time (the epoch: at once).
+  std::chrono::system_clock::time_point not_before{};
   dibs::version version = 0;      ///< the record's version (0 if absent)
   std::optional<owner_info> owner;  ///< the worker, while processing
   /// When the record last changed (claimed, renewed, given back, completed),
@@ -180,7 +208,7 @@ public:
   public:
     claim(claim&& o) noexcept
         : owner_(std::exchange(o.owner_, nullptr)), key_(std::move(o.key_)), token_(o.token_), attempts_(o.attempts_),
-          pid_(o.pid_), hold_(std::move(o.hold_)) {}
+          priority_(o.priority_), pid_(o.pid_), hold_(std::move(o.hold_)) {}
     /// Effects: gives back the item this claim holds (as its destructor
     /// would), then takes over what `o` holds.
     claim& operator=(claim&& o) noexcept {
@@ -190,6 +218,7 @@ public:
         key_ = std::move(o.key_);
         token_ = o.token_;
         attempts_ = o.attempts_;
+        priority_ = o.priority_;
         pid_ = o.pid_;
         hold_ = std::move(o.hold_);
       }
@@ -217,7 +246,7 @@ public:
         throw std::logic_error(fmt::format("dibs::marker_claim '{}': complete after complete() or release() in the same "
                                            "open transaction",
                                            key_));
-      const std::string value = owner_->encode(claim_state::completed, attempts_, "", result, token_);
+      const std::string value = owner_->encode(claim_state::completed, attempts_, "", result, token_, priority_);
       bool done = false;
       try {
         done = in_store_transaction() ? finish_in_transaction(value) : finish(value);
@@ -237,17 +266,23 @@ public:
                                             key_, token_));
     }
     /// Effects: gives the item back with `error` recorded; it is failed if
-    /// this was its last attempt. Returns: false if the claim was taken over.
+    /// this was its last attempt. It is claimable again after
+    /// claim_options::retry_backoff (at once if that is unset).
+    /// Returns: false if the claim was taken over.
     /// Throws: std::errc::operation_not_permitted in a forked child of the
     /// worker; errc::timed_out as complete().
-    bool release(std::string_view error = "released") {
-      check_owner_process("release");
-      settle();
-      if (owner_ && pending())
-        throw std::logic_error(fmt::format("dibs::marker_claim '{}': release after complete() or release() in the same "
-                                           "open transaction",
-                                           key_));
-      return give_back(error);
+    bool release(std::string_view error = "released") { return release_after(error, std::nullopt); }
+    /// Effects: as release(error), but the item is claimable again only
+    /// `retry_after` from now (by this machine's clock), whatever
+    /// claim_options::retry_backoff says.
+    /// Throws: errc::invalid_argument if `retry_after` is negative; as release().
+    bool release(std::string_view error, std::chrono::milliseconds retry_after) {
+      if (retry_after < std::chrono::milliseconds::zero())
+        throw std::system_error(make_error_code(errc::invalid_argument),
+                                fmt::format("dibs::marker_claim '{}': release: retry_after must not be negative (got "
+                                            "{} ms)",
+                                            key_, retry_after.count()));
+      return release_after(error, retry_after);
     }
     /// Effects: renews the lease now (with claim_options::renew this also
     /// happens by itself). Returns: false if the claim is lost.
@@ -257,7 +292,7 @@ public:
       check_owner_process("renew");
       settle();
       if (!owner_) return false;
-      return renew_hold(*owner_, *hold_, key_, attempts_, token_);
+      return renew_hold(*owner_, *hold_, key_, attempts_, token_, priority_);
     }
     /// Returns: true if the claim was taken over, or its lease ran out
     /// before a renewal was confirmed: stop working on the item. Lock-free.
@@ -266,6 +301,8 @@ public:
     /// The fencing token of this claim: larger than that of every earlier claim of the item.
     dibs::version token() const noexcept { return token_; }
     std::uint32_t attempts() const noexcept { return attempts_; }
+    /// The item's offer_options::priority.
+    std::int32_t priority() const noexcept { return priority_; }
     const std::string& key() const noexcept { return key_; }
 
   private:
@@ -286,9 +323,10 @@ public:
       std::uint64_t pending_id = 0;  // the store's after_transaction() callback while pending
     };
 
-    claim(marker_claim* owner, std::string key, dibs::version v, std::uint32_t attempts, clock::time_point start)
-        : owner_(owner), key_(std::move(key)), token_(v), attempts_(attempts), pid_(detail::current_pid()),
-          hold_(std::make_unique<hold>()) {
+    claim(marker_claim* owner, std::string key, dibs::version v, std::uint32_t attempts, std::int32_t priority,
+          clock::time_point start)
+        : owner_(owner), key_(std::move(key)), token_(v), attempts_(attempts), priority_(priority),
+          pid_(detail::current_pid()), hold_(std::make_unique<hold>()) {
       hold_->version = v;
       hold_->validity.begin(start, owner->opts_.lease);
       if (!owner->opts_.renew) return;
@@ -296,8 +334,9 @@ public:
       const std::string k = key_;
       const std::uint32_t a = attempts_;
       const dibs::version t = token_;
+      const std::int32_t p = priority_;
       h->renewal_id = detail::renewal_keeper::instance().add(
-          owner->opts_.lease / 3, {[owner, h, k, a, t] { return renew_hold(*owner, *h, k, a, t); },
+          owner->opts_.lease / 3, {[owner, h, k, a, t, p] { return renew_hold(*owner, *h, k, a, t, p); },
                                    [owner, k] { owner->notify_lost(k); }, &h->validity});
     }
 
@@ -311,7 +350,8 @@ public:
     }
 
     // Renews `h` (from a renewal thread or renew()). Returns: false if lost.
-    static bool renew_hold(marker_claim& o, hold& h, const std::string& key, std::uint32_t attempts, dibs::version token) {
+    static bool renew_hold(marker_claim& o, hold& h, const std::string& key, std::uint32_t attempts, dibs::version token,
+                           std::int32_t priority) {
       {
         std::lock_guard g{h.m};
         if (h.validity.marked_lost() || h.phase == hold::phase::done) return false;
@@ -321,7 +361,8 @@ public:
         // again, and the lease's end decides.
         if (h.validity.renew(o.opts_.lease, [&](dibs::time_limit end) {
               const auto v = detail::store_replace(o.store_, key, h.version,
-                                                   o.encode(claim_state::processing, attempts, "", "", token), end);
+                                                   o.encode(claim_state::processing, attempts, "", "", token, priority),
+                                                   end);
               if (v) h.version = *v;
               return v.has_value();
             }))
@@ -418,10 +459,31 @@ public:
       return detail::store_replace(o->store_, key_, hold_->version, value, end).has_value();
     }
 
-    bool give_back(std::string_view error) {
+    bool release_after(std::string_view error, std::optional<std::chrono::milliseconds> retry_after) {
+      check_owner_process("release");
+      settle();
+      if (owner_ && pending())
+        throw std::logic_error(fmt::format("dibs::marker_claim '{}': release after complete() or release() in the same "
+                                           "open transaction",
+                                           key_));
+      return give_back(error, retry_after);
+    }
+
+    // `retry_after`: unset, claim_options::retry_backoff decides.
+    bool give_back(std::string_view error, std::optional<std::chrono::milliseconds> retry_after = std::nullopt) {
       if (!owner_) return false;
       const auto state = attempts_ >= owner_->opts_.max_attempts ? claim_state::failed : claim_state::released;
-      const std::string value = owner_->encode(state, attempts_, error, "", token_);
+      std::chrono::system_clock::time_point not_before{};
+      if (state == claim_state::released) {
+        if (!retry_after && owner_->opts_.retry_backoff) {
+          thread_local std::mt19937_64 rng{std::random_device{}()};
+          const double u = std::uniform_real_distribution<double>{0.0, 1.0}(rng);
+          retry_after = std::chrono::ceil<std::chrono::milliseconds>(
+              owner_->opts_.retry_backoff->delay(attempts_ == 0 ? 0 : attempts_ - 1, {}, u));
+        }
+        if (retry_after && retry_after->count() > 0) not_before = std::chrono::system_clock::now() + *retry_after;
+      }
+      const std::string value = owner_->encode(state, attempts_, error, "", token_, priority_, not_before);
       return in_store_transaction() ? finish_in_transaction(value) : finish(value);
     }
 
@@ -450,6 +512,7 @@ public:
     std::string key_;
     dibs::version token_;
     std::uint32_t attempts_;
+    std::int32_t priority_;
     pid_t pid_;  // the process that made the claim
     std::unique_ptr<hold> hold_;
   };
@@ -514,7 +577,8 @@ public:
         if (s.state != claim_state::processing || !stale(key, s)) continue;
         const auto next = s.attempts >= opts_.max_attempts ? claim_state::failed : claim_state::released;
         if (detail::store_replace(store_, key, s.version,
-                                  encode(next, s.attempts, "recovered from a worker that is gone", "", 0), until))
+                                  encode(next, s.attempts, "recovered from a worker that is gone", "", 0, s.priority),
+                                  until))
           ++recovered;
       } catch (const std::system_error& e) {
         if (e.code() == make_error_code(errc::corrupt_record)) report_damaged(key, e.what());
@@ -526,28 +590,49 @@ public:
 
   /// Effects: puts `key` in the queue: creates its record in state
   /// "offered" (claimable, never claimed) if it has none, for claim_next to
-  /// find. Returns: false if the key already has a record (offered, claimed,
-  /// done: nothing changes).
-  bool offer(std::string_view key) {
+  /// find: not before `o.not_before`, and before items of a lower
+  /// `o.priority`. Returns: false if the key already has a record (offered,
+  /// claimed, done: nothing changes).
+  bool offer(std::string_view key, offer_options o = {}) {
     validate_key(key, "dibs::marker_claim::offer");
     // Bounded: a producer hears of a store that is away (after a lease).
-    return detail::store_create(store_, key, encode(claim_state::offered, 0, "", "", 0),
+    return detail::store_create(store_, key, encode(claim_state::offered, 0, "", "", 0, o.priority, o.not_before),
                                 std::chrono::steady_clock::now() + opts_.lease)
         .has_value();
   }
 
   /// Returns: a claim on some claimable item whose key starts with `prefix`
-  /// (offered, released, or held by a worker that is gone), with the
-  /// guarantees of try_claim; nothing if there is none.
-  /// On a claim_queue_store (postgres_store) one statement finds and claims
-  /// the first claimable item, skipping items other workers are claiming
-  /// (FOR UPDATE SKIP LOCKED over a partial index of claimable rows), and
-  /// items of workers that are gone are recovered by a sweep at most every
-  /// third of a lease when none is claimable. Elsewhere it scans the store's
-  /// keys in random order and tries each.
+  /// (offered or released, its not_before time come, or held by a worker
+  /// that is gone), one of the highest priority, with the guarantees of
+  /// try_claim; nothing if there is none.
+  /// On a claim_queue_store (postgres_store) one indexed statement finds and
+  /// claims the first claimable item (by priority, then key), skipping items
+  /// other workers are claiming (FOR UPDATE SKIP LOCKED over a partial index
+  /// of claimable rows), and items of workers that are gone are recovered by
+  /// a sweep of the processing items (which the store lists) at most every
+  /// third of a lease when none is claimable.
+  /// Elsewhere it reads the records of the store's keys, and tries the
+  /// claimable ones, highest priority first, in random order within one.
   std::optional<claim> claim_next(std::string_view prefix = {})
     requires listable_store<Store>
   {
+    auto got = claim_next_n(1, prefix);
+    if (got.empty()) return std::nullopt;
+    return std::move(got.front());
+  }
+
+  /// Returns: claims on up to `n` distinct claimable items whose key starts
+  /// with `prefix`, as claim_next would pick them (on postgres_store, all in
+  /// one statement); fewer (none) if fewer are claimable. Each is a claim of
+  /// its own: complete or give back each.
+  /// Throws: errc::invalid_argument if `n` is 0 or above 10,000.
+  std::vector<claim> claim_next_n(std::size_t n, std::string_view prefix = {})
+    requires listable_store<Store>
+  {
+    if (n == 0 || n > 10'000)
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::marker_claim::claim_next_n: n must be 1 to 10,000 (got {})", n));
+    std::vector<claim> out;
     if constexpr (claim_queue_store<Store>) {
       for (int round = 0; round < 2; ++round) {
         // The statement waits for no other worker (it skips what they are
@@ -555,23 +640,61 @@ public:
         const auto start = std::chrono::steady_clock::now();
         const auto until = start + opts_.lease / 3;
         auto got = detail::retry_transient(until, [&] {
-          return store_.take_claimable(prefix, encode_rest(claim_state::processing, "", "", 0), opts_.max_attempts, until);
+          return store_.take_claimable(prefix, rest_of_claim(), static_cast<std::uint32_t>(n), until);
         });
-        if (got) {
-          const claim_status st = parse(got->first, got->second);
-          return claim{this, std::move(got->first), got->second.version, st.attempts, start};
+        if (!got.empty()) {
+          out.reserve(got.size());
+          for (auto& [k, r] : got) {
+            const claim_status st = parse(k, r);
+            out.push_back(claim{this, std::move(k), r.version, st.attempts, st.priority, start});
+          }
+          return out;
         }
+        // Only processing claims can be recovered: the store lists them, so
+        // an idle queue costs one statement, not a read of every item.
         if (round == 0 && !sweep_due()) break;
-        if (round == 0 && sweep_all(prefix) == 0) break;
+        if (round == 0 && sweep(store_.processing_keys(prefix)) == 0) break;
       }
-      return std::nullopt;
+      return out;
     } else {
+      // The candidates, read once: claimable now (or processing, which
+      // try_claim judges), highest priority first, shuffled within one.
       thread_local std::mt19937_64 rng{std::random_device{}()};
-      auto keys = store_.keys(prefix);
-      std::shuffle(keys.begin(), keys.end(), rng);
-      for (const auto& k : keys)
-        if (auto c = try_claim(k)) return c;
-      return std::nullopt;
+      std::vector<std::pair<std::string, record>> recs;
+      if constexpr (snapshot_store<Store>) {
+        recs = store_.records(prefix);
+      } else {
+        for (auto& k : store_.keys(prefix)) {
+          try {
+            if (auto r = detail::store_read(store_, k, std::chrono::steady_clock::now() + detail::try_wait))
+              recs.emplace_back(std::move(k), std::move(*r));
+          } catch (const std::system_error& e) {
+            if (!detail::timed_out(e)) throw;  // busy: skipped, as try_claim would
+          }
+        }
+      }
+      std::shuffle(recs.begin(), recs.end(), rng);
+      std::vector<std::pair<std::int32_t, std::string>> order;
+      const auto now = std::chrono::system_clock::now();
+      for (auto& [k, r] : recs) {
+        claim_status st;
+        try {
+          st = parse(k, r);
+        } catch (const std::system_error& e) {
+          if (e.code() != make_error_code(errc::corrupt_record)) throw;
+          report_damaged(k, e.what());
+          continue;
+        }
+        const bool waiting = st.state == claim_state::offered || st.state == claim_state::released;
+        if ((waiting && st.not_before <= now) || st.state == claim_state::processing)
+          order.emplace_back(st.priority, std::move(k));
+      }
+      std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (const auto& [p, k] : order) {
+        if (auto c = try_claim(k)) out.push_back(std::move(*c));
+        if (out.size() == n) break;
+      }
+      return out;
     }
   }
 
@@ -613,7 +736,16 @@ public:
       std::set<std::string> have;
       for (auto& [k, r] : store_.records(prefix)) {
         have.insert(k);
-        out.push_back({k, parse(k, r)});
+        try {
+          out.push_back({k, parse(k, r)});
+        } catch (const std::system_error& e) {
+          // A record that is not a claim (a store may hand those out too).
+          if (e.code() != make_error_code(errc::corrupt_record)) throw;
+          claim_status st;
+          st.state = claim_state::damaged;
+          st.error = e.what();
+          out.push_back({k, std::move(st)});
+        }
       }
       for (auto& k : store_.keys(prefix))
         if (!have.count(k))
@@ -697,7 +829,7 @@ private:
     if (!r) {
       const auto start = std::chrono::steady_clock::now();  // a claim is valid from before the call that makes it
       if (auto v = detail::store_create(store_, key, encode(claim_state::processing, 1, "", "", 0), until))
-        return claim{this, std::string(key), *v, 1, start};
+        return claim{this, std::string(key), *v, 1, 0, start};
       return std::nullopt;
     }
     const claim_status s = parse(key, *r);
@@ -709,12 +841,14 @@ private:
         return std::nullopt;
       case claim_state::offered:
       case claim_state::released:
+        if (s.not_before > std::chrono::system_clock::now()) return std::nullopt;  // backing off, or scheduled
         return take(key, s, until);
       case claim_state::processing:
         if (!stale(key, s)) return std::nullopt;
         if (s.attempts >= opts_.max_attempts) {
           (void)detail::store_replace(store_, key, s.version,
-                                      encode(claim_state::failed, s.attempts, "its worker died on the last attempt", "", 0),
+                                      encode(claim_state::failed, s.attempts, "its worker died on the last attempt", "", 0,
+                                             s.priority),
                                       until);
           return std::nullopt;
         }
@@ -726,12 +860,13 @@ private:
   std::optional<claim> take(std::string_view key, const claim_status& s, dibs::time_limit until) {
     const std::uint32_t attempts = s.attempts + 1;
     const auto start = std::chrono::steady_clock::now();
-    if (auto v = detail::store_replace(store_, key, s.version, encode(claim_state::processing, attempts, "", "", 0), until)) {
+    if (auto v = detail::store_replace(store_, key, s.version,
+                                       encode(claim_state::processing, attempts, "", "", 0, s.priority), until)) {
       {
         std::lock_guard g{m_};
         seen_.erase(std::string(key));
       }
-      return claim{this, std::string(key), *v, attempts, start};
+      return claim{this, std::string(key), *v, attempts, s.priority, start};
     }
     return std::nullopt;
   }
@@ -762,13 +897,24 @@ private:
     return out;
   }
 
+  // The record: the state and attempts on lines 2 and 3 (postgres_store's
+  // generated columns and the sqlite view read them there), then the
+  // priority and not_before lines if they are not 0 (read by name).
   std::string encode(claim_state s, std::uint32_t attempts, std::string_view error, std::string_view result,
-                     dibs::version token) const {
-    return fmt::format("dibs-claim 1\nstate {}\nattempts {}\n", to_string(s), attempts) +
-           encode_rest(s, error, result, token);
+                     dibs::version token, std::int32_t priority = 0,
+                     std::chrono::system_clock::time_point not_before = {}) const {
+    std::string v = fmt::format("dibs-claim 1\nstate {}\nattempts {}\n", to_string(s), attempts);
+    if (priority != 0) v += fmt::format("priority {}\n", priority);
+    if (not_before != std::chrono::system_clock::time_point{})
+      // Rounded up: never claimable before the time asked for.
+      v += fmt::format("not_before {}\n",
+                       std::chrono::ceil<std::chrono::milliseconds>(not_before.time_since_epoch()).count());
+    return v + encode_rest(s, error, result, token);
   }
-  // What follows the attempts line (a claim_queue_store writes the lines
-  // before it itself, counting the attempt).
+  // What claim_next's statement on a claim_queue_store writes after the
+  // lines it writes itself (the attempt counted, the priority kept).
+  std::string rest_of_claim() const { return encode_rest(claim_state::processing, "", "", 0); }
+  // What follows the attempts, priority and not_before lines.
   std::string encode_rest(claim_state s, std::string_view error, std::string_view result, dibs::version token) const {
     const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::system_clock::now().time_since_epoch());
@@ -803,6 +949,9 @@ private:
       s.changed = std::chrono::system_clock::time_point{std::chrono::milliseconds{*ms}};
     if (auto e = detail::field(r.value, "error")) s.error = std::string(*e);
     if (auto res = detail::field(r.value, "result")) s.result = std::string(*res);
+    if (auto p = detail::number_field<std::int32_t>(r.value, "priority")) s.priority = *p;
+    if (auto ms = detail::number_field<std::int64_t>(r.value, "not_before"))
+      s.not_before = std::chrono::system_clock::time_point{std::chrono::milliseconds{*ms}};
     if (s.state == claim_state::processing) s.owner = detail::parse_owner(r.value);
     return s;
   }

@@ -14,9 +14,19 @@
 //   version bigint NOT NULL      grows with every change, also across erase
 //                                and re-create (rows are never deleted by dibs)
 //   written timestamptz          the server's clock at the last change
+//   state, attempts, priority, not_before, synced
+//                                marker_claim's queue: what the record says,
+//                                written with it (by a trigger for writers
+//                                other than this dibs), so they never
+//                                disagree with it; a partial index
+//                                <table>_queue over the claimable rows
 //
-// and marked with the comment 'dibs-store 1' (the schema version); a table
-// of another shape or version under that name is refused, naming it.
+// and marked with the comment 'dibs-store 2' (the schema version); a table
+// of another shape under that name is refused, naming it, and so is one of
+// a newer schema. A table of schema 1 (without the queue columns) is
+// migrated in place by the first process that opens it, in one transaction
+// under an advisory lock, while workers of either version go on (see
+// migrate() and docs/stores.md).
 //
 // Every operation is one prepared autocommit statement. Failures:
 //   - a lost connection, a server restarting or shutting down (class 08,
@@ -151,7 +161,8 @@ public:
   std::optional<dibs::version> create(std::string_view key, std::string_view value, dibs::time_limit t) {
     validate_key(key, "dibs::postgres_store::create");
     validate_value(key, value);
-    const auto r = run(stmt::create, {key, value}, t, true, "create");
+    const queue_row q{value};
+    const auto r = run(stmt::create, {key, value, q.state(), q.attempts(), q.priority(), q.not_before()}, t, true, "create");
     if (::PQntuples(r.get()) == 0) return std::nullopt;
     return integer(r.get(), 0, 0);
   }
@@ -165,7 +176,9 @@ public:
     validate_value(key, value);
     if (expected > static_cast<dibs::version>(INT64_MAX)) return std::nullopt;
     const std::string v = std::to_string(expected);
-    const auto r = run(stmt::replace, {key, v, value}, t, true, "replace");
+    const queue_row q{value};
+    const auto r = run(stmt::replace, {key, v, value, q.state(), q.attempts(), q.priority(), q.not_before()}, t, true,
+                       "replace");
     if (::PQntuples(r.get()) == 0) return std::nullopt;
     return integer(r.get(), 0, 0);
   }
@@ -179,28 +192,58 @@ public:
     return ::PQntuples(r.get()) == 1;
   }
 
-  /// For marker_claim::claim_next (dibs::claim_queue_store): in one
-  /// statement, claims the first claimable item whose key starts with
-  /// `prefix` (an offered or released claim, or a row inserted with value
-  /// NULL and version 0; `max_attempts` is not read: a claim given back on
-  /// its last attempt is failed, not released), skipping
-  /// rows other workers are claiming (FOR UPDATE SKIP LOCKED, over a partial
-  /// index of claimable rows); its new value is the processing head with the
-  /// attempt counted, then `rest`. Returns: its key and new record.
-  std::optional<std::pair<std::string, record>> take_claimable(std::string_view prefix, std::string_view rest,
-                                                               std::uint32_t max_attempts,
-                                                               dibs::time_limit t = dibs::time_limit::max()) {
+  /// For marker_claim::claim_next and claim_next_n (dibs::claim_queue_store):
+  /// in one statement, claims up to `n` claimable items whose key starts
+  /// with `prefix` (state offered or released, or a row inserted with value
+  /// NULL and version 0, whose not_before has come by the server's clock),
+  /// the highest priority first, then in key order, skipping rows other
+  /// workers are claiming (FOR UPDATE SKIP LOCKED, over a partial index of
+  /// claimable rows); the new value of each is the processing head with the
+  /// attempt counted (from the attempts column) and its priority kept, then
+  /// `rest`. Returns: their keys and new records, highest priority first.
+  std::vector<std::pair<std::string, record>> take_claimable(std::string_view prefix, std::string_view rest,
+                                                             std::uint32_t n,
+                                                             dibs::time_limit t = dibs::time_limit::max()) {
     validate_value(prefix, rest);
     // The key range [prefix, upper): upper is prefix with its last byte that
     // is not 0xff increased and the rest cut; none if there is no such byte.
     std::string upper(prefix);
     while (!upper.empty() && static_cast<unsigned char>(upper.back()) == 0xff) upper.pop_back();
     if (!upper.empty()) upper.back() = static_cast<char>(static_cast<unsigned char>(upper.back()) + 1);
-    (void)max_attempts;  // a released record has fewer (a claim given back on its last attempt is failed)
-    const auto r = run(prefix.empty() ? stmt::take_all : stmt::take, {prefix, upper, rest}, t, true,
+    const std::string count = std::to_string(std::max<std::uint32_t>(n, 1));
+    const auto r = run(prefix.empty() ? stmt::take_all : stmt::take, {prefix, upper, rest, count}, t, true,
                        "claim the next item");
-    if (::PQntuples(r.get()) == 0) return std::nullopt;
-    return std::pair{bytes(r.get(), 0, 0), record{bytes(r.get(), 0, 1), integer(r.get(), 0, 2)}};
+    std::vector<std::pair<std::string, record>> out;
+    const int rows = ::PQntuples(r.get());
+    out.reserve(static_cast<std::size_t>(rows));
+    for (int i = 0; i < rows; ++i)
+      out.emplace_back(bytes(r.get(), i, 0), record{bytes(r.get(), i, 1), integer(r.get(), i, 2)});
+    if (rows > 1) {
+      // RETURNING keeps no order: by priority, then key.
+      std::vector<dibs::version> prio;
+      for (int i = 0; i < rows; ++i) prio.push_back(integer(r.get(), i, 3));
+      std::vector<std::size_t> idx(out.size());
+      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+        const auto pa = static_cast<std::int64_t>(prio[a]), pb = static_cast<std::int64_t>(prio[b]);
+        return pa != pb ? pa > pb : out[a].first < out[b].first;
+      });
+      std::vector<std::pair<std::string, record>> sorted;
+      sorted.reserve(out.size());
+      for (auto i : idx) sorted.push_back(std::move(out[i]));
+      out = std::move(sorted);
+    }
+    return out;
+  }
+
+  /// For marker_claim's sweeps (dibs::claim_queue_store). Returns: the keys
+  /// that start with `prefix` whose record is a processing claim (by the
+  /// state column; a scan of the table, run when the queue is idle).
+  std::vector<std::string> processing_keys(std::string_view prefix = {}) {
+    const auto r = run(stmt::processing, {prefix}, dibs::time_limit::max(), false, "list claims in progress");
+    std::vector<std::string> out;
+    for (int i = 0; i < ::PQntuples(r.get()); ++i) out.push_back(bytes(r.get(), i, 0));
+    return out;
   }
 
   /// Returns: the keys of the live records that start with `prefix`.
@@ -280,10 +323,14 @@ private:
   // Renewals (on the renewal keeper's threads) have a connection of their
   // own, so a statement of the application's that waits (a row lock held by
   // an open transaction, a table lock) never holds a lease's renewal up.
-  enum class stmt { read, read_aged, create, replace, erase, keys, take, take_all };
+  enum class stmt { read, read_aged, create, replace, erase, keys, take, take_all, processing };
   static constexpr std::chrono::milliseconds min_statement{250};
   using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
-  static constexpr std::string_view schema_comment = "dibs-store 1";
+  static constexpr std::string_view schema_comment = "dibs-store 2";
+  // A parameter of run() that is SQL NULL (by its address).
+  static constexpr char null_text[] = "";
+  static constexpr std::string_view null{null_text, 0};
+  static constexpr std::string_view schema_1_comment = "dibs-store 1";
 
   // Requires: listen_m_ held. Opens the LISTEN connection (again).
   // Returns: false if that failed (the waiter then polls).
@@ -343,6 +390,11 @@ private:
     ::PQsetNoticeReceiver(c, &postgres::detail::note_ending, &ses.ended);
     try {
       if (first) setup_table(c);
+      // The statements are prepared once and run many times; left to
+      // choose, the server plans the claim statement again at every call
+      // (its parameters look as if they mattered to the plan), which costs
+      // more than running it. This session is the store's own.
+      exec(c, "SET plan_cache_mode = force_generic_plan", "set up its session");
       prepare(c);
       // Its session, by pid and start time (as a number: text depends on
       // DateStyle and TimeZone).
@@ -371,35 +423,164 @@ private:
     check(r.get(), c, what);
   }
 
-  // Creates the table if absent (under an advisory lock: two first users
-  // at once would collide in the catalog), then checks its shape.
-  void setup_table(PGconn* c) {
+  // The queue columns of schema 2: what marker_claim's record says (its
+  // state and attempts on lines 2 and 3; its priority and not_before
+  // lines), for the claim statement and its index. This dibs writes them
+  // with the record, in the same statement (queue_row); `synced` is the
+  // version they were written for. Any other writer (dibs of schema 1 still
+  // running, an application's own INSERT) leaves `synced` behind the version
+  // (or a record erased under a claimable state), and the trigger
+  // <table>_queue_sync computes them from the record: they never disagree
+  // with what marker_claim reads. (Generated columns would do that too, but
+  // the server prepares their expressions again at every statement, which
+  // cost more than the claim itself.)
+  static constexpr std::string_view queue_column_defs =
+      "state text, attempts integer NOT NULL DEFAULT 0, priority bigint NOT NULL DEFAULT 0, not_before bigint, "
+      "synced bigint";
+
+  // The trigger that keeps the columns of rows written by others. Its
+  // parsing is queue_row's.
+  static std::string queue_sync_sql(const std::string& t) {
+    return fmt::format(
+        "CREATE OR REPLACE FUNCTION \"{0}_queue_sync\"() RETURNS trigger LANGUAGE plpgsql AS $$"
+        "DECLARE head text; BEGIN "
+        "NEW.synced := NEW.version; NEW.state := NULL; NEW.attempts := 0; NEW.priority := 0; NEW.not_before := NULL; "
+        "IF NEW.value IS NULL THEN "
+        "IF NEW.version = 0 THEN NEW.state := 'offered'; END IF; "
+        "ELSIF substring(NEW.value FROM 1 FOR 13) = 'dibs-claim 1\n'::bytea THEN "
+        "head := encode(NEW.value, 'escape'); "
+        "NEW.state := substring(split_part(head, E'\\n', 2) FROM '^state ([a-z]{{1,20}})$'); "
+        "NEW.attempts := coalesce(substring(split_part(head, E'\\n', 3) FROM '^attempts ([0-9]{{1,9}})$')::integer, 0); "
+        "NEW.priority := coalesce(substring(head FROM E'(?:^|\\n)priority (-?[0-9]{{1,18}})(?:\\n|$)')::bigint, 0); "
+        "NEW.not_before := substring(head FROM E'(?:^|\\n)not_before ([0-9]{{1,18}})(?:\\n|$)')::bigint; "
+        "END IF; RETURN NEW; END$$; "
+        "CREATE OR REPLACE TRIGGER \"{0}_queue_sync\" BEFORE INSERT OR UPDATE ON \"{0}\" FOR EACH ROW "
+        "WHEN (NEW.synced IS DISTINCT FROM NEW.version OR (NEW.value IS NULL AND NEW.state IS DISTINCT FROM "
+        "CASE WHEN NEW.version = 0 THEN 'offered' END)) EXECUTE FUNCTION \"{0}_queue_sync\"()",
+        t);
+  }
+
+  // The queue columns of a record, as the trigger computes them, as text
+  // parameters (`null` for SQL NULL; text parameters end at a NUL, hence
+  // the copies).
+  class queue_row {
+  public:
+    std::string_view state() const noexcept { return state_null_ ? null : std::string_view{state_}; }
+    std::string_view attempts() const noexcept { return attempts_; }
+    std::string_view priority() const noexcept { return priority_; }
+    std::string_view not_before() const noexcept { return not_before_null_ ? null : std::string_view{not_before_}; }
+
+    explicit queue_row(std::string_view v) {
+      if (!v.starts_with("dibs-claim 1\n")) return;
+      const auto lower = [](char c) { return c >= 'a' && c <= 'z'; };
+      const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+      const auto all_of = [](std::string_view s, auto pred) { return std::all_of(s.begin(), s.end(), pred); };
+      // Line n (0-based), without its newline.
+      std::array<std::string_view, 3> head{};
+      for (std::size_t pos = 0, n = 0; n < head.size() && pos <= v.size(); ++n) {
+        const auto nl = v.find('\n', pos);
+        head[n] = v.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+        if (nl == std::string_view::npos) break;
+        pos = nl + 1;
+      }
+      if (head[1].starts_with("state ") && head[1].size() > 6 && head[1].size() <= 26 &&
+          all_of(head[1].substr(6), lower)) {
+        state_ = head[1].substr(6);
+        state_null_ = false;
+      }
+      if (head[2].starts_with("attempts ") && head[2].size() > 9 && head[2].size() <= 18 &&
+          all_of(head[2].substr(9), digit))
+        attempts_ = head[2].substr(9);
+      // The first line "priority <-?1 to 18 digits>"; likewise not_before.
+      const auto first = [&](std::string_view name, bool sign) -> std::optional<std::string_view> {
+        for (std::size_t pos = 0; pos < v.size();) {
+          const auto nl = v.find('\n', pos);
+          const auto l = v.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+          if (l.starts_with(name)) {
+            const auto num = l.substr(name.size());
+            const auto digits = sign && num.starts_with('-') ? num.substr(1) : num;
+            if (!digits.empty() && digits.size() <= 18 && all_of(digits, digit)) return num;
+          }
+          if (nl == std::string_view::npos) break;
+          pos = nl + 1;
+        }
+        return std::nullopt;
+      };
+      if (const auto p = first("priority ", true)) priority_ = *p;
+      if (const auto n = first("not_before ", false)) {
+        not_before_ = *n;
+        not_before_null_ = false;
+      }
+    }
+
+  private:
+    std::string state_, attempts_ = "0", priority_ = "0", not_before_;
+    bool state_null_ = true, not_before_null_ = true;
+  };
+
+  // The rows claim_next may take: also the condition of the partial index,
+  // written the same, so that the planner uses it.
+  static constexpr std::string_view claimable = "state IN ('offered', 'released')";
+
+  // Returns: the table's comment (its schema), "" if it has none, nullopt if
+  // there is no such table.
+  std::optional<std::string> table_comment(PGconn* c) {
     const std::string& t = opts_.table;
     const result has{::PQexecParams(c,
-                                    "SELECT obj_description(c.oid, 'pg_class') FROM pg_class c "
+                                    "SELECT coalesce(obj_description(c.oid, 'pg_class'), '') FROM pg_class c "
                                     "WHERE c.oid = to_regclass(quote_ident($1))",
                                     1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
                      ::PQclear};
     check(has.get(), c, "look for the table");
-    if (::PQntuples(has.get()) == 0) {
-      exec(c, "BEGIN", "begin creating the table");
-      try {
-        exec(c, fmt::format("SELECT pg_advisory_xact_lock(hashtext('dibs-store:{}'))", t), "lock the table's creation");
+    if (::PQntuples(has.get()) == 0) return std::nullopt;
+    return std::string(::PQgetvalue(has.get(), 0, 0));
+  }
+
+  // Runs `body` in one transaction that holds the table's advisory lock
+  // (two first users at once would collide in the catalog).
+  template <class Body>
+  void under_table_lock(PGconn* c, std::string_view what, Body body) {
+    exec(c, "BEGIN", what);
+    try {
+      exec(c, fmt::format("SELECT pg_advisory_xact_lock(hashtext('dibs-store:{}'))", opts_.table), what);
+      body();
+      exec(c, "COMMIT", what);
+    } catch (...) {
+      const result r{::PQexec(c, "ROLLBACK"), ::PQclear};
+      throw;
+    }
+  }
+
+  // Creates the table if absent, migrates one of schema 1 to schema 2, then
+  // checks its shape.
+  void setup_table(PGconn* c) {
+    const std::string& t = opts_.table;
+    auto comment = table_comment(c);
+    if (!comment) {
+      under_table_lock(c, "create the table", [&] {
         exec(c, fmt::format("CREATE TABLE IF NOT EXISTS \"{0}\" (key bytea PRIMARY KEY, value bytea, "
-                         "version bigint NOT NULL DEFAULT 0, written timestamptz NOT NULL DEFAULT clock_timestamp()); "
-                         "COMMENT ON TABLE \"{0}\" IS '{1}'; "
-                         "CREATE OR REPLACE FUNCTION \"{0}_notify\"() RETURNS trigger LANGUAGE plpgsql AS "
-                         "$$BEGIN PERFORM pg_notify('dibs_{0}', encode(NEW.key, 'hex')); RETURN NULL; END$$; "
-                         "CREATE OR REPLACE TRIGGER \"{0}_erased\" AFTER UPDATE ON \"{0}\" FOR EACH ROW "
-                         "WHEN (NEW.value IS NULL AND OLD.value IS NOT NULL) EXECUTE FUNCTION \"{0}_notify\"(); "
-                         "CREATE INDEX IF NOT EXISTS \"{0}_claimable\" ON \"{0}\" (key) WHERE {2}",
-                         t, schema_comment, claimable),
+                            "version bigint NOT NULL DEFAULT 0, written timestamptz NOT NULL DEFAULT clock_timestamp(), "
+                            "{3}); {4}; "
+                            "COMMENT ON TABLE \"{0}\" IS '{1}'; "
+                            "CREATE OR REPLACE FUNCTION \"{0}_notify\"() RETURNS trigger LANGUAGE plpgsql AS "
+                            "$$BEGIN PERFORM pg_notify('dibs_{0}', encode(NEW.key, 'hex')); RETURN NULL; END$$; "
+                            "CREATE OR REPLACE TRIGGER \"{0}_erased\" AFTER UPDATE ON \"{0}\" FOR EACH ROW "
+                            "WHEN (NEW.value IS NULL AND OLD.value IS NOT NULL) EXECUTE FUNCTION \"{0}_notify\"(); "
+                            "CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" (priority DESC, key) WHERE {2}",
+                            t, schema_comment, claimable, queue_column_defs, queue_sync_sql(t)),
              "create the table");
-        exec(c, "COMMIT", "create the table");
-      } catch (...) {
-        const result r{::PQexec(c, "ROLLBACK"), ::PQclear};
-        throw;
-      }
+      });
+      comment = table_comment(c);
+    }
+    if (comment && *comment == schema_1_comment) migrate(c);
+    comment = table_comment(c);
+    // A newer dibs's table: what it keeps there this one cannot keep right.
+    if (comment && comment->starts_with("dibs-store ") && *comment != schema_comment && *comment != schema_1_comment) {
+      throw std::system_error(make_error_code(errc::corrupt_record),
+                              fmt::format("dibs::postgres_store: table '{}' on {} has the schema '{}', which this "
+                                          "dibs does not know (it knows '{}' and migrates '{}'): use the newer dibs "
+                                          "that made it, or name another table (postgres_store_options::table)",
+                                          t, server_, *comment, schema_comment, schema_1_comment));
     }
     // The shape: exactly what dibs reads and writes, and its schema version.
     const result cols{
@@ -407,39 +588,72 @@ private:
                        "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY column_name), "
                        "obj_description(to_regclass(quote_ident($1)), 'pg_class') "
                        "FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 "
-                       "AND column_name IN ('key', 'value', 'version', 'written')",
+                       "AND column_name IN ('key', 'value', 'version', 'written', 'state', 'attempts', 'priority', "
+                       "'not_before', 'synced')",
                        1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
         ::PQclear};
     check(cols.get(), c, "check the table's shape");
-    const std::string shape = ::PQgetvalue(cols.get(), 0, 0), comment = ::PQgetvalue(cols.get(), 0, 1);
-    constexpr std::string_view want = "key bytea, value bytea, version bigint, written timestamp with time zone";
-    if (shape != want || comment != schema_comment)
+    const std::string shape = ::PQgetvalue(cols.get(), 0, 0), comment_now = ::PQgetvalue(cols.get(), 0, 1);
+    constexpr std::string_view want =
+        "attempts integer, key bytea, not_before bigint, priority bigint, state text, synced bigint, value bytea, "
+        "version bigint, written timestamp with time zone";
+    if (shape != want || comment_now != schema_comment)
       throw std::system_error(make_error_code(errc::corrupt_record),
                               fmt::format("dibs::postgres_store: table '{}' on {} is not a dibs store table of this "
                                           "version (columns: '{}', comment: '{}'; dibs needs columns '{}' and the "
                                           "comment '{}'): name another table (postgres_store_options::table)",
-                                          t, server_, shape, comment, want, schema_comment));
+                                          t, server_, shape, comment_now, want, schema_comment));
   }
 
-  // The rows claim_next may take: also the condition of the partial index,
-  // written the same, so that the planner uses it.
-  static constexpr std::string_view claimable =
-      "(value IS NULL AND version = 0) OR position('\nstate offered\n'::bytea IN value) > 0 OR "
-      "position('\nstate released\n'::bytea IN value) > 0";
+  // Migrates a table of schema 1 to schema 2 in place, in one transaction
+  // under the table's advisory lock (the first process of this dibs to open
+  // it does; the others find it done). Adding the generated columns
+  // rewrites the table under an exclusive lock: workers wait for it, and
+  // then go on. A worker of schema 1 that opened before keeps working: its
+  // statements are planned again, its claim statement still reads the
+  // record (which the columns follow), so it takes nothing twice; it only
+  // ignores priorities and backoffs. One that opens after is refused by
+  // the comment.
+  void migrate(PGconn* c) {
+    const std::string& t = opts_.table;
+    under_table_lock(c, "migrate the table to schema 2", [&] {
+      const auto now = table_comment(c);
+      if (!now || *now != schema_1_comment) return;  // another process did it meanwhile
+      // Behind a long transaction of the application's that holds rows of
+      // the table, the exclusive lock would queue every worker up behind
+      // it: give up instead, and say so.
+      exec(c, "SET LOCAL lock_timeout = '10s'", "migrate the table to schema 2");
+      std::string add;
+      for (std::string_view defs = queue_column_defs; !defs.empty();) {
+        const auto comma = defs.find(", ");
+        add += fmt::format("{}ADD COLUMN {}", add.empty() ? "" : ", ", defs.substr(0, comma));
+        defs = comma == std::string_view::npos ? std::string_view{} : defs.substr(comma + 2);
+      }
+      // The columns are added empty (no rewrite), then filled by the
+      // trigger, row by row, from the records.
+      exec(c, fmt::format("ALTER TABLE \"{0}\" {1}; {2}; UPDATE \"{0}\" SET synced = -1; "
+                          "DROP INDEX IF EXISTS \"{0}_claimable\"; "
+                          "CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" (priority DESC, key) WHERE {3}; "
+                          "COMMENT ON TABLE \"{0}\" IS '{4}'",
+                          t, add, queue_sync_sql(t), claimable, schema_comment),
+           "migrate the table to schema 2 (columns state, attempts, priority, not_before, synced)");
+    });
+  }
 
-  // claim_next's statement: the first claimable row (with the key prefix $1,
-  // its range [$1, $2) for the index, $2 empty: no end), locked while other
-  // workers skip it, made processing with its attempt counted. The attempts
-  // are read from the record's third line ("attempts N"), on its first bytes
-  // only; a record whose third line is not that counts as 0.
+  // claim_next's statement: up to $4 claimable rows whose not_before has
+  // come by the server's clock (with the key prefix $1, its range [$1, $2)
+  // for the index, $2 empty: no end), highest priority first, locked while
+  // other workers skip them, made processing with their attempt counted.
   static std::string take_sql(const std::string& t, bool prefix) {
     return fmt::format(
-        "WITH next AS (SELECT key, split_part(encode(substring(value FROM 1 FOR 80), 'escape'), chr(10), 3) AS line "
-        "FROM \"{0}\" WHERE ({1}) {2} ORDER BY key LIMIT 1 FOR UPDATE SKIP LOCKED) "
-        "UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || chr(10) || 'state processing' || chr(10) || "
-        "'attempts ' || (CASE WHEN next.line ~ '^attempts [0-9]{{1,9}}$' THEN substring(next.line FROM 10)::int "
-        "ELSE 0 END + 1) || chr(10), 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp() "
-        "FROM next WHERE r.key = next.key RETURNING r.key, r.value, r.version",
+        "UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || E'\\n' || 'state processing' || E'\\n' || "
+        "'attempts ' || (r.attempts + 1) || E'\\n' || CASE WHEN r.priority <> 0 THEN 'priority ' || r.priority || "
+        "E'\\n' ELSE '' END, 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp(), "
+        "state = 'processing', attempts = r.attempts + 1, not_before = NULL, synced = r.version + 1 "
+        "WHERE r.key = ANY (ARRAY(SELECT key FROM \"{0}\" WHERE ({1}) AND (not_before IS NULL OR "
+        "not_before <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint) {2} "
+        "ORDER BY priority DESC, key LIMIT $4::integer FOR UPDATE SKIP LOCKED)) "
+        "RETURNING r.key, r.value, r.version, r.priority",
         t, claimable,
         prefix ? "AND key >= $1::bytea AND ($2::bytea = ''::bytea OR key < $2::bytea) AND "
                  "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea"
@@ -453,19 +667,28 @@ private:
         {stmt::read_aged, fmt::format("SELECT value, version, (extract(epoch FROM clock_timestamp() - written) * 1000)::bigint "
                                       "FROM \"{}\" WHERE key = $1",
                                       t)},
-        {stmt::create, fmt::format("INSERT INTO \"{0}\" AS r (key, value, version, written) VALUES ($1, $2, 1, "
-                                   "clock_timestamp()) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
-                                   "version = r.version + 1, written = clock_timestamp() WHERE r.value IS NULL "
+        {stmt::create, fmt::format("INSERT INTO \"{0}\" AS r (key, value, version, written, state, attempts, priority, "
+                                   "not_before, synced) VALUES ($1, $2, 1, clock_timestamp(), $3, $4::integer, "
+                                   "$5::bigint, $6::bigint, 1) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                                   "version = r.version + 1, written = clock_timestamp(), state = excluded.state, "
+                                   "attempts = excluded.attempts, priority = excluded.priority, "
+                                   "not_before = excluded.not_before, synced = r.version + 1 WHERE r.value IS NULL "
                                    "RETURNING version",
                                    t)},
-        {stmt::replace, fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = clock_timestamp() "
+        {stmt::replace, fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = clock_timestamp(), "
+                                    "state = $4, attempts = $5::integer, priority = $6::bigint, not_before = $7::bigint, "
+                                    "synced = version + 1 "
                                     "WHERE key = $1 AND version = $2::bigint AND value IS NOT NULL RETURNING version",
                                     t)},
-        {stmt::erase, fmt::format("UPDATE \"{}\" SET value = NULL, written = clock_timestamp() "
+        {stmt::erase, fmt::format("UPDATE \"{}\" SET value = NULL, written = clock_timestamp(), state = NULL, "
+                                  "attempts = 0, priority = 0, not_before = NULL, synced = version "
                                   "WHERE key = $1 AND version = $2::bigint AND value IS NOT NULL RETURNING version",
                                   t)},
         {stmt::take, take_sql(t, true)},
         {stmt::take_all, take_sql(t, false)},
+        {stmt::processing, fmt::format("SELECT key FROM \"{}\" WHERE state = 'processing' AND "
+                                       "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea",
+                                       t)},
         {stmt::keys, fmt::format("SELECT key FROM \"{}\" WHERE value IS NOT NULL AND "
                                  "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea",
                                  t)},
@@ -486,6 +709,7 @@ private:
       case stmt::keys: return "dibs_keys";
       case stmt::take: return "dibs_take";
       case stmt::take_all: return "dibs_take_all";
+      case stmt::processing: return "dibs_processing";
     }
     return "";
   }
@@ -535,14 +759,18 @@ private:
     for (const auto& p : params) {
       values.push_back(p.data());
       lengths.push_back(static_cast<int>(p.size()));
-      // Versions go as text ($2 of replace and erase); keys and values as bytes.
-      const bool text = (s == stmt::replace || s == stmt::erase) && i == 1;
+      // Versions go as text ($2 of replace and erase), and so do the
+      // count of take ($4) and the queue columns; keys and values as bytes.
+      const bool text = ((s == stmt::replace || s == stmt::erase) && i == 1) ||
+                        ((s == stmt::take || s == stmt::take_all) && i == 3) || (s == stmt::create && i >= 2) ||
+                        (s == stmt::replace && i >= 3);
       formats.push_back(text ? 0 : 1);
       ++i;
     }
     static const char empty = 0;
     for (auto& v : values)
       if (!v) v = &empty;
+      else if (v == null.data()) v = nullptr;  // SQL NULL
     // A deadline is for waiting on what others hold (a row lock of a stopped
     // session), not for the statement's own work: on a loaded machine a few
     // round trips can take more than a "try"'s 20 ms, so a statement always

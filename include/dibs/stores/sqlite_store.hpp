@@ -180,6 +180,21 @@ public:
     });
   }
 
+  /// Returns: every record whose key starts with `prefix`, in one statement
+  /// (a dibs::snapshot_store: marker_claim's claim_next and list() read the
+  /// queue so, instead of key by key).
+  std::vector<std::pair<std::string, record>> records(std::string_view prefix = {}) {
+    const auto turn = take_turn();
+    return dibs::retry(opts_.busy, [&] {
+      std::vector<std::pair<std::string, record>> out;
+      auto s = db_.prepare(fmt::format("SELECT key, value, version FROM \"{}\" WHERE value IS NOT NULL", opts_.table));
+      while (s.step())
+        if (auto k = s.column_blob(0); std::string_view(k).starts_with(prefix))
+          out.emplace_back(std::move(k), record{s.column_blob(1), static_cast<dibs::version>(s.column_int64(2))});
+      return out;
+    });
+  }
+
   const std::filesystem::path& path() const noexcept { return db_.path(); }
   const std::string& table() const noexcept { return opts_.table; }
 
@@ -442,5 +457,6 @@ private:
 };
 
 static_assert(listable_store<sqlite_store>);
+static_assert(snapshot_store<sqlite_store>);
 
 }  // namespace dibs

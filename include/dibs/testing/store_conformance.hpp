@@ -11,8 +11,14 @@
 //       [&] { return my_store{dir}; }, 8, 1000, "counter"));
 //
 // Keys used start with the given prefix and must not exist beforehand.
+//
+// The queue checks (check_queue, check_queue_race_*) run
+// dibs::marker_claim's queue operations over a listable store: priorities,
+// scheduled items, backoffs after release, claim_next_n, and no item handed
+// to two workers. They take a few seconds (they wait out backoffs).
 #pragma once
 
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,6 +37,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/marker_claim.hpp>
 #include <dibs/store.hpp>
 
 namespace dibs::testing {
@@ -369,6 +376,190 @@ void check_races_threads(S& s, int n, int increments, std::string_view prefix) {
   const auto expected = static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(increments);
   detail::expect(std::stoull(s.read(c)->value) == expected,
                  fmt::format("{} x {} compare-and-set increments end at {}", n, increments, expected));
+}
+
+namespace detail {
+
+// Polls claim_next(prefix) until it hands out an item, at most `patience`.
+// Returns: the claim and when it came, by the steady clock.
+template <class Claims>
+auto poll_next(Claims& claims, const std::string& prefix, std::chrono::milliseconds patience) {
+  const auto end = std::chrono::steady_clock::now() + patience;
+  for (;;) {
+    auto c = claims.claim_next(prefix);
+    const auto at = std::chrono::steady_clock::now();
+    if (c || at >= end) return std::pair{std::move(c), at};
+    std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  }
+}
+
+}  // namespace detail
+
+/// The queue operations of marker_claim over `s`, in one process: higher
+/// priorities first, a scheduled item not before its time, an item
+/// released with a retry_after (or by claim_options::retry_backoff) not
+/// before that and soon after, its priority kept, claim_next_n taking
+/// distinct items and no more than there are.
+template <listable_store S>
+void check_queue(S& s, std::string_view prefix) {
+  using namespace std::chrono_literals;
+  using std::chrono::steady_clock;
+  using std::chrono::system_clock;
+  const std::string p(prefix);
+  marker_claim<S> claims{s, {.renew = false}};
+  // Priorities, and a scheduled item of the highest one.
+  detail::expect(claims.offer(p + "p-a"), "offer() creates an offered item");
+  detail::expect(claims.offer(p + "p-b", {.priority = 5}), "offer() with a priority");
+  detail::expect(claims.offer(p + "p-c", {.priority = -1}), "offer() with a negative priority");
+  const auto scheduled = steady_clock::now();
+  detail::expect(claims.offer(p + "p-d", {.not_before = system_clock::now() + 400ms, .priority = 9}),
+                 "offer() with a not_before time");
+  detail::expect(!claims.offer(p + "p-a", {.priority = 3}), "offer() of an item that has a record changes nothing");
+  std::vector<std::string> order;
+  for (int i = 0; i < 3; ++i) {
+    auto c = claims.claim_next(p + "p-");
+    detail::expect(c.has_value(), "claim_next hands out the three items that are claimable");
+    if (steady_clock::now() - scheduled < 400ms)
+      detail::expect(c->key() != p + "p-d", "a scheduled item is not handed out before its not_before time");
+    order.push_back(c->key());
+    c->complete();
+  }
+  detail::expect(order == std::vector<std::string>{p + "p-b", p + "p-a", p + "p-c"},
+                 fmt::format("claim_next hands out higher priorities first (got {}, {}, {})", order[0], order[1],
+                             order[2]));
+  {
+    auto [d, at] = detail::poll_next(claims, p + "p-", 3s);
+    detail::expect(d && d->key() == p + "p-d", "a scheduled item is handed out once its time has come");
+    detail::expect(at - scheduled >= 400ms, "a scheduled item is not handed out before its not_before time");
+    detail::expect(d->priority() == 9, "a claim says its item's priority");
+    d->complete();
+  }
+  // release(error, retry_after): not before, and soon after; priority kept.
+  detail::expect(claims.offer(p + "r-1", {.priority = 7}), "offer() with a priority");
+  {
+    auto c = claims.claim_next(p + "r-");
+    detail::expect(c && c->attempts() == 1, "claim_next takes an offered item, attempt 1");
+    const auto released = steady_clock::now();
+    detail::expect(c->release("try later", 300ms), "release(error, retry_after) gives the item back");
+    const auto st = claims.status(p + "r-1");
+    detail::expect(st.state == claim_state::released && st.priority == 7 &&
+                       st.not_before > system_clock::now() + 200ms,
+                   "a released item says its priority and when it comes back");
+    detail::expect(!claims.try_claim(p + "r-1"), "try_claim does not take an item before its retry_after");
+    auto [again, at] = detail::poll_next(claims, p + "r-", 3s);
+    detail::expect(again.has_value(), "an item released with retry_after 300 ms comes back after it");
+    detail::expect(at - released >= 300ms, fmt::format("an item released with retry_after 300 ms is not handed out "
+                                                       "before 300 ms (it came after {} ms)",
+                                                       std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                           at - released)
+                                                           .count()));
+    detail::expect(at - released < 2s, "an item released with retry_after 300 ms comes back soon after");
+    detail::expect(again->attempts() == 2 && again->priority() == 7, "the item keeps its attempts and priority");
+    again->complete();
+  }
+  // claim_options::retry_backoff: release() without retry_after waits by it.
+  {
+    marker_claim<S> backed{s, {.renew = false,
+                               .retry_backoff = exponential_backoff{250ms, 2.0, 1s, jitter::none}}};
+    detail::expect(backed.offer(p + "b-1"), "offer() creates an offered item");
+    auto c = backed.claim_next(p + "b-");
+    detail::expect(c.has_value(), "claim_next takes an offered item");
+    const auto released = steady_clock::now();
+    detail::expect(c->release("busy"), "release() gives the item back");
+    auto [again, at] = detail::poll_next(backed, p + "b-", 3s);
+    detail::expect(again.has_value() && at - released >= 250ms,
+                   "an item released under retry_backoff (250 ms, no jitter) comes back after 250 ms, not before");
+    again->complete();
+  }
+  // claim_next_n: distinct items, no more than there are.
+  for (int i = 0; i < 5; ++i) detail::expect(claims.offer(fmt::format("{}n-{}", p, i)), "offer() creates an offered item");
+  auto first = claims.claim_next_n(3, p + "n-");
+  auto second = claims.claim_next_n(5, p + "n-");
+  const auto third = claims.claim_next_n(5, p + "n-");
+  detail::expect(first.size() == 3, fmt::format("claim_next_n(3) of 5 items takes 3 (took {})", first.size()));
+  detail::expect(second.size() == 2, fmt::format("claim_next_n(5) of the 2 left takes 2 (took {})", second.size()));
+  detail::expect(third.empty(), "claim_next_n takes nothing when nothing is claimable");
+  std::vector<std::string> keys;
+  for (auto* batch : {&first, &second})
+    for (auto& c : *batch) {
+      keys.push_back(c.key());
+      c.complete();
+    }
+  std::sort(keys.begin(), keys.end());
+  detail::expect(std::adjacent_find(keys.begin(), keys.end()) == keys.end(), "claim_next_n never takes an item twice");
+  bool refused = false;
+  try {
+    (void)claims.claim_next_n(0, p);
+  } catch (const std::system_error& e) {
+    refused = e.code() == dibs::errc::invalid_argument;
+  }
+  detail::expect(refused, "claim_next_n(0) is refused as invalid_argument");
+}
+
+/// `threads` workers share `s` and take `items` offered items with
+/// claim_next_n (batches of 1 to 4) until none is left: each is handed out
+/// exactly once.
+template <listable_store S>
+void check_queue_race_threads(S& s, int threads, int items, std::string_view prefix) {
+  const std::string p(prefix);
+  marker_claim<S> claims{s, {.renew = false}};
+  for (int i = 0; i < items; ++i) claims.offer(fmt::format("{}{:05}", p, i));
+  std::vector<std::atomic<int>> taken(static_cast<std::size_t>(items));
+  std::vector<std::thread> pool;
+  std::atomic<int> errors{0};
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      try {
+        for (;;) {
+          auto batch = claims.claim_next_n(static_cast<std::size_t>(1 + t % 4), p);
+          if (batch.empty()) return;
+          for (auto& c : batch) {
+            ++taken[static_cast<std::size_t>(std::stoi(c.key().substr(p.size())))];
+            c.complete();
+          }
+        }
+      } catch (const std::exception&) {
+        ++errors;
+      }
+    });
+  for (auto& th : pool) th.join();
+  detail::expect(errors == 0, "queue workers finish without an exception");
+  int once = 0;
+  for (auto& n : taken) once += n == 1;
+  detail::expect(once == items, fmt::format("each of {} items is handed out exactly once (only {} were)", items, once));
+}
+
+/// The same with `procs` processes, each opening the store with open().
+template <class Open>
+void check_queue_race_processes(Open open, int procs, int items, std::string_view prefix) {
+  const std::string p(prefix);
+  {
+    auto s = open();
+    marker_claim<std::remove_cvref_t<decltype(s)>> claims{s, {.renew = false}};
+    for (int i = 0; i < items; ++i) claims.offer(fmt::format("{}{:05}", p, i));
+  }
+  const std::size_t bytes = sizeof(std::atomic<int>) * static_cast<std::size_t>(items);
+  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "mmap");
+  auto* taken = static_cast<std::atomic<int>*>(mem);
+  for (int i = 0; i < items; ++i) new (&taken[i]) std::atomic<int>{0};
+  const auto codes = detail::race_processes(procs, [&](int i) {
+    auto s = open();
+    marker_claim<std::remove_cvref_t<decltype(s)>> claims{s, {.renew = false}};
+    for (;;) {
+      auto batch = claims.claim_next_n(static_cast<std::size_t>(1 + i % 4), p);
+      if (batch.empty()) return 0;
+      for (auto& c : batch) {
+        ++taken[std::stoi(c.key().substr(p.size()))];
+        c.complete();
+      }
+    }
+  });
+  int once = 0;
+  for (int i = 0; i < items; ++i) once += taken[i] == 1;
+  ::munmap(mem, bytes);
+  for (int c : codes) detail::expect(c == 0, fmt::format("every queue worker process finishes cleanly (exit {})", c));
+  detail::expect(once == items, fmt::format("each of {} items is handed out exactly once (only {} were)", items, once));
 }
 
 }  // namespace dibs::testing
