@@ -203,7 +203,7 @@ TEST_CASE("dot_lock: a killed dibs holder is broken at once, on proof") {
   CHECK(leftovers(d.path) == std::vector<std::string>{"x.lck"});
 }
 
-TEST_CASE("dot_lock: on_behalf_of names that process; the lock is broken once it is gone, though its taker lives") {
+TEST_CASE("dot_lock: on_behalf_of names that process, and the lock is broken once it is gone, though its taker lives") {
   temp_dir d;
   const auto lock = d.path / "x.lck";
   dibs_test::child sleeper{dibs_test::spawn([] {

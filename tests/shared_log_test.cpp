@@ -349,7 +349,7 @@ TEST_CASE("a wait for the lock ends promptly with errc::cancelled on a stop requ
     CHECK(r.code == dibs::errc::cancelled);
     CHECK_THAT(message, Contains(path.string()) && Contains("cancelled"));
     CHECK(r.waited >= 200ms);
-    CHECK(r.waited < 200ms + 100ms);  // not the 10 s lock_timeout
+    CHECK(r.waited < 200ms + 500ms);  // not the 10 s lock_timeout (a loaded sanitizer run is slow to schedule)
   }
   ::kill(holder, SIGKILL);
   dibs_test::wait_exit(holder);
