@@ -651,7 +651,7 @@ private:
         "E'\\n' ELSE '' END, 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp(), "
         "state = 'processing', attempts = r.attempts + 1, not_before = NULL, synced = r.version + 1 "
         "WHERE r.key = ANY (ARRAY(SELECT key FROM \"{0}\" WHERE ({1}) AND (not_before IS NULL OR "
-        "not_before <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint) {2} "
+        "not_before <= floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) {2} "
         "ORDER BY priority DESC, key LIMIT $4::integer FOR UPDATE SKIP LOCKED)) "
         "RETURNING r.key, r.value, r.version, r.priority",
         t, claimable,
