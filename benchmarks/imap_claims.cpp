@@ -191,6 +191,14 @@ int ops(long n) try {
       timed("UID FETCH <next>:* (nothing new)", [&] { h.s.run(fmt::format("UID FETCH {}:* (UID FLAGS)", uid + 1)); });
       timed("APPEND (small message)", [&] { uid = h.append(key_of(i), "claim"); });
       timed("UID FETCH <uid> (its header)", [&] { h.fetch(std::to_string(uid)); });
+      // The keyword writes a message's view is made of (each fsync'd on a
+      // server with mail_fsync=always), alone and pipelined.
+      timed("UID STORE +FLAGS (one keyword)", [&] { h.s.run(fmt::format("UID STORE {} +FLAGS.SILENT ($A)", uid)); });
+      timed("UID STORE -FLAGS, +FLAGS (pipelined)", [&] {
+        h.s.run(std::vector<std::string>{fmt::format("UID STORE {} -FLAGS.SILENT ($A)", uid),
+                                         fmt::format("UID STORE {} +FLAGS.SILENT ($B)", uid)});
+      });
+      timed("UID STORE -FLAGS of a keyword not set", [&] { h.s.run(fmt::format("UID STORE {} -FLAGS.SILENT ($C)", uid)); });
     }
   }
   {

@@ -106,12 +106,15 @@ public:
     /// Returns: true if the claim was lost (see marker_claim::claim::lost).
     bool lost() const noexcept { return claim_.lost(); }
 
-    /// Effects: completes the claim (the authority), then shows $Completed
-    /// on the message. Throws: as marker_claim::claim::complete; a keyword
-    /// that cannot be set is only noted (the view is repaired later).
+    /// Effects: completes the claim (the authority), then sends the
+    /// keywords that show $Completed on the message; the server sets them
+    /// while the worker goes on (the mailbox's next command, or its
+    /// destructor, reads that it did). Throws: as
+    /// marker_claim::claim::complete; a keyword that cannot be set is only
+    /// noted (the view is repaired later).
     void complete(std::string_view result = {}) {
       claim_.complete(result);
-      box_->show(validity_, uid_, box_->opts_.completed_keyword);
+      box_->show_ahead(validity_, uid_, box_->opts_.completed_keyword);
       box_->done(uid_);
     }
 
@@ -156,6 +159,13 @@ public:
       : opts_(std::move(o)), session_(std::move(server)), claims_(store, opts_.claims) {
     select();
   }
+  /// Reads whether the keywords last sent were set (before the connection closes).
+  ~imap_mailbox() {
+    try {
+      drain();
+    } catch (...) {
+    }
+  }
   imap_mailbox(const imap_mailbox&) = delete;
   imap_mailbox& operator=(const imap_mailbox&) = delete;
 
@@ -173,7 +183,10 @@ public:
         if (auto m = scan_and_claim()) return m;
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
         if (left.count() <= 0) return std::nullopt;
-        if (!held_.empty() || pending_.empty()) session_.idle(std::min(left, wake));
+        if (!held_.empty() || pending_.empty()) {
+          drain();
+          session_.idle(std::min(left, wake));
+        }
       } catch (const std::system_error& e) {
         if (!is_transient(e.code()) && e.code() != make_error_code(errc::outcome_unknown)) throw;
         selected_ = false;
@@ -233,6 +246,7 @@ private:
     for (const auto& u : r.untagged)
       if (const auto at = u.find("[UIDVALIDITY "); at != std::string::npos)
         validity = static_cast<std::uint32_t>(std::stoul(u.substr(at + 13)));
+    read_.reset();
     if (validity != validity_) {  // a new mailbox (or the first look): every UID is new
       known_.clear();
       pending_.clear();
@@ -252,7 +266,74 @@ private:
   }
 
   void ready() {
+    drain();
     if (!session_.connected() || !selected_) select();
+  }
+
+  // Commands sent ahead (send_ahead), their replies not read yet: the
+  // keywords of a show (its message, keyword and how many commands), or
+  // the read of a message about to be claimed (`read`).
+  struct sent_show {
+    std::uint32_t uid;
+    std::string keyword;
+    std::size_t commands;
+    bool read = false;
+  };
+
+  // Sends the read of message `uid` ahead of its claim: the server reads it
+  // while the claim is written on the other connection, and take() uses it
+  // if the claim is won. Reading is harmless if it is lost (BODY.PEEK sets
+  // no \Seen), and a message's content never changes. Best effort: take()
+  // reads it itself otherwise.
+  void read_ahead(std::uint32_t uid) {
+    if (!session_.connected() || !selected_) return;
+    try {
+      session_.send_ahead({fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid)});
+      sent_.push_back({uid, {}, 1, true});
+    } catch (const std::system_error&) {
+      selected_ = false;
+    }
+  }
+
+  // Sends the commands that show `keyword` on message `uid` without
+  // waiting for the server to do it (it fsyncs each STORE; meanwhile the
+  // worker writes to the store on the other connection). Requires: the
+  // decision the keyword shows is made.
+  void send_show(std::uint32_t uid, const std::string& keyword, std::vector<std::string> commands) {
+    unshown_.erase(uid);  // a keyword owed from before is out of date now
+    session_.send_ahead(commands);
+    sent_.push_back({uid, keyword, commands.size()});
+  }
+
+  // Reads whether the keywords sent ahead were set. One that was not (the
+  // server refused it, the connection failed before it said) is noted and,
+  // unless it was $Processing (shown again by nobody: the claim may be
+  // over by the next look), tried again with the next look at the mailbox.
+  void drain() {
+    if (sent_.empty()) return;
+    const auto shows = std::exchange(sent_, {});
+    const auto replies = session_.finish();
+    std::size_t at = 0;
+    for (const auto& s : shows) {
+      if (s.read) {
+        // Its FETCH may come while an earlier command is still open (the
+        // server runs them side by side): take() finds it by its UID.
+        if (at < replies.size() && replies[at].ok()) read_ = {s.uid, imap::untagged_of(replies)};
+        ++at;
+        continue;
+      }
+      std::string why;
+      for (std::size_t i = at; i < at + s.commands && why.empty(); ++i)
+        if (i >= replies.size()) why = "the connection failed before the server said";
+        else if (!replies[i].ok()) why = fmt::format("{} {}", replies[i].status, replies[i].text);
+      at += s.commands;
+      if (why.empty()) continue;
+      selected_ = false;
+      if (s.keyword != opts_.processing_keyword) unshown_[s.uid] = s.keyword;
+      note(fmt::format("could not show '{}' on message UID {} in {} ({}); it is shown when a watcher next scans the "
+                       "mailbox",
+                       s.keyword, s.uid, where(), why));
+    }
   }
 
   std::string key_of(std::uint32_t uid, const std::string& message_id) {
@@ -416,6 +497,20 @@ private:
     return commands;
   }
 
+  // As show(validity, uid, keyword), without waiting for the server.
+  void show_ahead(std::uint32_t validity, std::uint32_t uid, const std::string& keyword) {
+    try {
+      ready();
+      if (validity == validity_) send_show(uid, keyword, keyword_commands(uid, keyword));
+    } catch (const std::system_error& e) {
+      selected_ = false;
+      unshown_[uid] = keyword;
+      note(fmt::format("could not show '{}' on message UID {} in {} ({}); it is tried again with the next look at "
+                       "the mailbox",
+                       keyword, uid, where(), e.what()));
+    }
+  }
+
   // As show(), for a message of the mailbox as it was (UIDVALIDITY
   // `validity`): nothing if the mailbox was re-created since (its UIDs
   // name other messages now).
@@ -428,6 +523,7 @@ private:
   }
 
   void show(std::uint32_t uid, const std::string& keyword) {
+    unshown_.erase(uid);
     const auto commands = keyword_commands(uid, keyword);
     for (int attempt = 0; attempt < 2; ++attempt) {
       try {
@@ -446,9 +542,23 @@ private:
     }
   }
 
+  // A message known to be waiting is claimed before the mailbox is looked
+  // at again: that look would wait for the keywords just sent (the server
+  // answers in order), and the claim's write in the store runs meanwhile.
   std::optional<mail> scan_and_claim() {
+    show_owed();
+    if (!pending_.empty())
+      if (auto m = claim_known()) return m;
     refresh();
+    show_owed();
+    return claim_known();
+  }
+
+  void show_owed() {
     for (auto owed = std::exchange(unshown_, {}); const auto& [uid, keyword] : owed) show(uid, keyword);
+  }
+
+  std::optional<mail> claim_known() {
     std::vector<std::uint32_t> order(pending_.begin(), pending_.end());
     std::shuffle(order.begin(), order.end(), rng_);  // workers spread over the backlog
     const auto now = std::chrono::steady_clock::now();
@@ -458,6 +568,7 @@ private:
       if (!known_.count(uid)) continue;  // forgotten meanwhile (expunged, or settled)
       const auto s = known_.at(uid);
       std::optional<claims_type::claim> c;
+      read_ahead(uid);
       try {
         c = claims_.try_claim(s.key);
       } catch (const std::system_error& e) {
@@ -511,8 +622,9 @@ private:
     return std::nullopt;
   }
 
-  // Shows $Processing on message `uid` (claimed by `c`) and reads it, in one
-  // round trip. Returns: the whole message, or nothing if it was expunged.
+  // Reads message `uid` (claimed by `c`) and sends the keywords that show
+  // $Processing on it, which the server sets while the message is handled.
+  // Returns: the whole message, or nothing if it was expunged.
   std::optional<std::string> take(std::uint32_t uid, const seen& s, const claims_type::claim& c) {
     // The other keywords are taken off only where they can be (a message
     // claimed before, or one a person marked).
@@ -520,17 +632,17 @@ private:
       return imap::detail::iequals(f, opts_.processing_keyword) || imap::detail::iequals(f, opts_.completed_keyword) ||
              imap::detail::iequals(f, opts_.failed_keyword);
     });
-    auto commands = keyword_commands(uid, opts_.processing_keyword, c.attempts() > 1 || marked);
-    commands.push_back(fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid));
     ready();
-    const auto replies = session_.run(commands);
-    recovery_.check(session_, replies.back(), fmt::format("reading message UID {} in {}", uid, where()));  // gives it back
-    for (std::size_t i = 0; i + 1 < replies.size(); ++i)
-      if (!replies[i].ok())
-        note(fmt::format("could not show '{}' on message UID {} in {} ({} {}); it is shown when a watcher next "
-                         "scans the mailbox",
-                         opts_.processing_keyword, uid, where(), replies[i].status, replies[i].text));
-    for (const auto& line : imap::untagged_of(replies)) {
+    std::vector<std::string> lines;
+    if (read_ && read_->first == uid) {
+      lines = std::move(read_->second);
+    } else {
+      auto r = session_.run(fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid));
+      recovery_.check(session_, r, fmt::format("reading message UID {} in {}", uid, where()));  // gives it back
+      lines = std::move(r.untagged);
+    }
+    read_.reset();
+    for (const auto& line : lines) {
       const auto v = imap::parse(line);
       if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != imap::value::kind::list) continue;
       const auto& items = v[2].items;
@@ -542,7 +654,18 @@ private:
       }
       // Dovecot answers an empty body for a message expunged by another
       // session before this one was told: gone, as if not found.
-      if (body && !body->empty() && which.value_or(uid) == uid) return body;
+      if (body && !body->empty() && which.value_or(uid) == uid) {
+        try {
+          send_show(uid, opts_.processing_keyword,
+                    keyword_commands(uid, opts_.processing_keyword, c.attempts() > 1 || marked));
+        } catch (const std::system_error& e) {
+          selected_ = false;
+          note(fmt::format("could not show '{}' on message UID {} in {} ({}); it is shown when a watcher next "
+                           "scans the mailbox",
+                           opts_.processing_keyword, uid, where(), e.what()));
+        }
+        return body;
+      }
     }
     return std::nullopt;
   }
@@ -557,6 +680,8 @@ private:
   std::set<std::uint32_t> pending_;
   std::map<std::uint32_t, std::chrono::steady_clock::time_point> held_;
   std::map<std::uint32_t, std::string> unshown_;  // keywords a failure kept from being shown
+  std::vector<sent_show> sent_;                   // commands sent ahead, their replies not read yet
+  std::optional<std::pair<std::uint32_t, std::vector<std::string>>> read_;  // a message read ahead of its claim
   imap::detail::server_recovery recovery_;       // a server's internal error right after a reconnect: transient
   std::mt19937_64 rng_{std::random_device{}()};
 };
