@@ -156,7 +156,7 @@ public:
   /// Requires: `store` outlives this object. Throws: a refused login, the
   /// mailbox missing or read-only, naming server and mailbox.
   imap_mailbox(imap::options server, imap_store& store, imap_mailbox_options o = {})
-      : opts_(std::move(o)), session_(std::move(server)), claims_(store, opts_.claims) {
+      : opts_(std::move(o)), session_(std::move(server)), store_(&store), claims_(store, opts_.claims) {
     select();
   }
   /// Reads whether the keywords last sent were set (before the connection closes).
@@ -481,7 +481,20 @@ private:
   // The item is done: its keywords are made to agree with the store.
   void settle(std::uint32_t uid, const seen& s, claim_state state) {
     const auto& want = state == claim_state::completed ? opts_.completed_keyword : opts_.failed_keyword;
-    if (!has_flag(s, want) || has_flag(s, opts_.processing_keyword)) show(uid, want);
+    if (!has_flag(s, want) || has_flag(s, opts_.processing_keyword)) {
+      // Mostly the keywords its worker has set already (this copy of the
+      // flags is from when the message arrived): sent without waiting.
+      if (session_.connected() && selected_) {
+        try {
+          send_show(uid, want, keyword_commands(uid, want));
+        } catch (const std::system_error&) {
+          selected_ = false;
+          unshown_[uid] = want;
+        }
+      } else {
+        show(uid, want);
+      }
+    }
     done(uid);
   }
 
@@ -567,6 +580,22 @@ private:
       if (held != held_.end() && held->second > now) continue;  // someone else's, looked at lately
       if (!known_.count(uid)) continue;  // forgotten meanwhile (expunged, or settled)
       const auto s = known_.at(uid);
+      // What the store said at its last look (this worker's last claim or
+      // completion) spares a claim attempt, two reads, for a message
+      // another worker completed or holds; only a final state is taken as
+      // it is (it never changes back), and a held one is tried as before
+      // once `recheck` has passed.
+      if (const auto cached = store_->read_cached(s.key)) {
+        const auto state = detail::field(cached->value, "state");
+        if (state == "completed" || state == "failed") {
+          settle(uid, s, state == "completed" ? claim_state::completed : claim_state::failed);
+          continue;
+        }
+        if (state == "processing" && held == held_.end()) {
+          held_[uid] = now + recheck();
+          continue;
+        }
+      }
       std::optional<claims_type::claim> c;
       read_ahead(uid);
       try {
@@ -672,6 +701,7 @@ private:
 
   imap_mailbox_options opts_;
   imap::session session_;
+  imap_store* store_;
   claims_type claims_;
   bool selected_ = false;
   std::uint32_t validity_ = 0;
