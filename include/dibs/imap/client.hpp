@@ -715,9 +715,9 @@ public:
 
   /// Returns: the replies of the commands sent by send_ahead() since the
   /// last finish(), in the order sent, waiting for those not read yet.
-  /// Fewer replies than commands: the connection failed before the rest
-  /// were read (their outcome is unknown). Throws: nothing for a failed
-  /// connection (see above); std::bad_alloc.
+  /// Fewer replies than commands: the connection failed while they were
+  /// read (the commands without a reply here may or may not have been
+  /// applied). Throws: nothing for a failed connection; std::bad_alloc.
   std::vector<reply> finish() {
     try {
       read_ahead();
