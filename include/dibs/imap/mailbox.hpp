@@ -17,7 +17,9 @@
 // so; a copy found expunged when claimed is never the item's end: another
 // copy is handed out, or the claim is given back for the copy that comes
 // back). The keywords on the message are a view, set after the store decided,
-// never read to decide anything:
+// never read to decide anything (they are sent without waiting for the
+// server, which sets them while the worker writes to the store on the other
+// connection; the mailbox's next command reads that it did):
 //
 //   $Processing   a worker holds the claim
 //   $Completed    the claim was completed (complete())
@@ -73,7 +75,9 @@ struct imap_mailbox_options {
   /// What a claim is keyed by: the delivered copy (its UID) or the message
   /// (its Message-ID).
   enum class key_by { uid, message_id } key = key_by::uid;
-  /// The keywords that show the state on the message.
+  /// The keywords that show the state on the message. An empty
+  /// processing_keyword: a message being handled shows no keyword (one
+  /// keyword write, fsync'd on most servers, less per message).
   std::string processing_keyword = "$Processing";
   std::string completed_keyword = "$Completed";
   std::string failed_keyword = "$Failed";
@@ -429,6 +433,7 @@ private:
     std::vector<std::string> also;
     if (!pending_.empty()) also.push_back(fmt::format("UID SEARCH UID {}:{}", *pending_.begin(), seen_before));
     const auto lines = fetch_all(last_uid_ + 1, fmt::format("looking for new mail in {}", where()), also);
+    looked_ = std::chrono::steady_clock::now();
     if (!also.empty()) {
       std::set<std::uint32_t> present;
       bool searched = false;
@@ -503,9 +508,9 @@ private:
   std::vector<std::string> keyword_commands(std::uint32_t uid, const std::string& keyword, bool clear = true) const {
     std::string others;
     for (const auto* k : {&opts_.processing_keyword, &opts_.completed_keyword, &opts_.failed_keyword})
-      if (*k != keyword) others += (others.empty() ? "" : " ") + *k;
+      if (*k != keyword && !k->empty()) others += (others.empty() ? "" : " ") + *k;
     std::vector<std::string> commands;
-    if (clear) commands.push_back(fmt::format("UID STORE {} -FLAGS.SILENT ({})", uid, others));
+    if (clear && !others.empty()) commands.push_back(fmt::format("UID STORE {} -FLAGS.SILENT ({})", uid, others));
     if (!keyword.empty()) commands.push_back(fmt::format("UID STORE {} +FLAGS.SILENT ({})", uid, keyword));
     return commands;
   }
@@ -558,9 +563,12 @@ private:
   // A message known to be waiting is claimed before the mailbox is looked
   // at again: that look would wait for the keywords just sent (the server
   // answers in order), and the claim's write in the store runs meanwhile.
+  // Only while the last look is recent (`recheck`): a message moved away
+  // since is found gone when claimed (its claim then ends as described at
+  // the top), which costs more than the look.
   std::optional<mail> scan_and_claim() {
     show_owed();
-    if (!pending_.empty())
+    if (!pending_.empty() && std::chrono::steady_clock::now() - looked_ < recheck())
       if (auto m = claim_known()) return m;
     refresh();
     show_owed();
@@ -685,8 +693,8 @@ private:
       // session before this one was told: gone, as if not found.
       if (body && !body->empty() && which.value_or(uid) == uid) {
         try {
-          send_show(uid, opts_.processing_keyword,
-                    keyword_commands(uid, opts_.processing_keyword, c.attempts() > 1 || marked));
+          const auto commands = keyword_commands(uid, opts_.processing_keyword, c.attempts() > 1 || marked);
+          if (!commands.empty()) send_show(uid, opts_.processing_keyword, commands);
         } catch (const std::system_error& e) {
           selected_ = false;
           note(fmt::format("could not show '{}' on message UID {} in {} ({}); it is shown when a watcher next "
@@ -706,6 +714,7 @@ private:
   bool selected_ = false;
   std::uint32_t validity_ = 0;
   std::uint32_t last_uid_ = 0;
+  std::chrono::steady_clock::time_point looked_{};  // the last look for new mail
   std::map<std::uint32_t, seen> known_;
   std::set<std::uint32_t> pending_;
   std::map<std::uint32_t, std::chrono::steady_clock::time_point> held_;
