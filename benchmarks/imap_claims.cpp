@@ -23,6 +23,7 @@
 //   imap_claims --mode dibs-mailbox  --procs P --items M
 //       M messages APPENDed to a mailbox beforehand (not timed); P workers
 //       run dibs::imap_mailbox next() + complete() until all M are handled
+//       (--no-processing: with processing_keyword empty, no $Processing)
 //   imap_claims --mode ops --items M
 //       one process, the round trips a claim is made of, each timed M times
 //       (median ms): NOOP, UID FETCH <next UID>:* when nothing is new, APPEND,
@@ -191,6 +192,14 @@ int ops(long n) try {
       timed("UID FETCH <next>:* (nothing new)", [&] { h.s.run(fmt::format("UID FETCH {}:* (UID FLAGS)", uid + 1)); });
       timed("APPEND (small message)", [&] { uid = h.append(key_of(i), "claim"); });
       timed("UID FETCH <uid> (its header)", [&] { h.fetch(std::to_string(uid)); });
+      // The keyword writes a message's view is made of (each fsync'd on a
+      // server with mail_fsync=always), alone and pipelined.
+      timed("UID STORE +FLAGS (one keyword)", [&] { h.s.run(fmt::format("UID STORE {} +FLAGS.SILENT ($A)", uid)); });
+      timed("UID STORE -FLAGS, +FLAGS (pipelined)", [&] {
+        h.s.run(std::vector<std::string>{fmt::format("UID STORE {} -FLAGS.SILENT ($A)", uid),
+                                         fmt::format("UID STORE {} +FLAGS.SILENT ($B)", uid)});
+      });
+      timed("UID STORE -FLAGS of a keyword not set", [&] { h.s.run(fmt::format("UID STORE {} -FLAGS.SILENT ($C)", uid)); });
     }
   }
   {
@@ -216,16 +225,18 @@ int main(int argc, char** argv) {
   std::string mode = "dibs-own";
   int procs = 1;
   long items = 200;
-  bool complete = false;
+  bool complete = false, no_processing = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--complete") complete = true;
+    else if (a == "--no-processing") no_processing = true;
     else if (a == "--mode" && i + 1 < argc) mode = argv[++i];
     else if (a == "--procs" && i + 1 < argc) procs = std::atoi(argv[++i]);
     else if (a == "--items" && i + 1 < argc) items = std::atol(argv[++i]);
     else {
       std::fprintf(stderr,
-                   "usage: imap_claims --mode <dibs|floor>-<own|shared|mailbox> [--procs P] [--items M] [--complete]\n");
+                   "usage: imap_claims --mode <dibs|floor>-<own|shared|mailbox> [--procs P] [--items M] [--complete] "
+                   "[--no-processing]\n");
       return 2;
     }
   }
@@ -233,7 +244,8 @@ int main(int argc, char** argv) {
   const auto dash = mode.find('-');
   const std::string way = mode.substr(0, dash), bench = dash == std::string::npos ? "" : mode.substr(dash + 1);
   if ((way != "dibs" && way != "floor") || (bench != "own" && bench != "shared" && bench != "mailbox") ||
-      (complete && bench != "own") || procs < 1 || procs > 64 || items < 1 || items > max_items) {
+      (complete && bench != "own") || (no_processing && (way != "dibs" || bench != "mailbox")) || procs < 1 ||
+      procs > 64 || items < 1 || items > max_items) {
     std::fprintf(stderr, "imap_claims: bad arguments (try without any for the usage)\n");
     return 2;
   }
@@ -308,7 +320,9 @@ int main(int argc, char** argv) {
         }
       } else if (way == "dibs") {
         dibs::imap_store store{server, {.folder = folder}};
-        dibs::imap_mailbox box{server, store, {.mailbox = inbox, .claims = copts}};
+        dibs::imap_mailbox_options mopts{.mailbox = inbox, .claims = copts};
+        if (no_processing) mopts.processing_keyword.clear();
+        dibs::imap_mailbox box{server, store, mopts};
         g.wait();
         while (sh->handled.load() < items) {
           auto m = box.next(std::chrono::milliseconds{200});

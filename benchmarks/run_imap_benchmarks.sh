@@ -41,6 +41,7 @@ pairs=(
   "claim, shared keys|--mode dibs-shared|--mode floor-shared"
   "claim + complete, own keys|--mode dibs-own --complete|--mode floor-own --complete"
   "mailbox: next + complete|--mode dibs-mailbox|--mode floor-mailbox"
+  "mailbox, processing_keyword empty|--mode dibs-mailbox --no-processing|--mode floor-mailbox"
 )
 table="| what | workers | floor items/s | dibs items/s | dibs / floor | median of the rounds' ratios |
 | --- | ---: | ---: | ---: | ---: | ---: |"

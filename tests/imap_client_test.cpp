@@ -642,3 +642,53 @@ TEST_CASE("imap::session: what the server says while a literal waits for its go-
   CHECK(r.ok());
   CHECK(r.untagged == std::vector<std::string>{"5 EXISTS", "6 EXISTS"});
 }
+
+TEST_CASE("imap::session::send_ahead: replies kept for finish() in order, state changes passed to the next run") {
+  std::string ahead, after;
+  scripted_server server([&](int fd) {
+    say(fd, "* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] ready\r\n");
+    hear(fd, "\r\n");
+    say(fd, "d1 OK [CAPABILITY IMAP4rev1 LITERAL+] logged in\r\n");
+    ahead = hear(fd, "d3 UID FETCH 7 (UID BODY.PEEK[])\r\n");
+    // Side by side: the FETCH's data and another client's news come while
+    // the first STORE is still open, the second is refused.
+    say(fd, "* 4 FETCH (UID 7 BODY[] {2}\r\nhi)\r\n* 9 EXISTS\r\nd2 OK stored\r\nd3 OK fetched\r\nd4 NO [CANNOT] no\r\n");
+    after = hear(fd, "d5 NOOP\r\n");
+    say(fd, "d5 OK done\r\n");
+    hear(fd, "LOGOUT\r\n");
+  });
+  dibs::imap::session s{at(server.port)};
+  s.send_ahead({"UID STORE 7 +FLAGS.SILENT ($A)", "UID FETCH 7 (UID BODY.PEEK[])", "UID STORE 8 +FLAGS.SILENT ($A)"});
+  // A command with a literal cannot go ahead (its go-ahead would be lost among the replies).
+  CHECK_THROWS_MATCHES(s.send_ahead({"APPEND box {1+}\r\nx"}), std::system_error,
+                       Catch::Predicate<std::system_error>([](const std::system_error& e) {
+                         return e.code() == dibs::errc::invalid_argument;
+                       }));
+  const auto r = s.run("NOOP");  // reads what went ahead first
+  CHECK(r.ok());
+  CHECK(r.untagged == std::vector<std::string>{"9 EXISTS"});  // news for this run; the FETCH is the command's own
+  const auto done = s.finish();
+  REQUIRE(done.size() == 3);
+  CHECK(done[0].ok());
+  CHECK(done[1].ok());
+  CHECK(done[2].status == "NO");
+  CHECK(dibs::imap::untagged_of(done) == std::vector<std::string>{"4 FETCH (UID 7 BODY[] {2}\r\nhi)", "9 EXISTS"});
+  CHECK(s.finish().empty());
+  CHECK(ahead == "d2 UID STORE 7 +FLAGS.SILENT ($A)\r\nd3 UID FETCH 7 (UID BODY.PEEK[])\r\n");
+  CHECK(after == "d4 UID STORE 8 +FLAGS.SILENT ($A)\r\nd5 NOOP\r\n");
+}
+
+TEST_CASE("imap::session::send_ahead: a connection lost before every reply came gives finish() fewer of them") {
+  scripted_server server([&](int fd) {
+    say(fd, "* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] ready\r\n");
+    hear(fd, "\r\n");
+    say(fd, "d1 OK [CAPABILITY IMAP4rev1 LITERAL+] logged in\r\n");
+    hear(fd, "d3 UID STORE 8 +FLAGS.SILENT ($A)\r\n");
+    say(fd, "d2 OK stored\r\n");  // then it dies: d3's outcome is unknown
+  });
+  dibs::imap::session s{at(server.port)};
+  s.send_ahead({"UID STORE 7 +FLAGS.SILENT ($A)", "UID STORE 8 +FLAGS.SILENT ($A)"});
+  CHECK(s.finish().empty());  // all of that read is in doubt, d2 too (its reply came, but not d3's)
+  CHECK_FALSE(s.connected());
+  CHECK(s.finish().empty());
+}

@@ -10,10 +10,12 @@
 #include "imap_support.hpp"
 #include "support.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -490,4 +492,51 @@ TEST_CASE("imap_mailbox: keyed by Message-ID, a person deleting one of two copie
     INFO("order " << order);
     CHECK(times == n);
   }
+}
+
+TEST_CASE("imap_mailbox: keywords sent ahead are set by the mailbox's next command and by its end, and an empty "
+          "processing_keyword shows none while a message is handled") {
+  const auto mailbox = dibs_test::imap::fresh_folder("ahead");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  deliver(s, mailbox, 0, 2);
+  s.check(s.run("SELECT " + dibs::imap::quote(mailbox)), "select");
+  // What a person's client sees on message `uid`: the keywords dibs sets, sorted.
+  auto shown = [&](std::uint32_t uid) {
+    const auto r = s.run(fmt::format("UID FETCH {} (FLAGS)", uid));
+    s.check(r, "fetch flags");
+    std::vector<std::string> out;
+    for (const auto& line : r.untagged) {
+      const auto v = dibs::imap::parse(line);
+      if (v.size() < 3 || !v[1].is("FETCH")) continue;
+      out.clear();  // the server may also say what changed since the last command: the last line is now
+      for (std::size_t i = 0; i + 1 < v[2].items.size(); i += 2)
+        if (v[2].items[i].is("FLAGS"))
+          for (const auto& f : v[2].items[i + 1].items)
+            if (f.text.starts_with('$')) out.push_back(f.text);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("aheadclaims")}};
+  std::set<std::uint32_t> uids;
+  for (const bool processing : {true, false}) {
+    std::uint32_t uid = 0;
+    {
+      dibs::imap_mailbox_options o{.mailbox = mailbox};
+      if (!processing) o.processing_keyword.clear();
+      dibs::imap_mailbox box{server, store, o};
+      auto m = box.next(1s);
+      REQUIRE(m);
+      uid = m->uid();
+      uids.insert(uid);
+      (void)box.status();  // the mailbox's next command
+      CHECK(shown(uid) == (processing ? std::vector<std::string>{"$Processing"} : std::vector<std::string>{}));
+      m->complete("done");
+    }  // the mailbox's end: $Completed is set by then
+    CHECK(shown(uid) == std::vector<std::string>{"$Completed"});
+  }
+  CHECK(uids.size() == 2);  // two messages, each handled once
+  CHECK(store.keys().size() == 2);
 }

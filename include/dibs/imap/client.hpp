@@ -73,6 +73,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -611,6 +612,7 @@ public:
   /// closed), errc::invalid_argument for a literal whose size is not its
   /// length (write literals with quote()).
   std::vector<reply> run(const std::vector<std::string>& commands) {
+    read_ahead();
     if (!connected()) connect();
     const bool plus = has("LITERAL+");
     std::vector<std::string> tags;
@@ -685,6 +687,45 @@ public:
     }
   }
 
+  /// Sends `commands` (without literals) at once and returns without
+  /// waiting for their replies: the server works on them while the caller
+  /// does other things (a write on another connection, say). The next
+  /// run(), idle() or finish() reads their replies first and keeps them for
+  /// finish(); what they say untagged of the mailbox's state (EXISTS,
+  /// EXPUNGE, VANISHED: every line but a FETCH) also counts as the first
+  /// reply's of the next run(), as if the commands had been sent with it.
+  /// Throws: as run() (the commands may then have been applied or not);
+  /// errc::invalid_argument for a command with a literal.
+  void send_ahead(const std::vector<std::string>& commands) {
+    if (!connected()) connect();
+    std::string out;
+    std::vector<std::string> tags;
+    for (const auto& c : commands) {
+      if (c.find("}\r\n") != std::string::npos)
+        throw std::system_error(make_error_code(errc::invalid_argument),
+                                fmt::format("dibs::imap: {}: the command '{}' has a literal, which send_ahead() "
+                                            "cannot send: use run()",
+                                            where(), detail::excerpt(c)));
+      tags.push_back(fmt::format("d{}", ++tag_));
+      out.append(tags.back()).append(" ").append(c).append("\r\n");
+    }
+    send(out);
+    ahead_.insert(ahead_.end(), tags.begin(), tags.end());
+  }
+
+  /// Returns: the replies of the commands sent by send_ahead() since the
+  /// last finish(), in the order sent, waiting for those not read yet.
+  /// Fewer replies than commands: the connection failed while they were
+  /// read (the commands without a reply here may or may not have been
+  /// applied). Throws: nothing for a failed connection; std::bad_alloc.
+  std::vector<reply> finish() {
+    try {
+      read_ahead();
+    } catch (const std::system_error&) {
+    }
+    return std::exchange(ahead_done_, {});
+  }
+
   /// Throws: std::system_error for a reply that is not OK, naming the
   /// server, user, `what` was done, and what the server said.
   void check(const reply& r, std::string_view what) const {
@@ -703,6 +744,7 @@ public:
       ::poll(nullptr, 0, static_cast<int>(wait.count()));
       return true;
     }
+    read_ahead();
     if (!connected()) connect();
     const auto tag = fmt::format("d{}", ++tag_);
     send(fmt::format("{} IDLE\r\n", tag));
@@ -755,6 +797,7 @@ public:
     fd_ = -1;
     in_.clear();
     early_.clear();
+    ahead_.clear();  // their replies never come
   }
 
 private:
@@ -1181,6 +1224,22 @@ private:
     return line;
   }
 
+  // Reads the replies of what send_ahead() sent, for finish(); what they
+  // say of the mailbox's state goes to the next collect() as well.
+  void read_ahead() {
+    if (ahead_.empty()) return;
+    auto early = std::exchange(early_, {});  // said before these commands: the next run's
+    auto replies = collect(std::exchange(ahead_, {}));
+    for (auto& r : replies)
+      for (const auto& line : r.untagged) {
+        const auto sp = line.find(' ');
+        if (sp == std::string::npos || !detail::istarts_with(std::string_view(line).substr(sp + 1), "FETCH"))
+          early.push_back(line);
+      }
+    early_ = std::move(early);
+    ahead_done_.insert(ahead_done_.end(), std::make_move_iterator(replies.begin()), std::make_move_iterator(replies.end()));
+  }
+
   std::vector<reply> collect(const std::vector<std::string>& tags) {
     std::vector<reply> replies(tags.size());
     std::vector<bool> done(tags.size());
@@ -1242,6 +1301,8 @@ private:
   std::uint64_t tag_ = 0;
   std::string in_;
   std::vector<std::string> early_;  // untagged lines read while a literal waited for "+", for the next collect()
+  std::vector<std::string> ahead_;  // tags of commands sent by send_ahead() whose replies are not read yet
+  std::vector<reply> ahead_done_;   // their replies, read, for finish()
   std::vector<std::string> caps_;
 };
 

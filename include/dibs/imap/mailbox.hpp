@@ -17,7 +17,9 @@
 // so; a copy found expunged when claimed is never the item's end: another
 // copy is handed out, or the claim is given back for the copy that comes
 // back). The keywords on the message are a view, set after the store decided,
-// never read to decide anything:
+// never read to decide anything (they are sent without waiting for the
+// server, which sets them while the worker writes to the store on the other
+// connection; the mailbox's next command reads that it did):
 //
 //   $Processing   a worker holds the claim
 //   $Completed    the claim was completed (complete())
@@ -73,7 +75,9 @@ struct imap_mailbox_options {
   /// What a claim is keyed by: the delivered copy (its UID) or the message
   /// (its Message-ID).
   enum class key_by { uid, message_id } key = key_by::uid;
-  /// The keywords that show the state on the message.
+  /// The keywords that show the state on the message. An empty
+  /// processing_keyword: a message being handled shows no keyword (one
+  /// keyword write, fsync'd on most servers, less per message).
   std::string processing_keyword = "$Processing";
   std::string completed_keyword = "$Completed";
   std::string failed_keyword = "$Failed";
@@ -106,12 +110,15 @@ public:
     /// Returns: true if the claim was lost (see marker_claim::claim::lost).
     bool lost() const noexcept { return claim_.lost(); }
 
-    /// Effects: completes the claim (the authority), then shows $Completed
-    /// on the message. Throws: as marker_claim::claim::complete; a keyword
-    /// that cannot be set is only noted (the view is repaired later).
+    /// Effects: completes the claim (the authority), then sends the
+    /// keywords that show $Completed on the message; the server sets them
+    /// while the worker goes on (the mailbox's next command, or its
+    /// destructor, reads that it did). Throws: as
+    /// marker_claim::claim::complete; a keyword that cannot be set is only
+    /// noted (the view is repaired later).
     void complete(std::string_view result = {}) {
       claim_.complete(result);
-      box_->show(validity_, uid_, box_->opts_.completed_keyword);
+      box_->show_ahead(validity_, uid_, box_->opts_.completed_keyword);
       box_->done(uid_);
     }
 
@@ -153,8 +160,15 @@ public:
   /// Requires: `store` outlives this object. Throws: a refused login, the
   /// mailbox missing or read-only, naming server and mailbox.
   imap_mailbox(imap::options server, imap_store& store, imap_mailbox_options o = {})
-      : opts_(std::move(o)), session_(std::move(server)), claims_(store, opts_.claims) {
+      : opts_(std::move(o)), session_(std::move(server)), store_(&store), claims_(store, opts_.claims) {
     select();
+  }
+  /// Reads whether the keywords last sent were set (before the connection closes).
+  ~imap_mailbox() {
+    try {
+      drain();
+    } catch (...) {
+    }
   }
   imap_mailbox(const imap_mailbox&) = delete;
   imap_mailbox& operator=(const imap_mailbox&) = delete;
@@ -173,7 +187,10 @@ public:
         if (auto m = scan_and_claim()) return m;
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
         if (left.count() <= 0) return std::nullopt;
-        if (!held_.empty() || pending_.empty()) session_.idle(std::min(left, wake));
+        if (!held_.empty() || pending_.empty()) {
+          drain();
+          session_.idle(std::min(left, wake));
+        }
       } catch (const std::system_error& e) {
         if (!is_transient(e.code()) && e.code() != make_error_code(errc::outcome_unknown)) throw;
         selected_ = false;
@@ -233,6 +250,7 @@ private:
     for (const auto& u : r.untagged)
       if (const auto at = u.find("[UIDVALIDITY "); at != std::string::npos)
         validity = static_cast<std::uint32_t>(std::stoul(u.substr(at + 13)));
+    read_.reset();
     if (validity != validity_) {  // a new mailbox (or the first look): every UID is new
       known_.clear();
       pending_.clear();
@@ -252,7 +270,74 @@ private:
   }
 
   void ready() {
+    drain();
     if (!session_.connected() || !selected_) select();
+  }
+
+  // Commands sent ahead (send_ahead), their replies not read yet: the
+  // keywords of a show (its message, keyword and how many commands), or
+  // the read of a message about to be claimed (`read`).
+  struct sent_show {
+    std::uint32_t uid;
+    std::string keyword;
+    std::size_t commands;
+    bool read = false;
+  };
+
+  // Sends the read of message `uid` ahead of its claim: the server reads it
+  // while the claim is written on the other connection, and take() uses it
+  // if the claim is won. Reading is harmless if it is lost (BODY.PEEK sets
+  // no \Seen), and a message's content never changes. Best effort: take()
+  // reads it itself otherwise.
+  void read_ahead(std::uint32_t uid) {
+    if (!session_.connected() || !selected_) return;
+    try {
+      session_.send_ahead({fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid)});
+      sent_.push_back({uid, {}, 1, true});
+    } catch (const std::system_error&) {
+      selected_ = false;
+    }
+  }
+
+  // Sends the commands that show `keyword` on message `uid` without
+  // waiting for the server to do it (it fsyncs each STORE; meanwhile the
+  // worker writes to the store on the other connection). Requires: the
+  // decision the keyword shows is made.
+  void send_show(std::uint32_t uid, const std::string& keyword, std::vector<std::string> commands) {
+    unshown_.erase(uid);  // a keyword owed from before is out of date now
+    session_.send_ahead(commands);
+    sent_.push_back({uid, keyword, commands.size()});
+  }
+
+  // Reads whether the keywords sent ahead were set. One that was not (the
+  // server refused it, the connection failed before it said) is noted and,
+  // unless it was $Processing (shown again by nobody: the claim may be
+  // over by the next look), tried again with the next look at the mailbox.
+  void drain() {
+    if (sent_.empty()) return;
+    const auto shows = std::exchange(sent_, {});
+    const auto replies = session_.finish();
+    std::size_t at = 0;
+    for (const auto& s : shows) {
+      if (s.read) {
+        // Its FETCH may come while an earlier command is still open (the
+        // server runs them side by side): take() finds it by its UID.
+        if (at < replies.size() && replies[at].ok()) read_ = {s.uid, imap::untagged_of(replies)};
+        ++at;
+        continue;
+      }
+      std::string why;
+      for (std::size_t i = at; i < at + s.commands && why.empty(); ++i)
+        if (i >= replies.size()) why = "the connection failed before the server said";
+        else if (!replies[i].ok()) why = fmt::format("{} {}", replies[i].status, replies[i].text);
+      at += s.commands;
+      if (why.empty()) continue;
+      selected_ = false;
+      if (s.keyword != opts_.processing_keyword) unshown_[s.uid] = s.keyword;
+      note(fmt::format("could not show '{}' on message UID {} in {} ({}); it is shown when a watcher next scans the "
+                       "mailbox",
+                       s.keyword, s.uid, where(), why));
+    }
   }
 
   std::string key_of(std::uint32_t uid, const std::string& message_id) {
@@ -348,6 +433,7 @@ private:
     std::vector<std::string> also;
     if (!pending_.empty()) also.push_back(fmt::format("UID SEARCH UID {}:{}", *pending_.begin(), seen_before));
     const auto lines = fetch_all(last_uid_ + 1, fmt::format("looking for new mail in {}", where()), also);
+    looked_ = std::chrono::steady_clock::now();
     if (!also.empty()) {
       std::set<std::uint32_t> present;
       bool searched = false;
@@ -400,7 +486,20 @@ private:
   // The item is done: its keywords are made to agree with the store.
   void settle(std::uint32_t uid, const seen& s, claim_state state) {
     const auto& want = state == claim_state::completed ? opts_.completed_keyword : opts_.failed_keyword;
-    if (!has_flag(s, want) || has_flag(s, opts_.processing_keyword)) show(uid, want);
+    if (!has_flag(s, want) || has_flag(s, opts_.processing_keyword)) {
+      // Mostly the keywords its worker has set already (this copy of the
+      // flags is from when the message arrived): sent without waiting.
+      if (session_.connected() && selected_) {
+        try {
+          send_show(uid, want, keyword_commands(uid, want));
+        } catch (const std::system_error&) {
+          selected_ = false;
+          unshown_[uid] = want;
+        }
+      } else {
+        show(uid, want);
+      }
+    }
     done(uid);
   }
 
@@ -409,11 +508,25 @@ private:
   std::vector<std::string> keyword_commands(std::uint32_t uid, const std::string& keyword, bool clear = true) const {
     std::string others;
     for (const auto* k : {&opts_.processing_keyword, &opts_.completed_keyword, &opts_.failed_keyword})
-      if (*k != keyword) others += (others.empty() ? "" : " ") + *k;
+      if (*k != keyword && !k->empty()) others += (others.empty() ? "" : " ") + *k;
     std::vector<std::string> commands;
-    if (clear) commands.push_back(fmt::format("UID STORE {} -FLAGS.SILENT ({})", uid, others));
+    if (clear && !others.empty()) commands.push_back(fmt::format("UID STORE {} -FLAGS.SILENT ({})", uid, others));
     if (!keyword.empty()) commands.push_back(fmt::format("UID STORE {} +FLAGS.SILENT ({})", uid, keyword));
     return commands;
+  }
+
+  // As show(validity, uid, keyword), without waiting for the server.
+  void show_ahead(std::uint32_t validity, std::uint32_t uid, const std::string& keyword) {
+    try {
+      ready();
+      if (validity == validity_) send_show(uid, keyword, keyword_commands(uid, keyword));
+    } catch (const std::system_error& e) {
+      selected_ = false;
+      unshown_[uid] = keyword;
+      note(fmt::format("could not show '{}' on message UID {} in {} ({}); it is tried again with the next look at "
+                       "the mailbox",
+                       keyword, uid, where(), e.what()));
+    }
   }
 
   // As show(), for a message of the mailbox as it was (UIDVALIDITY
@@ -428,6 +541,7 @@ private:
   }
 
   void show(std::uint32_t uid, const std::string& keyword) {
+    unshown_.erase(uid);
     const auto commands = keyword_commands(uid, keyword);
     for (int attempt = 0; attempt < 2; ++attempt) {
       try {
@@ -446,9 +560,26 @@ private:
     }
   }
 
+  // A message known to be waiting is claimed before the mailbox is looked
+  // at again: that look would wait for the keywords just sent (the server
+  // answers in order), and the claim's write in the store runs meanwhile.
+  // Only while the last look is recent (`recheck`): a message moved away
+  // since is found gone when claimed (its claim then ends as described at
+  // the top), which costs more than the look.
   std::optional<mail> scan_and_claim() {
+    show_owed();
+    if (!pending_.empty() && std::chrono::steady_clock::now() - looked_ < recheck())
+      if (auto m = claim_known()) return m;
     refresh();
+    show_owed();
+    return claim_known();
+  }
+
+  void show_owed() {
     for (auto owed = std::exchange(unshown_, {}); const auto& [uid, keyword] : owed) show(uid, keyword);
+  }
+
+  std::optional<mail> claim_known() {
     std::vector<std::uint32_t> order(pending_.begin(), pending_.end());
     std::shuffle(order.begin(), order.end(), rng_);  // workers spread over the backlog
     const auto now = std::chrono::steady_clock::now();
@@ -457,7 +588,24 @@ private:
       if (held != held_.end() && held->second > now) continue;  // someone else's, looked at lately
       if (!known_.count(uid)) continue;  // forgotten meanwhile (expunged, or settled)
       const auto s = known_.at(uid);
+      // What the store said at its last look (this worker's last claim or
+      // completion) spares a claim attempt, two reads, for a message
+      // another worker completed or holds; only a final state is taken as
+      // it is (it never changes back), and a held one is tried as before
+      // once `recheck` has passed.
+      if (const auto cached = store_->read_cached(s.key)) {
+        const auto state = detail::field(cached->value, "state");
+        if (state == "completed" || state == "failed") {
+          settle(uid, s, state == "completed" ? claim_state::completed : claim_state::failed);
+          continue;
+        }
+        if (state == "processing" && held == held_.end()) {
+          held_[uid] = now + recheck();
+          continue;
+        }
+      }
       std::optional<claims_type::claim> c;
+      read_ahead(uid);
       try {
         c = claims_.try_claim(s.key);
       } catch (const std::system_error& e) {
@@ -511,8 +659,9 @@ private:
     return std::nullopt;
   }
 
-  // Shows $Processing on message `uid` (claimed by `c`) and reads it, in one
-  // round trip. Returns: the whole message, or nothing if it was expunged.
+  // Reads message `uid` (claimed by `c`) and sends the keywords that show
+  // $Processing on it, which the server sets while the message is handled.
+  // Returns: the whole message, or nothing if it was expunged.
   std::optional<std::string> take(std::uint32_t uid, const seen& s, const claims_type::claim& c) {
     // The other keywords are taken off only where they can be (a message
     // claimed before, or one a person marked).
@@ -520,17 +669,17 @@ private:
       return imap::detail::iequals(f, opts_.processing_keyword) || imap::detail::iequals(f, opts_.completed_keyword) ||
              imap::detail::iequals(f, opts_.failed_keyword);
     });
-    auto commands = keyword_commands(uid, opts_.processing_keyword, c.attempts() > 1 || marked);
-    commands.push_back(fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid));
     ready();
-    const auto replies = session_.run(commands);
-    recovery_.check(session_, replies.back(), fmt::format("reading message UID {} in {}", uid, where()));  // gives it back
-    for (std::size_t i = 0; i + 1 < replies.size(); ++i)
-      if (!replies[i].ok())
-        note(fmt::format("could not show '{}' on message UID {} in {} ({} {}); it is shown when a watcher next "
-                         "scans the mailbox",
-                         opts_.processing_keyword, uid, where(), replies[i].status, replies[i].text));
-    for (const auto& line : imap::untagged_of(replies)) {
+    std::vector<std::string> lines;
+    if (read_ && read_->first == uid) {
+      lines = std::move(read_->second);
+    } else {
+      auto r = session_.run(fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid));
+      recovery_.check(session_, r, fmt::format("reading message UID {} in {}", uid, where()));  // gives it back
+      lines = std::move(r.untagged);
+    }
+    read_.reset();
+    for (const auto& line : lines) {
       const auto v = imap::parse(line);
       if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != imap::value::kind::list) continue;
       const auto& items = v[2].items;
@@ -542,21 +691,36 @@ private:
       }
       // Dovecot answers an empty body for a message expunged by another
       // session before this one was told: gone, as if not found.
-      if (body && !body->empty() && which.value_or(uid) == uid) return body;
+      if (body && !body->empty() && which.value_or(uid) == uid) {
+        try {
+          const auto commands = keyword_commands(uid, opts_.processing_keyword, c.attempts() > 1 || marked);
+          if (!commands.empty()) send_show(uid, opts_.processing_keyword, commands);
+        } catch (const std::system_error& e) {
+          selected_ = false;
+          note(fmt::format("could not show '{}' on message UID {} in {} ({}); it is shown when a watcher next "
+                           "scans the mailbox",
+                           opts_.processing_keyword, uid, where(), e.what()));
+        }
+        return body;
+      }
     }
     return std::nullopt;
   }
 
   imap_mailbox_options opts_;
   imap::session session_;
+  imap_store* store_;
   claims_type claims_;
   bool selected_ = false;
   std::uint32_t validity_ = 0;
   std::uint32_t last_uid_ = 0;
+  std::chrono::steady_clock::time_point looked_{};  // the last look for new mail
   std::map<std::uint32_t, seen> known_;
   std::set<std::uint32_t> pending_;
   std::map<std::uint32_t, std::chrono::steady_clock::time_point> held_;
   std::map<std::uint32_t, std::string> unshown_;  // keywords a failure kept from being shown
+  std::vector<sent_show> sent_;                   // commands sent ahead, their replies not read yet
+  std::optional<std::pair<std::uint32_t, std::vector<std::string>>> read_;  // a message read ahead of its claim
   imap::detail::server_recovery recovery_;       // a server's internal error right after a reconnect: transient
   std::mt19937_64 rng_{std::random_device{}()};
 };

@@ -362,6 +362,21 @@ public:
     return out;
   }
 
+  /// Returns: the key's record as of this store's last look at the folder,
+  /// without a round trip, or nothing if it had none then (or it is
+  /// damaged). It may be out of date (others may have written since): a
+  /// hint for what to try first, never a decision.
+  std::optional<record> read_cached(std::string_view key) {
+    std::lock_guard lock{mutex_};
+    try {
+      const auto s = state_of(key, std::numeric_limits<std::uint32_t>::max());
+      if (!s.present) return std::nullopt;
+      return record{s.value, version_of(s.uid)};
+    } catch (const std::system_error&) {
+      return std::nullopt;
+    }
+  }
+
   /// The store's session (for tests that break the connection).
   imap::session& session() noexcept { return session_; }
 
