@@ -581,6 +581,10 @@ bool flock_fd(const lock_args& a, int fd, int op, std::optional<milliseconds> wa
   if (a.nonblock || (wait && wait->count() == 0)) op |= LOCK_NB;
   const bool timed = wait && !(op & LOCK_NB);
   struct sigaction old_action {};
+  // The clock decides too: where the handler runs late (a sanitizer defers
+  // it), the flock has returned EINTR with the flag not yet set, and must
+  // not be started again once the time is up.
+  const auto deadline = std::chrono::steady_clock::now() + wait.value_or(milliseconds{0});
   if (timed) {
     struct sigaction sa {};
     sa.sa_handler = on_flock_timer;  // no SA_RESTART: the flock returns EINTR
@@ -595,7 +599,7 @@ bool flock_fd(const lock_args& a, int fd, int op, std::optional<milliseconds> wa
   int e = 0;
   while (::flock(fd, op) != 0) {
     e = errno;
-    if (e == EINTR && !flock_timed_out) continue;
+    if (e == EINTR && !flock_timed_out && !(timed && std::chrono::steady_clock::now() >= deadline)) continue;
     break;
   }
   if (timed) {
