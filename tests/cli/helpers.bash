@@ -26,6 +26,28 @@ kill_random_dibs() {
   echo "$killed"
 }
 
+# kill_dibs_while_running TARGET PERIOD PID...: every PERIOD seconds,
+# SIGKILLs the dibs children of the PIDs running at that instant, until
+# TARGET were killed or all the PIDs have ended; prints how many it killed.
+# For dibs processes that live a millisecond or two: pkill kills what it
+# finds as it finds it, where a pgrep-then-kill often finds its victim gone.
+kill_dibs_while_running() {
+  local target=$1 period=$2 killed=0 p alive n
+  shift 2
+  local IFS=,
+  local parents="$*"
+  unset IFS
+  while ((killed < target)); do
+    alive=0
+    for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    ((alive)) || break
+    sleep "$period"
+    n=$(pkill -KILL -e -x dibs -P "$parents" 2>/dev/null | wc -l)
+    killed=$((killed + n))
+  done
+  echo "$killed"
+}
+
 # wait_for_record FILE: waits (up to 20 s) until a lease lock's record is in
 # FILE, that is until dibs lock holds it. A fixed sleep is not enough where
 # every dibs start is slow (a sanitizer build).

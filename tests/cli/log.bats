@@ -28,7 +28,7 @@ line() {
     (for ((i = 1; i <= 1000; i++)); do line "$j" "$i"; printf '%s\n' "$l"; sleep 0.002; done) | dibs log out.log &
     stdin_jobs+=($!)
   done
-  killed=$(kill_random_dibs 150 0.02 "${pids[@]}")
+  killed=$(kill_dibs_while_running 60 0.005 "${pids[@]}")
   kill -KILL "${stdin_jobs[@]}"  # still writing: they take over 2 s
   wait
   echo "killed $killed per-line dibs processes and 2 reading standard input" >&3
