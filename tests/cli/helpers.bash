@@ -48,51 +48,36 @@ kill_dibs_while_running() {
   echo "$killed"
 }
 
-# wait_for_record FILE: waits (up to 20 s) until a lease lock's record is in
-# FILE, that is until dibs lock holds it. A fixed sleep is not enough where
-# every dibs start is slow (a sanitizer build).
-wait_for_record() {
+# wait_until WHAT COMMAND...: runs COMMAND every 50 ms until it succeeds, for
+# up to 20 s; says WHAT on standard error and fails if it never does. A
+# fixed sleep is not enough where every dibs start is slow (a sanitizer build).
+wait_until() {
+  local what=$1
+  shift
   for ((i = 0; i < 400; i++)); do
-    [ -s "$1" ] && return 0
+    "$@" && return 0
     sleep 0.05
   done
-  echo "no lock record in $1 after 20 s" >&2
+  echo "$what after 20 s" >&2
   return 1
 }
 
-# wait_for_kernel_lock FILE: waits (up to 20 s) until FILE's kernel lock is
-# held by someone (flock -n fails).
-wait_for_kernel_lock() {
-  for ((i = 0; i < 400; i++)); do
-    flock -n "$1" true || return 0
-    sleep 0.05
-  done
-  echo "nobody took the kernel lock of $1 in 20 s" >&2
-  return 1
-}
+kernel_lock_held() { ! flock -n "$1" true; }
+
+# wait_for_record FILE: until a lease lock's record is in FILE, that is until
+# dibs lock holds it.
+wait_for_record() { wait_until "no lock record in $1" test -s "$1"; }
+
+# wait_for_kernel_lock FILE: until FILE's kernel lock is held by someone.
+wait_for_kernel_lock() { wait_until "nobody took the kernel lock of $1" kernel_lock_held "$1"; }
 
 # A COMMAND for a holder that must hold until the test says so, however slow
 # the machine: it creates ./held once it runs, and ends once ./release exists.
 # A fixed `sleep N` holder can end before a loaded sanitizer run has looked.
 HOLD='touch held; while [ ! -e release ]; do sleep 0.05; done'
 
-# wait_for_file FILE: waits (up to 20 s) until FILE exists.
-wait_for_file() {
-  for ((i = 0; i < 400; i++)); do
-    [ -e "$1" ] && return 0
-    sleep 0.05
-  done
-  echo "no $1 after 20 s" >&2
-  return 1
-}
+# wait_for_file FILE: until FILE exists.
+wait_for_file() { wait_until "no $1" test -e "$1"; }
 
-# wait_for_kernel_free FILE: waits (up to 20 s) until nobody holds FILE's
-# kernel lock.
-wait_for_kernel_free() {
-  for ((i = 0; i < 400; i++)); do
-    flock -n "$1" true && return 0
-    sleep 0.05
-  done
-  echo "the kernel lock of $1 was still held after 20 s" >&2
-  return 1
-}
+# wait_for_kernel_free FILE: until nobody holds FILE's kernel lock.
+wait_for_kernel_free() { wait_until "the kernel lock of $1 was still held" flock -n "$1" true; }
