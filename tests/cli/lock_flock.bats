@@ -67,26 +67,30 @@ flock_cases() {
 }
 
 @test "util-linux's close case: with -o COMMAND does not inherit the descriptor (EX_DATAERR, 65), without it does (0)" {
-  exec 10<> lock
-  run dibs lock --kernel --exclusive --close --fd 10 --command "dibs lock --kernel --exclusive --nonblock --fd 10 true"
+  exec 9<> lock
+  run dibs lock --kernel --exclusive --close --fd 9 --command "dibs lock --kernel --exclusive --nonblock --fd 9 true"
   [ "$status" -eq 65 ]
-  [[ "$output" == "dibs lock: descriptor 10: Bad file descriptor"* ]]
-  run dibs lock --kernel --exclusive --fd 10 --command "dibs lock --kernel --exclusive --nonblock --fd 10 true"
+  [[ "$output" == "dibs lock: descriptor 9: Bad file descriptor"* ]]
+  run dibs lock --kernel --exclusive --fd 9 --command "dibs lock --kernel --exclusive --nonblock --fd 9 true"
   [ "$status" -eq 0 ]
-  exec 10>&-
+  exec 9>&-
 }
 
 # unlock_case LOCKER...: util-linux's unlock case; prints its output with
 # the times and the program's name taken out.
+# The descriptor cases use fd 9, not util-linux's 10: bash keeps its own
+# saved descriptors at 10 and up ("may conflict with file descriptors the
+# shell uses internally", bash(1)), and in a CI run fd 10 came out wrong for
+# flock(1) itself.
 unlock_case() {
-  exec 10<> lock
+  exec 9<> lock
   {
-    "$@" --exclusive --nonblock --verbose 10
-    "$@" --unlock 10
-    # -w 0 is -n: it gets the lock only because -u unlocked fd 10.
+    "$@" --exclusive --nonblock --verbose 9
+    "$@" --unlock 9
+    # -w 0 is -n: it gets the lock only because -u unlocked fd 9.
     "$@" --exclusive --wait 0 --verbose lock true
   } > out 2>&1
-  exec 10>&-
+  exec 9>&-
   sed -E -e 's/took [0-9]+\.[0-9]{6} seconds/took <n> seconds/' -e 's/^(flock|dibs lock): /LOCKER: /' out
 }
 
