@@ -1075,3 +1075,83 @@ TEST_CASE("claim_next on an idle PostgreSQL queue sweeps only the claims in prog
   CHECK(counted.reads <= 2);  // the one processing claim (and its age), not 301 records
   held->complete();
 }
+
+namespace {
+
+// postgres_store, counting every statement marker_claim sends through it.
+struct statement_counting_store {
+  dibs::postgres_store& s;
+  int statements = 0;
+  std::optional<dibs::record> read(std::string_view k) { return ++statements, s.read(k); }
+  std::optional<dibs::record> read(std::string_view k, dibs::time_limit t) { return ++statements, s.read(k, t); }
+  std::optional<dibs::aged_record> read_aged(std::string_view k, dibs::time_limit t) {
+    return ++statements, s.read_aged(k, t);
+  }
+  std::optional<dibs::version> create(std::string_view k, std::string_view v) { return ++statements, s.create(k, v); }
+  std::optional<dibs::version> create(std::string_view k, std::string_view v, dibs::time_limit t) {
+    return ++statements, s.create(k, v, t);
+  }
+  dibs::create_or_read_result create_or_read(std::string_view k, std::string_view v, dibs::time_limit t) {
+    return ++statements, s.create_or_read(k, v, t);
+  }
+  std::optional<dibs::version> replace(std::string_view k, dibs::version e, std::string_view v) {
+    return ++statements, s.replace(k, e, v);
+  }
+  std::optional<dibs::version> replace(std::string_view k, dibs::version e, std::string_view v, dibs::time_limit t) {
+    return ++statements, s.replace(k, e, v, t);
+  }
+  bool erase(std::string_view k, dibs::version e) { return ++statements, s.erase(k, e); }
+  bool erase(std::string_view k, dibs::version e, dibs::time_limit t) { return ++statements, s.erase(k, e, t); }
+  std::vector<std::string> keys(std::string_view p) { return ++statements, s.keys(p); }
+};
+
+}  // namespace
+
+TEST_CASE("try_claim on PostgreSQL: one statement for a fresh key and one for a done one, a live claim never taken, "
+          "keys without a record claimed with a larger token") {
+  const auto t = pg::fresh_table("oneshot");
+  auto s = pg_open(t);
+  statement_counting_store counted{s};
+  static_assert(dibs::create_or_read_store<statement_counting_store>);
+  dibs::marker_claim<statement_counting_store> claims{counted, {.renew = false}};
+  int claimed = 0;
+  for (int i = 0; i < 40; ++i) {
+    counted.statements = 0;
+    auto c = claims.try_claim(fmt::format("k-{:02}", i));
+    REQUIRE(c);
+    CHECK(counted.statements == 1);  // the claim itself: no read before it
+    CHECK(c->token() == 1);
+    c->complete();
+    CHECK(counted.statements == 2);
+    ++claimed;
+  }
+  CHECK(claimed == 40);
+  CHECK(pg::sql(fmt::format("SELECT count(*) FROM {} WHERE position('state completed'::bytea IN value) > 0", t)) == "40");
+  // Done: one statement, nothing changed.
+  counted.statements = 0;
+  CHECK_FALSE(claims.try_claim("k-00"));
+  CHECK(counted.statements == 1);
+  CHECK(claims.status("k-00").version == 2);
+  // Held by a live worker (this one, through another marker_claim): never taken.
+  auto held = claims.try_claim("held");
+  REQUIRE(held);
+  dibs::marker_claim<dibs::postgres_store> other{s, {.renew = false}};
+  CHECK_FALSE(other.try_claim("held"));
+  CHECK(claims.status("held").version == held->token());
+  held->complete();
+  // Purged (a row without a record, its version kept): claimed again with a
+  // larger fencing token.
+  CHECK(claims.purge(0ms, [](std::string_view k) { return k == "k-01"; }) == 1);
+  auto again = claims.try_claim("k-01");
+  REQUIRE(again);
+  CHECK(again->token() > 2);
+  again->complete();
+  // A row an application inserted without a record (value NULL, version 0).
+  pg::sql(fmt::format("INSERT INTO {} (key) VALUES ('\\x617070'::bytea)", t));  // "app"
+  auto app = claims.try_claim("app");
+  REQUIRE(app);
+  CHECK(app->token() == 1);
+  CHECK_FALSE(other.try_claim("app"));
+  app->complete();
+  CHECK(pg::sql(fmt::format("SELECT count(*) FROM {} WHERE position('state completed'::bytea IN value) > 0", t)) == "42");
+}

@@ -825,12 +825,24 @@ private:
   }
 
   std::optional<claim> try_claim_until(std::string_view key, dibs::time_limit until) {
-    const auto r = detail::store_read(store_, key, until);
-    if (!r) {
+    std::optional<record> r;
+    if constexpr (create_or_read_store<Store>) {
+      // One round trip for a fresh key, and one for a key with a record
+      // (postgres_store): the create is tried first, and what the key has
+      // comes back if it has something.
       const auto start = std::chrono::steady_clock::now();  // a claim is valid from before the call that makes it
-      if (auto v = detail::store_create(store_, key, encode(claim_state::processing, 1, "", "", 0), until))
-        return claim{this, std::string(key), *v, 1, 0, start};
-      return std::nullopt;
+      auto got = detail::store_create_or_read(store_, key, encode(claim_state::processing, 1, "", "", 0), until);
+      if (got.created) return claim{this, std::string(key), *got.created, 1, 0, start};
+      if (!got.existing) return std::nullopt;  // another worker created it just now
+      r = std::move(got.existing);
+    } else {
+      r = detail::store_read(store_, key, until);
+      if (!r) {
+        const auto start = std::chrono::steady_clock::now();  // a claim is valid from before the call that makes it
+        if (auto v = detail::store_create(store_, key, encode(claim_state::processing, 1, "", "", 0), until))
+          return claim{this, std::string(key), *v, 1, 0, start};
+        return std::nullopt;
+      }
     }
     const claim_status s = parse(key, *r);
     switch (s.state) {

@@ -112,6 +112,26 @@ concept store_with_clock = shared_store<S> && requires(S& s, std::string_view ke
   { s.read_aged(key, t) } -> std::same_as<std::optional<aged_record>>;
 };
 
+/// What create_or_read did: `created` the new record's version, if the key
+/// had no record; else `existing`, the record it has (left as it was). Both
+/// empty: another writer created the key at that moment, and its record was
+/// not yet visible (a lost race).
+struct create_or_read_result {
+  std::optional<dibs::version> created;
+  std::optional<record> existing;
+};
+
+/// Optional: a store that creates a record if the key has none and
+/// otherwise returns the one it has, in one step (postgres_store: one
+/// statement where a read and then a create are two round trips).
+/// marker_claim's try_claim uses it: a fresh key is claimed in one step,
+/// and a key with a record is judged from what came back.
+template <class S>
+concept create_or_read_store =
+    timed_shared_store<S> && requires(S& s, std::string_view key, std::string_view value, dibs::time_limit t) {
+      { s.create_or_read(key, value, t) } -> std::same_as<create_or_read_result>;
+    };
+
 namespace detail {
 
 /// Returns: true if `e` says a write may or may not have been applied.
@@ -198,6 +218,23 @@ std::optional<dibs::version> store_replace(S& s, std::string_view key, dibs::ver
       if (!r) return std::nullopt;
       if (r->version > v && r->value == value) return r->version;
       if (r->version != v) return std::nullopt;
+    }
+  }
+}
+
+// create_or_read, with an unknown outcome resolved by reading back, as
+// store_create does: its own value found means created.
+template <class S>
+create_or_read_result store_create_or_read(S& s, std::string_view key, std::string_view value, dibs::time_limit t) {
+  for (;;) {
+    try {
+      return retry_transient(t, [&] { return s.create_or_read(key, value, t); });
+    } catch (const std::system_error& e) {
+      if (!outcome_unknown(e)) throw;
+      auto r = read_back(s, key, t, e);
+      if (!r) continue;  // not applied: made again
+      if (r->value == value) return {r->version, std::nullopt};
+      return {std::nullopt, std::move(r)};
     }
   }
 }

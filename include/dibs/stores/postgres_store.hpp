@@ -28,7 +28,8 @@
 // under an advisory lock, while workers of either version go on (see
 // migrate() and docs/stores.md).
 //
-// Every operation is one prepared autocommit statement. Failures:
+// Every operation is one prepared autocommit statement (create_or_read on a
+// row without a record: two, see there). Failures:
 //   - a lost connection, a server restarting or shutting down (class 08,
 //     57P01-57P03), a serialization failure or deadlock (40001, 40P01), too
 //     many connections (53300): transient (dibs::is_transient), and the next
@@ -99,6 +100,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/postgres/connection.hpp>
 #include <dibs/error.hpp>
@@ -165,6 +167,27 @@ public:
     const auto r = run(stmt::create, {key, value, q.state(), q.attempts(), q.priority(), q.not_before()}, t, true, "create");
     if (::PQntuples(r.get()) == 0) return std::nullopt;
     return integer(r.get(), 0, 0);
+  }
+
+  /// For marker_claim's try_claim (dibs::create_or_read_store): creates the
+  /// record of `key` as create() does if the key has none, else returns the
+  /// one it has, unchanged, in one statement (INSERT ... ON CONFLICT DO
+  /// NOTHING, which locks and writes nothing when the key has a row, and a
+  /// read of that row). A row without a record (erased, or inserted by an
+  /// application with value NULL) takes create()'s statement as a second.
+  /// Returns: `created`, or `existing`; neither if another writer created
+  /// the key at that moment (its record not yet visible to the statement).
+  create_or_read_result create_or_read(std::string_view key, std::string_view value,
+                                       dibs::time_limit t = dibs::time_limit::max()) {
+    validate_key(key, "dibs::postgres_store::create_or_read");
+    validate_value(key, value);
+    const queue_row q{value};
+    const auto r = run(stmt::create_or_read, {key, value, q.state(), q.attempts(), q.priority(), q.not_before()}, t,
+                       true, "create");
+    if (::PQntuples(r.get()) == 0) return {};
+    if (integer(r.get(), 0, 2) == 1) return {integer(r.get(), 0, 0), std::nullopt};
+    if (::PQgetisnull(r.get(), 0, 1)) return {create(key, value, t), std::nullopt};
+    return {std::nullopt, record{bytes(r.get(), 0, 1), integer(r.get(), 0, 0)}};
   }
 
   std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
@@ -323,7 +346,7 @@ private:
   // Renewals (on the renewal keeper's threads) have a connection of their
   // own, so a statement of the application's that waits (a row lock held by
   // an open transaction, a table lock) never holds a lease's renewal up.
-  enum class stmt { read, read_aged, create, replace, erase, keys, take, take_all, processing };
+  enum class stmt { read, read_aged, create, create_or_read, replace, erase, keys, take, take_all, processing };
   static constexpr std::chrono::milliseconds min_statement{250};
   using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
   static constexpr std::string_view schema_comment = "dibs-store 2";
@@ -675,6 +698,13 @@ private:
                                    "not_before = excluded.not_before, synced = r.version + 1 WHERE r.value IS NULL "
                                    "RETURNING version",
                                    t)},
+        {stmt::create_or_read,
+         fmt::format("WITH ins AS (INSERT INTO \"{0}\" (key, value, version, written, state, attempts, priority, "
+                     "not_before, synced) VALUES ($1, $2, 1, clock_timestamp(), $3, $4::integer, $5::bigint, "
+                     "$6::bigint, 1) ON CONFLICT (key) DO NOTHING RETURNING version) "
+                     "SELECT version, NULL::bytea, 1::bigint FROM ins UNION ALL "
+                     "SELECT version, value, 0::bigint FROM \"{0}\" WHERE key = $1 AND NOT EXISTS (SELECT FROM ins)",
+                     t)},
         {stmt::replace, fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = clock_timestamp(), "
                                     "state = $4, attempts = $5::integer, priority = $6::bigint, not_before = $7::bigint, "
                                     "synced = version + 1 "
@@ -704,6 +734,7 @@ private:
       case stmt::read: return "dibs_read";
       case stmt::read_aged: return "dibs_read_aged";
       case stmt::create: return "dibs_create";
+      case stmt::create_or_read: return "dibs_create_or_read";
       case stmt::replace: return "dibs_replace";
       case stmt::erase: return "dibs_erase";
       case stmt::keys: return "dibs_keys";
@@ -762,7 +793,7 @@ private:
       // Versions go as text ($2 of replace and erase), and so do the
       // count of take ($4) and the queue columns; keys and values as bytes.
       const bool text = ((s == stmt::replace || s == stmt::erase) && i == 1) ||
-                        ((s == stmt::take || s == stmt::take_all) && i == 3) || (s == stmt::create && i >= 2) ||
+                        ((s == stmt::take || s == stmt::take_all) && i == 3) || ((s == stmt::create || s == stmt::create_or_read) && i >= 2) ||
                         (s == stmt::replace && i >= 3);
       formats.push_back(text ? 0 : 1);
       ++i;
@@ -780,7 +811,7 @@ private:
       // A session the server ended while it waited (idle_session_timeout,
       // pg_terminate_backend) would never run the statement, and its fate
       // could only be reported unknown: a new one first.
-      if (!ses.conn || ses.owner != ::getpid() || ::PQstatus(ses.conn) != CONNECTION_OK ||
+      if (!ses.conn || ses.owner != detail::current_pid() || ::PQstatus(ses.conn) != CONNECTION_OK ||
           postgres::detail::ended_while_idle(ses.conn, ses.ended))
         connect(ses);
       PGconn* const conn = ses.conn;
@@ -855,15 +886,19 @@ private:
   reply receive(PGconn* conn, dibs::time_limit limit) {
     reply rep;
     for (;;) {
-      if (::PQconsumeInput(conn) == 0) {
-        rep.broken = true;
-        return rep;
-      }
+      // What has arrived is taken first, and the socket read only after
+      // poll says there is more: one recv per reply (reading at once after
+      // sending, or again after the last result, finds nothing, and costs
+      // a system call each time).
       if (!::PQisBusy(conn)) {
         PGresult* r = ::PQgetResult(conn);
         if (!r) return rep;
         rep.results.emplace_back(r, ::PQclear);
         continue;
+      }
+      if (::PQstatus(conn) == CONNECTION_BAD) {  // nothing more will come (its socket may be closed)
+        rep.broken = true;
+        return rep;
       }
       int wait_ms = -1;
       if (limit != dibs::time_limit::max()) {
@@ -884,6 +919,10 @@ private:
       }
       pollfd p{::PQsocket(conn), POLLIN, 0};
       if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) {
+        rep.broken = true;
+        return rep;
+      }
+      if (::PQconsumeInput(conn) == 0) {
         rep.broken = true;
         return rep;
       }
@@ -952,6 +991,7 @@ private:
 static_assert(listable_store<postgres_store>);
 static_assert(timed_shared_store<postgres_store>);
 static_assert(store_with_clock<postgres_store>);
+static_assert(create_or_read_store<postgres_store>);
 static_assert(requires(const postgres_store& s) { s.wait_for_change("k", std::chrono::seconds{1}); });
 
 }  // namespace dibs
