@@ -4,23 +4,39 @@
 # dibs and the hand-written libpq way interleaved, `runs` times each; prints
 # the medians (docs/BENCHMARKS.md has the figures).
 #
-#   benchmarks/run_pg_benchmarks.sh [--quick] [--no-build]
+#   benchmarks/run_pg_benchmarks.sh [--quick] [--no-build] [--before PG_CLAIMS] [--only claim|next]
 #
+# --before: a pg_claims binary built from an earlier commit, run as a third
+# way ("before") interleaved with the two, for a before/after within one
+# run on a noisy machine. --only: that benchmark alone (no handoff).
 # Environment: BUILD_DIR (default <repo>/build/bench-pg), OUT (default
 # $BUILD_DIR/results).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BUILD_DIR=${BUILD_DIR:-$ROOT/build/bench-pg}
 OUT=${OUT:-$BUILD_DIR/results}
-quick=0 build=1
-for a in "$@"; do
-  case $a in
+quick=0 build=1 before='' benches='claim next'
+while (($#)); do
+  case $1 in
     --quick) quick=1 ;;
     --no-build) build=0 ;;
-    -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
-    *) echo "run_pg_benchmarks.sh: unknown option $a (try --help)" >&2; exit 2 ;;
+    --before)
+      before=${2:?--before needs a pg_claims binary}
+      [[ -x $before ]] || { echo "run_pg_benchmarks.sh: --before $before: not an executable" >&2; exit 2; }
+      shift
+      ;;
+    --only)
+      benches=${2:?--only needs claim or next}
+      [[ $benches == claim || $benches == next ]] || { echo "run_pg_benchmarks.sh: --only takes claim or next, not $benches" >&2; exit 2; }
+      shift
+      ;;
+    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "run_pg_benchmarks.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
   esac
+  shift
 done
+ways='hand dibs'
+if [[ -n $before ]]; then ways='hand dibs before'; fi
 [[ $build == 1 ]] && bench_build "$BUILD_DIR" pg_claims
 mkdir -p "$OUT"
 bench_server pg --durable
@@ -30,24 +46,30 @@ runs=5 items1=1000 items8=4000 handoffs=300
 
 
 : >"$OUT/pg.jsonl"
-for bench in claim next; do
+for bench in $benches; do
   for procs in 1 8; do
     for ((r = 1; r <= runs; r++)); do
-      for way in hand dibs; do
+      for way in $ways; do
         items=$items1
         [[ $procs == 8 ]] && items=$items8
-        "$B" --bench $bench --way $way --procs $procs --items $items | tee -a "$OUT/pg.jsonl"
+        if [[ $way == before ]]; then
+          "$before" --bench $bench --way dibs --procs $procs --items $items | sed 's/"way": "dibs"/"way": "before"/'
+        else
+          "$B" --bench $bench --way $way --procs $procs --items $items
+        fi | tee -a "$OUT/pg.jsonl"
       done
     done
     declare -A med=()
-    for way in hand dibs; do
+    for way in $ways; do
       med[$way]=$(grep "\"bench\": \"$bench\"" "$OUT/pg.jsonl" | grep "\"way\": \"$way\"" | grep "\"procs\": $procs," |
         field items_per_s | median)
       echo "$bench, $procs processes, $way: median ${med[$way]} items/s"
     done
     echo "$bench, $procs processes: dibs / hand $(ratio "${med[dibs]}" "${med[hand]}")x"
+    if [[ -n $before ]]; then echo "$bench, $procs processes: before / hand $(ratio "${med[before]}" "${med[hand]}")x"; fi
   done
 done
+if [[ $benches != 'claim next' ]]; then exit 0; fi
 for ((r = 1; r <= runs; r++)); do
   for way in poll notify; do
     "$B" --bench handoff --way $way --items $handoffs | tee -a "$OUT/pg.jsonl"
