@@ -10,7 +10,7 @@
 # way ("before") interleaved with the two, for a before/after within one
 # run on a noisy machine. --only: that benchmark alone (no handoff).
 # Environment: BUILD_DIR (default <repo>/build/bench-pg), OUT (default
-# $BUILD_DIR/results).
+# $BUILD_DIR/results), RUNS (default 5: runs of each way, interleaved).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BUILD_DIR=${BUILD_DIR:-$ROOT/build/bench-pg}
@@ -41,7 +41,7 @@ if [[ -n $before ]]; then ways='hand dibs before'; fi
 mkdir -p "$OUT"
 bench_server pg --durable
 B=$BUILD_DIR/benchmarks/pg_claims
-runs=5 items1=1000 items8=4000 handoffs=300
+runs=${RUNS:-5} items1=1000 items8=4000 handoffs=300
 [[ $quick == 1 ]] && runs=1 items1=200 items8=500 handoffs=50
 
 
