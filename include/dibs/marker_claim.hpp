@@ -532,6 +532,10 @@ public:
   /// process for longer than detail::try_wait: a stopped one, say).
   /// A damaged record costs its item only: try_claim returns nothing for it
   /// and reports it through claim_options::on_damaged.
+  /// On a create_or_read_store (postgres_store) a fresh key is claimed in
+  /// one round trip, and a key with a record costs one too (what it has
+  /// comes back with the refused create); elsewhere the record is read
+  /// first, then created if absent.
   std::optional<claim> try_claim(std::string_view key) {
     validate_key(key, "dibs::marker_claim::try_claim");
     try {
