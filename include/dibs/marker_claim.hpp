@@ -95,11 +95,15 @@ struct claim_options {
   std::function<void(std::string_view key, std::string_view what)> on_damaged{};
   /// How long an item given back (release(), a claim left without
   /// complete()) waits before it is claimable again, by its attempt count:
-  /// attempt n waits retry_backoff->delay(n - 1, ...). Unset: claimable at
-  /// once, as before queue schema 2. release(error, retry_after) chooses
-  /// the wait itself. An item recovered from a worker that is gone comes
-  /// back at once either way.
-  std::optional<exponential_backoff> retry_backoff{};
+  /// attempt n waits retry_backoff->delay(n - 1, ...). The default, as job
+  /// queues do it (an item that just failed mostly fails again at once):
+  /// 0.5-1 s after the first attempt, then 1-2 s, 2-4 s, ... up to 5-10 min
+  /// (doubling, equal jitter, so a retry never comes at once). Unset
+  /// (std::nullopt): claimable at once. release(error, retry_after) chooses
+  /// the wait itself (0 ms: at once). An item recovered from a worker that
+  /// is gone comes back at once either way.
+  std::optional<exponential_backoff> retry_backoff =
+      exponential_backoff{std::chrono::seconds{1}, 2.0, std::chrono::minutes{10}, jitter::equal};
 };
 
 /// How offer() puts an item in the queue.
@@ -267,7 +271,8 @@ public:
     }
     /// Effects: gives the item back with `error` recorded; it is failed if
     /// this was its last attempt. It is claimable again after
-    /// claim_options::retry_backoff (at once if that is unset).
+    /// claim_options::retry_backoff (by default 0.5-1 s after the first
+    /// attempt, doubling; at once if that is unset).
     /// Returns: false if the claim was taken over.
     /// Throws: std::errc::operation_not_permitted in a forked child of the
     /// worker; errc::timed_out as complete().
