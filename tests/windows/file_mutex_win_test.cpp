@@ -8,6 +8,8 @@
 
 #include <dibs/file_mutex.hpp>
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -108,16 +110,18 @@ int count(const fs::path& lock, const fs::path& counter, const fs::path& log, in
   for (int i = 0; i < rounds; ++i) {
     {
       std::lock_guard g{m};
-      long long v = 0;
-      {
-        std::ifstream in{counter};
-        in >> v;
-      }
+      // The number is rewritten in place, fixed width, in one write: a
+      // process killed here leaves the old number or the new one, never an
+      // empty file (a truncating rewrite would start the count again).
+      std::fstream f{counter, std::ios::in | std::ios::out | std::ios::binary};
+      long long v = -1;
+      f >> v;
+      if (v < 0) return 5;
       std::this_thread::yield();  // widen the window a missing lock would leave
-      std::ofstream out{counter, std::ios::trunc};
-      out << v + 1 << '\n';
-      out.close();
-      if (!out) return 4;
+      f.clear();
+      f.seekp(0);
+      f << fmt::format("{:019}\n", v + 1) << std::flush;
+      if (!f) return 4;
     }
     std::ofstream{log, std::ios::app} << "+\n";
   }
@@ -242,7 +246,7 @@ TEST_CASE("Windows file_mutex: lock(stop_token) ends with errc::cancelled soon a
 TEST_CASE("Windows file_mutex: 4 processes, 25 TerminateProcess kills, no increment lost under the lock") {
   temp_dir dir;
   const auto lock = dir.path / "n.lock", counter = dir.path / "counter";
-  std::ofstream{counter} << 0 << '\n';
+  std::ofstream{counter, std::ios::binary} << fmt::format("{:019}\n", 0);
   constexpr int workers = 4, kills = 25, rounds = 200;
   std::vector<std::unique_ptr<child>> running;
   int started = 0;
