@@ -42,6 +42,10 @@
 // again (transact's retry does). Claim items before the transaction.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/marker_claim.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>

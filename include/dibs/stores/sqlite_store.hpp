@@ -45,6 +45,10 @@
 // requires.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/stores/sqlite_store.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
