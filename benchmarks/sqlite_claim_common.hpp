@@ -41,12 +41,18 @@ inline void make_mailbox(const std::filesystem::path& path, long items) {
 /// retried like the store does (jittered backoff).
 class hand_claims {
 public:
-  explicit hand_claims(const std::filesystem::path& path)
+  /// `owner` and `done` are the values the claim and the completion write:
+  /// by default a bare flag ("processing pid N", "completed"); given
+  /// records as long as marker_claim's, the loop is the floor of what
+  /// marker_claim can cost with the same two statements.
+  explicit hand_claims(const std::filesystem::path& path, std::string owner = fmt::format("processing pid {}", ::getpid()),
+                       std::string done = "completed")
       : db_(path),
         claim_(db_, "UPDATE mailbox SET value = ?2, version = version + 1 WHERE key = ?1 AND value IS NULL "
                     "RETURNING version"),
-        complete_(db_, "UPDATE mailbox SET value = 'completed', version = version + 1 WHERE key = ?1 AND version = ?2"),
-        owner_(fmt::format("processing pid {}", ::getpid())) {}
+        complete_(db_, "UPDATE mailbox SET value = ?3, version = version + 1 WHERE key = ?1 AND version = ?2"),
+        owner_(std::move(owner)),
+        done_(std::move(done)) {}
 
   /// Returns: true if this call claimed and completed `key`.
   bool claim_and_complete(const std::string& key) {
@@ -60,7 +66,7 @@ public:
     });
     if (v == 0) return false;
     dibs::retry(busy_, [&] {
-      complete_.bind(1, key).bind(2, v);
+      complete_.bind(1, key).bind(2, v).bind(3, done_);
       (void)complete_.step();
     });
     return db_.changes() == 1;
@@ -69,7 +75,7 @@ public:
 private:
   dibs::sqlite::connection db_;
   dibs::sqlite::statement claim_, complete_;
-  std::string owner_;
+  std::string owner_, done_;
   dibs::retry_policy busy_ = dibs::sqlite_store_options{}.busy;
 };
 
