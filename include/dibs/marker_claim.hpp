@@ -31,6 +31,11 @@
 // holds (a stopped one, say) is "busy" and skipped, so one stopped worker
 // never stalls the others. A claim object copied into a forked child stays
 // the parent's: the child's copy never completes, gives back or renews it.
+// Over a store that models create_before_read_store (sqlite_store),
+// try_claim sends the create first while the items it meets are fresh (one
+// statement for a fresh item), and reads first once it met a taken one (a
+// taken item then costs a read, not the write lock that contending workers
+// queue for); the create never changes a record that is there.
 //
 // Completing in the same transaction as the work's effects: over a store
 // that models transaction_aware_store (sqlite_store), complete() or

@@ -24,7 +24,8 @@
 // absent until someone claims it.
 //
 // Every operation is one autocommit statement, atomic for every connection to
-// the file. Erase sets value to NULL and keeps the row and its version, so a
+// the file; marker_claim claims a fresh item with the create alone (see
+// create_before_read_store). Erase sets value to NULL and keeps the row and its version, so a
 // re-created record continues from there: versions grow per key across erase
 // and re-create (they are fencing tokens). Do not DELETE rows of a key that a
 // lease or claim may still use, or its tokens start again from 1.
