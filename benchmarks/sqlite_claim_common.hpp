@@ -19,11 +19,23 @@ namespace bench {
 
 inline std::string key_of(long i) { return fmt::format("item-{:06d}", i); }
 
-/// Effects: creates `path` with a mailbox table holding `items` unclaimed rows.
-inline void make_mailbox(const std::filesystem::path& path, long items) {
+/// Effects: removes the database at `path` with its WAL and shared-memory files.
+inline void remove_database(const std::filesystem::path& path) {
   std::filesystem::remove(path);
   std::filesystem::remove(path.string() + "-wal");
   std::filesystem::remove(path.string() + "-shm");
+}
+
+/// Removes the database at `path` when it goes out of scope: declared before
+/// the connections to it, it outlives them.
+struct removed_at_exit {
+  std::filesystem::path path;
+  ~removed_at_exit() { remove_database(path); }
+};
+
+/// Effects: creates `path` with a mailbox table holding `items` unclaimed rows.
+inline void make_mailbox(const std::filesystem::path& path, long items) {
+  remove_database(path);
   dibs::sqlite::connection db{path};
   db.exec("CREATE TABLE mailbox (key TEXT PRIMARY KEY NOT NULL, value BLOB, version INTEGER NOT NULL DEFAULT 0, "
           "body TEXT)");

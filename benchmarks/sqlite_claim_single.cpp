@@ -24,6 +24,7 @@ std::filesystem::path db_path() {
 
 void BM_marker_claim_sqlite_store(benchmark::State& state) {
   const auto path = db_path();
+  const bench::removed_at_exit cleanup{path};
   bench::make_mailbox(path, items);
   dibs::sqlite_store store{path, "mailbox"};
   dibs::marker_claim<dibs::sqlite_store> claims{store};
@@ -40,6 +41,7 @@ void BM_marker_claim_sqlite_store(benchmark::State& state) {
 
 void BM_hand_written_loop(benchmark::State& state) {
   const auto path = db_path();
+  const bench::removed_at_exit cleanup{path};
   bench::make_mailbox(path, items);
   bench::hand_claims claims{path};
   long i = 0, done = 0;
@@ -55,6 +57,7 @@ void BM_hand_written_loop_dibs_records(benchmark::State& state) {
   std::string processing, completed;
   {
     const auto scratch = db_path().string() + "-records";
+    const bench::removed_at_exit cleanup{scratch};
     bench::make_mailbox(scratch, 1);
     dibs::sqlite_store store{scratch, "mailbox"};
     dibs::marker_claim<dibs::sqlite_store> claims{store};
@@ -64,6 +67,7 @@ void BM_hand_written_loop_dibs_records(benchmark::State& state) {
     completed = store.read(bench::key_of(0)).value().value;
   }
   const auto path = db_path();
+  const bench::removed_at_exit cleanup{path};
   bench::make_mailbox(path, items);
   bench::hand_claims claims{path, processing, completed};
   long i = 0, done = 0;
