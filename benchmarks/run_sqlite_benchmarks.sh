@@ -4,7 +4,9 @@
 # the figures):
 #
 #   1. claim+complete, 1 process (Google Benchmark, sqlite_claim_single):
-#      10 repetitions of 20,000 items each way
+#      10 repetitions of 20,000 items each way, and of the hand-written loop
+#      writing marker_claim's own records (the floor for records that long);
+#      medians and ratios of CPU and real time
 #   2. 8 processes claiming from one table of 20,000 rows (sqlite_claim_procs):
 #      5 runs each way, interleaved; medians of items/s
 #
@@ -39,6 +41,16 @@ reps=10 runs=5 items=20000 procs=8
 echo "== 1. claim+complete, 1 process ($reps repetitions)"
 "$B/sqlite_claim_single" --benchmark_repetitions=$reps --benchmark_report_aggregates_only=true \
   --benchmark_out="$OUT/single.json" --benchmark_out_format=json | tee "$OUT/single.txt"
+# median_of NAME COLUMN: the median line's real (2) or CPU (4) time of benchmark NAME.
+median_of() { awk -v n="^BM_$1/iterations:[0-9]+_median$" -v c="$2" '$1 ~ n { print $c }' "$OUT/single.txt"; }
+{
+  for col in 4 2; do
+    [[ $col == 4 ]] && what=CPU || what=real
+    hand=$(median_of hand_written_loop $col) floor=$(median_of hand_written_loop_dibs_records $col)
+    dibs=$(median_of marker_claim_sqlite_store $col)
+    echo "$what time per item: hand $hand, hand with dibs's records $floor, dibs $dibs; speed dibs/hand $(ratio "$hand" "$dibs"), floor/hand $(ratio "$hand" "$floor"), dibs/floor $(ratio "$floor" "$dibs")"
+  done
+} | tee "$OUT/single-summary.txt"
 
 
 echo "== 2. $procs processes, one table of $items rows ($runs runs each way)"

@@ -19,11 +19,23 @@ namespace bench {
 
 inline std::string key_of(long i) { return fmt::format("item-{:06d}", i); }
 
-/// Effects: creates `path` with a mailbox table holding `items` unclaimed rows.
-inline void make_mailbox(const std::filesystem::path& path, long items) {
+/// Effects: removes the database at `path` with its WAL and shared-memory files.
+inline void remove_database(const std::filesystem::path& path) {
   std::filesystem::remove(path);
   std::filesystem::remove(path.string() + "-wal");
   std::filesystem::remove(path.string() + "-shm");
+}
+
+/// Removes the database at `path` when it goes out of scope: declared before
+/// the connections to it, it outlives them.
+struct removed_at_exit {
+  std::filesystem::path path;
+  ~removed_at_exit() { remove_database(path); }
+};
+
+/// Effects: creates `path` with a mailbox table holding `items` unclaimed rows.
+inline void make_mailbox(const std::filesystem::path& path, long items) {
+  remove_database(path);
   dibs::sqlite::connection db{path};
   db.exec("CREATE TABLE mailbox (key TEXT PRIMARY KEY NOT NULL, value BLOB, version INTEGER NOT NULL DEFAULT 0, "
           "body TEXT)");
@@ -41,12 +53,18 @@ inline void make_mailbox(const std::filesystem::path& path, long items) {
 /// retried like the store does (jittered backoff).
 class hand_claims {
 public:
-  explicit hand_claims(const std::filesystem::path& path)
+  /// `owner` and `done` are the values the claim and the completion write:
+  /// by default a bare flag ("processing pid N", "completed"); given
+  /// records as long as marker_claim's, the loop is the floor of what
+  /// marker_claim can cost with the same two statements.
+  explicit hand_claims(const std::filesystem::path& path, std::string owner = fmt::format("processing pid {}", ::getpid()),
+                       std::string done = "completed")
       : db_(path),
         claim_(db_, "UPDATE mailbox SET value = ?2, version = version + 1 WHERE key = ?1 AND value IS NULL "
                     "RETURNING version"),
-        complete_(db_, "UPDATE mailbox SET value = 'completed', version = version + 1 WHERE key = ?1 AND version = ?2"),
-        owner_(fmt::format("processing pid {}", ::getpid())) {}
+        complete_(db_, "UPDATE mailbox SET value = ?3, version = version + 1 WHERE key = ?1 AND version = ?2"),
+        owner_(std::move(owner)),
+        done_(std::move(done)) {}
 
   /// Returns: true if this call claimed and completed `key`.
   bool claim_and_complete(const std::string& key) {
@@ -60,7 +78,7 @@ public:
     });
     if (v == 0) return false;
     dibs::retry(busy_, [&] {
-      complete_.bind(1, key).bind(2, v);
+      complete_.bind(1, key).bind(2, v).bind(3, done_);
       (void)complete_.step();
     });
     return db_.changes() == 1;
@@ -69,7 +87,7 @@ public:
 private:
   dibs::sqlite::connection db_;
   dibs::sqlite::statement claim_, complete_;
-  std::string owner_;
+  std::string owner_, done_;
   dibs::retry_policy busy_ = dibs::sqlite_store_options{}.busy;
 };
 

@@ -11,6 +11,8 @@
 #             CMake, the core's headers and the adapters' client libraries
 #   postgres  the PostgreSQL server that scripts/pg.sh starts (throwaway, loopback)
 #   imap      the Dovecot server that scripts/imap.sh starts (throwaway, loopback)
+#   windows   the Windows cross build and Wine to run its tests
+#             (scripts/test.sh windows)
 #   all       everything the tests and benchmarks need (scripts/test.sh)
 #
 # Server packages never leave a system service behind: on a machine with
@@ -34,8 +36,13 @@ group_imap=(
   dovecot-imapd                                    # the server scripts/imap.sh starts
   openssl                                          # the CLI that makes its test certificates (--tls)
 )
+group_windows=(
+  cmake ninja-build libboost-dev libfmt-dev catch2  # the build, and the headers it takes from this machine
+  g++-mingw-w64-x86-64-posix                       # mingw-w64 with std::thread (the posix thread model)
+  wine wine64                                      # runs the Windows tests (scripts/wine-run.sh)
+)
 group_all=(
-  "${group_demo[@]}" "${group_postgres[@]}" "${group_imap[@]}"
+  "${group_demo[@]}" "${group_postgres[@]}" "${group_imap[@]}" "${group_windows[@]}"
   clang libclang-rt-14-dev                         # the clang and sanitizer presets
   catch2 libbenchmark-dev                          # tests and benchmarks
   libcli11-dev                                     # the dibs command's argument parsing (tools/)
@@ -56,8 +63,8 @@ groups=()
 for a in "$@"; do
   case $a in
     --list) list=1 ;;
-    demo | postgres | imap | all) groups+=("$a") ;;
-    *) echo "install-deps.sh: unknown group '$a' (demo, postgres, imap, all)" >&2; exit 64 ;;
+    demo | postgres | imap | windows | all) groups+=("$a") ;;
+    *) echo "install-deps.sh: unknown group '$a' (demo, postgres, imap, windows, all)" >&2; exit 64 ;;
   esac
 done
 ((${#groups[@]})) || groups=(all)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's second command: set up, build, and run every test.
 # With an argument, runs that workflow preset instead of the default one
-# (asan, tsan, debug); see CMakePresets.json.
+# (asan, tsan, debug, windows, windows-debug); see CMakePresets.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh

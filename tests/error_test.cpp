@@ -8,7 +8,13 @@
 
 namespace {
 
+// On POSIX the system category holds errno values; on Windows it holds
+// GetLastError() codes, so errno values are checked in the generic one only.
+#ifndef _WIN32
 std::error_code sys(int e) { return {e, std::system_category()}; }
+#else
+std::error_code sys(int e) { return {e, std::generic_category()}; }
+#endif
 std::error_code gen(int e) { return {e, std::generic_category()}; }
 
 // A third-party category that knows nothing of dibs but maps its codes to errno.
@@ -35,7 +41,11 @@ TEST_CASE("errno values that mean contention or a passing fault are transient") 
 }
 
 TEST_CASE("errno values that a retry cannot fix are not transient") {
-  for (int e : {EACCES, EPERM, ENOENT, ENOTDIR, EISDIR, EEXIST, EINVAL, ENOSPC, EDQUOT, EROFS, EIO, ENOMEM, EBADF}) {
+  for (int e : {EACCES, EPERM, ENOENT, ENOTDIR, EISDIR, EEXIST, EINVAL, ENOSPC,
+#ifdef EDQUOT  // not in Windows's errno.h
+                EDQUOT,
+#endif
+                EROFS, EIO, ENOMEM, EBADF}) {
     INFO("errno " << e);
     CHECK_FALSE(dibs::is_transient(sys(e)));
     CHECK_FALSE(dibs::is_transient(gen(e)));
@@ -74,3 +84,18 @@ TEST_CASE("dibs codes have a name and a message") {
   CHECK(&ec.category() == &dibs::error_category());
   CHECK_THAT(std::error_code(99, dibs::error_category()).message(), Catch::Contains("99"));
 }
+
+#ifdef _WIN32
+TEST_CASE("Windows: a sharing or lock violation is transient (antivirus, indexers), access denied and not found are not") {
+  for (int e : {32 /* ERROR_SHARING_VIOLATION */, 33 /* ERROR_LOCK_VIOLATION */, 170 /* ERROR_BUSY */,
+                64 /* ERROR_NETNAME_DELETED */, 10054 /* WSAECONNRESET */, 10061 /* WSAECONNREFUSED */}) {
+    INFO("GetLastError " << e);
+    CHECK(dibs::is_transient(std::error_code{e, std::system_category()}));
+  }
+  for (int e : {5 /* ERROR_ACCESS_DENIED */, 2 /* ERROR_FILE_NOT_FOUND */, 3 /* ERROR_PATH_NOT_FOUND */,
+                112 /* ERROR_DISK_FULL */, 87 /* ERROR_INVALID_PARAMETER */, 19 /* ERROR_WRITE_PROTECT */}) {
+    INFO("GetLastError " << e);
+    CHECK_FALSE(dibs::is_transient(std::error_code{e, std::system_category()}));
+  }
+}
+#endif

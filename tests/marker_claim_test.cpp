@@ -52,7 +52,8 @@ TEST_CASE("claim, complete, and the item stays done") {
 
 TEST_CASE("leaving scope gives the item back with its attempts, and after max_attempts it is failed with the last error") {
   dibs::memory_store store;
-  dibs::marker_claim<dibs::memory_store> claims{store, {.max_attempts = 3}};
+  // No retry backoff: each attempt is claimable at once (the default's wait: the next test).
+  dibs::marker_claim<dibs::memory_store> claims{store, {.max_attempts = 3, .retry_backoff = std::nullopt}};
   for (std::uint32_t i = 1; i <= 2; ++i) {
     auto c = claims.try_claim("job");
     REQUIRE(c);
@@ -72,6 +73,38 @@ TEST_CASE("leaving scope gives the item back with its attempts, and after max_at
   CHECK(s.attempts == 3);
   CHECK(s.error == "printer on fire");
   CHECK_FALSE(claims.try_claim("job"));
+}
+
+TEST_CASE("by default a given-back item waits 0.5-1 s after its first attempt, 1-2 s after its second, and release(error, 0ms) is at once") {
+  dibs::memory_store store;
+  dibs::marker_claim<dibs::memory_store> claims{store};
+  using clock = std::chrono::system_clock;
+  auto waits = [&] { return claims.status("job").not_before - clock::now(); };
+  {
+    auto c = claims.try_claim("job");  // left without complete(): a failed attempt
+    REQUIRE(c);
+  }
+  CHECK(claims.status("job").state == dibs::claim_state::released);
+  auto w = waits();
+  CHECK(w > 400ms);  // 500 ms at least, less what the lines above took
+  CHECK(w <= 1000ms);
+  CHECK_FALSE(claims.try_claim("job"));
+  CHECK_FALSE(claims.claim_next(""));
+  std::this_thread::sleep_for(w + 20ms);
+  auto c2 = claims.try_claim("job");
+  REQUIRE(c2);
+  CHECK(c2->attempts() == 2);
+  REQUIRE(c2->release("still broken"));
+  w = waits();
+  CHECK(w > 900ms);
+  CHECK(w <= 2000ms);
+  CHECK_FALSE(claims.try_claim("job"));
+  // The caller's own wait wins, including none.
+  dibs::marker_claim<dibs::memory_store> other{store};
+  CHECK(other.try_claim("job2")->release("at once", 0ms));
+  auto c3 = other.try_claim("job2");
+  REQUIRE(c3);
+  CHECK(c3->attempts() == 2);
 }
 
 TEST_CASE("a claim that stops renewing is taken over after its lease, and its late complete() is refused") {

@@ -344,7 +344,7 @@ TEST_CASE("release() inside a transaction is part of it too, and complete() twic
   temp_dir dir;
   dibs::sqlite_store store{dir.path / "q.db"};
   auto& db = store.connection();
-  claims_t claims{store};
+  claims_t claims{store, {.retry_backoff = std::nullopt}};  // back at once, to be claimed again below
   auto c = claims.try_claim("item-1");
   REQUIRE(c);
   CHECK_THROWS_AS(dibs::transact(tx_policy, db,
@@ -634,4 +634,97 @@ TEST_CASE("over sqlite_store, list() and claim_next read the table in one statem
   CHECK(c->key() == "q-1");  // the higher priority
   CHECK(damaged == std::vector<std::string>{"q-lock"});
   c->complete();
+}
+
+namespace {
+// The statements a connection runs, by their first word, as SQLite itself
+// reports them (sqlite3_trace_v2).
+struct statement_log {
+  std::vector<std::string> ran;
+  explicit statement_log(dibs::sqlite::connection& db) {
+    ::sqlite3_trace_v2(
+        db.native_handle(), SQLITE_TRACE_STMT,
+        [](unsigned, void* self, void* stmt, void*) -> int {
+          const std::string sql = ::sqlite3_sql(static_cast<::sqlite3_stmt*>(stmt));
+          static_cast<statement_log*>(self)->ran.push_back(sql.substr(0, sql.find(' ')));
+          return 0;
+        },
+        this);
+  }
+  template <class F>
+  std::vector<std::string> of(F f) {
+    ran.clear();
+    f();
+    return ran;
+  }
+};
+}  // namespace
+
+TEST_CASE("over sqlite_store, try_claim takes a fresh item in one statement and a taken one costs a read, not a write") {
+  using run = std::vector<std::string>;
+  temp_dir dir;
+  dibs::sqlite_store s{dir.path / "q.db"};
+  statement_log log{s.connection()};
+  dibs::marker_claim<dibs::sqlite_store> claims{s, {.renew = false}};
+  std::optional<dibs::marker_claim<dibs::sqlite_store>::claim> a, b, c, d;
+
+  // Fresh items while claims succeed: the create alone, no read before it.
+  CHECK(log.of([&] { a = claims.try_claim("a"); }) == run{"INSERT"});
+  REQUIRE(a);
+  CHECK(log.of([&] { a->complete(); }) == run{"UPDATE"});
+  CHECK(log.of([&] { b = claims.try_claim("b"); }) == run{"INSERT"});
+  REQUIRE(b);
+
+  // A taken item: the create changes nothing, the read says why, and from
+  // then on taken items are read, not written (under contention the write
+  // lock is what every process queues for).
+  CHECK(log.of([&] { CHECK_FALSE(claims.try_claim("a")); }) == run{"INSERT", "SELECT"});
+  CHECK(log.of([&] { CHECK_FALSE(claims.try_claim("a")); }) == run{"SELECT"});
+  CHECK(log.of([&] { CHECK_FALSE(claims.try_claim("b")); }) == run{"SELECT"});  // b's holder is alive: never taken
+
+  // A read that finds a fresh item turns back to creating first.
+  CHECK(log.of([&] { c = claims.try_claim("c"); }) == run{"SELECT", "INSERT"});
+  REQUIRE(c);
+  CHECK(log.of([&] { d = claims.try_claim("d"); }) == run{"INSERT"});
+  REQUIRE(d);
+
+  // Another worker, creating first, finds the live claim on b and leaves it.
+  dibs::marker_claim<dibs::sqlite_store> other{s, {.renew = false}};
+  CHECK_FALSE(other.try_claim("b"));
+  b->complete();  // throws lease_lost if b had been taken over
+  c->complete();
+  d->complete();
+  for (const char* k : {"a", "b", "c", "d"}) {
+    const auto st = claims.status(k);
+    CHECK(st.state == dibs::claim_state::completed);
+    CHECK(st.attempts == 1);
+  }
+}
+
+TEST_CASE("values are stored as TEXT exactly when they are UTF-8 without a NUL, wherever the NUL or a bad byte sits") {
+  temp_dir dir;
+  dibs::sqlite_store s{dir.path / "q.db"};
+  auto type_of = [&](const std::string& key) {
+    auto q = s.connection().prepare("SELECT typeof(value) FROM dibs_records WHERE key = ?1");
+    q.bind(1, key);
+    REQUIRE(q.step());
+    return q.column_text(0);
+  };
+  int n = 0;
+  for (std::size_t size : {9u, 16u, 17u, 40u}) {
+    for (std::size_t at = 0; at < size; ++at) {
+      const std::string plain(size, 'x');
+      std::string nul = plain, bad = plain, two = plain;
+      nul[at] = '\0';
+      bad[at] = '\xff';
+      if (at + 1 < size) two.replace(at, 2, "\xc3\xa9");  // é: a character of two bytes
+      for (const auto& [value, type] : {std::pair{nul, "blob"}, std::pair{bad, "blob"}, std::pair{two, "text"}}) {
+        const std::string key = "v" + std::to_string(n++);
+        REQUIRE(s.create(key, value));
+        CHECK(type_of(key) == type);
+        CHECK(s.read(key)->value == value);
+      }
+    }
+  }
+  CHECK(n == 3 * (9 + 16 + 17 + 40));
 }

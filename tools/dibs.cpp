@@ -865,6 +865,7 @@ struct claim_args {
   std::vector<std::string> command;
   std::string lease = "60s";
   std::uint32_t max_attempts = 5;
+  std::string retry_after;  // empty: claim_options::retry_backoff's default
   bool quiet = false;
   int exit_base = ex::completed;  // dibs's own outcomes exit exit_base + 0..5
 };
@@ -887,6 +888,8 @@ int cmd_claim(claim_args& a) {
   dibs::claim_options o;
   o.lease = parse_duration("dibs claim --lease", a.lease);
   o.max_attempts = a.max_attempts;
+  std::optional<std::chrono::milliseconds> retry_after;
+  if (!a.retry_after.empty()) retry_after = parse_duration("dibs claim --retry-after", a.retry_after);
   block_forwarded();  // before marker_claim starts its renewal thread
   auto say = [&](const std::string& m) {
     if (!a.quiet) std::cerr << m << '\n';
@@ -916,6 +919,16 @@ int cmd_claim(claim_args& a) {
           case dibs::claim_state::damaged:
             say(fmt::format("dibs claim: the record of '{}' is damaged: {}", a.key, s.error.empty() ? damaged_what : s.error));
             return outcome(ex::damaged);
+          case dibs::claim_state::released:
+          case dibs::claim_state::offered:
+            if (s.not_before > std::chrono::system_clock::now()) {
+              say(fmt::format("dibs claim: '{}' is not claimable for another {} (attempt {} was given back: {}); "
+                              "--retry-after chooses that wait",
+                              a.key, dibs::detail::human(s.not_before - std::chrono::system_clock::now()), s.attempts,
+                              s.error.empty() ? "scheduled" : s.error));
+              return outcome(ex::taken);
+            }
+            [[fallthrough]];
           default: say(fmt::format("dibs claim: '{}' is held by another worker: {}", a.key, s)); return outcome(ex::taken);
         }
       }
@@ -942,7 +955,8 @@ int cmd_claim(claim_args& a) {
       return ex::ok;
     }
     const bool last = c->attempts() >= a.max_attempts;
-    (void)c->release(fmt::format("COMMAND exited {}", code));
+    const auto error = fmt::format("COMMAND exited {}", code);
+    (void)(retry_after ? c->release(error, *retry_after) : c->release(error));
     if (last) say(fmt::format("dibs claim: '{}' failed for good: attempt {} of {} exited {}", key, a.max_attempts, a.max_attempts, code));
     if (code >= outcome(ex::completed) && code <= outcome(ex::claim_lost))
       say(fmt::format("dibs claim: '{}': COMMAND ran and exited {}, a code dibs also uses for its own outcomes ({}-{}); "
@@ -1444,6 +1458,9 @@ Examples:
   claim->add_option("--next", ca.next, "Claim the next claimable item whose key starts with PREFIX; its key is passed as COMMAND's last argument");
   claim->add_option("--lease", ca.lease, "How long a claim is respected once its worker stops renewing")->capture_default_str();
   claim->add_option("--max-attempts", ca.max_attempts, "Failed runs before the item fails for good")->capture_default_str();
+  claim->add_option("--retry-after", ca.retry_after,
+                    "How long an item whose COMMAND failed waits before it is claimable again (0: at once); default: "
+                    "0.5-1 s after the first failure, doubling up to 10 min");
   claim->add_flag("-q,--quiet", ca.quiet, "No message for the 'nothing run' exits (10-14, or as moved by --exit-base)");
   claim->add_option("--exit-base", ca.exit_base,
                     "dibs's own outcomes exit N..N+5 instead of 10..15 (completed N, held N+1, failed N+2, damaged "
@@ -1454,8 +1471,9 @@ Examples:
 
 COMMAND runs with DIBS_KEY, DIBS_TOKEN (the claim's fencing token, larger for
 every new claim of the key) and DIBS_ATTEMPT. Exit 0: the item is marked
-completed. Any other status: the item is given back (claimable again) and
-dibs exits with that status; after --max-attempts runs it is failed for good.
+completed. Any other status: the item is given back (claimable again after
+--retry-after or the default backoff) and dibs exits with that status; after
+--max-attempts runs it is failed for good.
 If dibs is killed, COMMAND is killed too and the item is claimable again at
 once (the worker is provably gone).
 

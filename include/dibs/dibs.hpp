@@ -14,6 +14,10 @@
 // Adapters with a dependency of their own are not included here.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/dibs.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <dibs/backoff.hpp>
 #include <dibs/dot_lock.hpp>
 #include <dibs/error.hpp>

@@ -86,6 +86,10 @@
 // still creates, touches and removes the file.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/dot_lock.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/file.h>

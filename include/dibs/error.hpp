@@ -15,6 +15,10 @@
 //                       EHOSTUNREACH, ENOBUFS
 //   dibs::sqlite        SQLITE_BUSY, SQLITE_LOCKED (all extended       every other result code
 //                       variants)
+//   system, on Windows  ERROR_SHARING_VIOLATION, ERROR_LOCK_VIOLATION,  ERROR_ACCESS_DENIED,
+//                       ERROR_BUSY, ERROR_NETWORK_BUSY,                ERROR_FILE_NOT_FOUND,
+//                       ERROR_NETNAME_DELETED, timeouts, the WSA        ERROR_PATH_NOT_FOUND,
+//                       twins of the network codes above                ERROR_DISK_FULL, ...
 //
 // Why these: a transient code means the same operation, repeated unchanged a
 // moment later, can succeed because someone else will have let go (a lock, a
@@ -120,9 +124,44 @@ inline bool is_transient_errno(int e) noexcept {
     case ENETDOWN:
     case ENETUNREACH:
     case ENETRESET:
+#ifdef EHOSTDOWN  // not in Windows's errno.h
     case EHOSTDOWN:
+#endif
     case EHOSTUNREACH:
     case ENOBUFS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// On Windows, std::system_category() holds GetLastError() and WSAGetLastError()
+// codes, not errno values. These are transient (numbers from winerror.h,
+// so that this header needs no <windows.h>); the rest are judged by the errno
+// their category maps them to.
+inline bool is_transient_win32(int e) noexcept {
+  switch (e) {
+    case 32:     // ERROR_SHARING_VIOLATION: antivirus, an indexer or a backup has the file open for a moment
+    case 33:     // ERROR_LOCK_VIOLATION: a byte-range lock in the way
+    case 170:    // ERROR_BUSY
+    case 54:     // ERROR_NETWORK_BUSY
+    case 64:     // ERROR_NETNAME_DELETED: an SMB session dropped
+    case 121:    // ERROR_SEM_TIMEOUT
+    case 258:    // WAIT_TIMEOUT
+    case 1460:   // ERROR_TIMEOUT
+    case 10035:  // WSAEWOULDBLOCK
+    case 10036:  // WSAEINPROGRESS
+    case 10050:  // WSAENETDOWN
+    case 10051:  // WSAENETUNREACH
+    case 10052:  // WSAENETRESET
+    case 10053:  // WSAECONNABORTED
+    case 10054:  // WSAECONNRESET
+    case 10055:  // WSAENOBUFS
+    case 10057:  // WSAENOTCONN
+    case 10060:  // WSAETIMEDOUT
+    case 10061:  // WSAECONNREFUSED
+    case 10064:  // WSAEHOSTDOWN
+    case 10065:  // WSAEHOSTUNREACH
       return true;
     default:
       return false;
@@ -143,8 +182,17 @@ public:
   // equivalent(int, const error_condition&).
   bool equivalent(const std::error_code& code, int value) const noexcept override {
     if (static_cast<condition>(value) != condition::transient) return false;
+#ifdef _WIN32
+    if (code.category() == std::system_category()) {
+      if (is_transient_win32(code.value())) return true;
+      const std::error_condition mapped = code.default_error_condition();
+      return mapped.category() == std::generic_category() && is_transient_errno(mapped.value());
+    }
+    if (code.category() == std::generic_category()) return is_transient_errno(code.value());
+#else
     if (code.category() == std::generic_category() || code.category() == std::system_category())
       return is_transient_errno(code.value());
+#endif
     if (code.category() == dibs::error_category()) {
       switch (static_cast<errc>(code.value())) {
         case errc::contended:

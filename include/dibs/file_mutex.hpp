@@ -26,13 +26,12 @@
 //                                 falling back to classic fcntl locks on old kernels:
 //                                 interoperates with lockf(3), fcntl(2) and
 //                                 Boost.Interprocess file_lock.
+//
+// On Windows both families are LockFileEx over the whole file (which
+// Boost.Interprocess's file_lock and py-filelock meet); see
+// detail/win32/file_lock.hpp for what differs there. The system calls of
+// each platform are in detail/posix/file_lock.hpp and detail/win32/file_lock.hpp.
 #pragma once
-
-#include <fcntl.h>
-#include <pthread.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -55,8 +54,13 @@
 #include <dibs/backoff.hpp>
 #include <dibs/detail/cancel.hpp>
 #include <dibs/detail/format.hpp>
-#include <dibs/detail/posix/sys.hpp>
 #include <dibs/error.hpp>
+
+#ifdef _WIN32
+#include <dibs/detail/win32/file_lock.hpp>
+#else
+#include <dibs/detail/posix/file_lock.hpp>
+#endif
 
 namespace dibs {
 
@@ -76,23 +80,19 @@ struct file_mutex_options {
   /// doubles the cost of a lock (2.2x the raw flock pair instead of 1.0x, see
   /// docs/BENCHMARKS.md).
   bool write_owner = false;
-  /// Permissions of a lock file that does not exist yet (the umask applies).
-  mode_t mode = 0644;
+  /// Permissions of a lock file that does not exist yet (the umask applies;
+  /// ignored on Windows, where a new file gets its directory's security).
+  detail::file_mode mode = 0644;
 };
 
 namespace detail {
 
-struct inode_key {
-  dev_t dev;
-  ino_t ino;
-  auto operator<=>(const inode_key&) const = default;
-};
-
-// One per (device, inode) per process: holds the descriptor that owns the
-// kernel lock and the in-process reader/writer state in front of it.
+// One per file (device and inode; volume and file index) per process: holds
+// the descriptor that owns the kernel lock and the in-process reader/writer
+// state in front of it.
 struct lock_entry {
   std::filesystem::path path;
-  unique_fd fd;
+  file_lock::handle fd;
   bool writable = false;
   std::string owner;  // the owner line this process writes (made after any fork, so its pid is right)
   std::mutex m;
@@ -105,7 +105,7 @@ struct lock_entry {
 
 struct lock_registry {
   std::mutex m;
-  std::map<inode_key, std::weak_ptr<lock_entry>> entries;
+  std::map<file_lock::identity, std::weak_ptr<lock_entry>> entries;
   // Bumped in a forked child: every entry made before the fork belongs to the
   // parent's locks, and the child must neither unlock nor reuse them.
   std::atomic<std::uint64_t> generation{0};
@@ -114,7 +114,7 @@ struct lock_registry {
     // Leaked on purpose: file_mutex objects with static storage may outlive it otherwise.
     static lock_registry* r = [] {
       auto* reg = new lock_registry;
-      ::pthread_atfork([] { instance().m.lock(); }, [] { instance().m.unlock(); },
+      file_lock::at_fork([] { instance().m.lock(); }, [] { instance().m.unlock(); },
                        [] {
                          auto& self = instance();
                          // Only this thread exists in the child; abandon the parent's entries
@@ -133,9 +133,7 @@ struct lock_registry {
 };
 
 inline std::string owner_line() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  std::string s = fmt::format("pid {} host {}", ::getpid(), host);
+  std::string s = file_lock::owner_text();
   // Fixed width, so a shorter line never leaves the tail of a longer one behind.
   if (s.size() < 127) s.resize(127, ' ');
   s += '\n';
@@ -228,7 +226,9 @@ public:
   const std::filesystem::path& path() const noexcept { return path_; }
   /// Returns: the descriptor that holds the kernel lock (shared by every
   /// file_mutex of this process on the same file).
-  int native_handle() const noexcept { return entry_ ? entry_->fd.get() : -1; }
+  detail::file_lock::native_type native_handle() const noexcept {
+    return entry_ ? detail::file_lock::native(entry_->fd) : detail::file_lock::no_native();
+  }
 
 private:
   using steady = std::chrono::steady_clock;
@@ -247,25 +247,9 @@ private:
     // forked between the open and the registration would keep an
     // unregistered copy of the descriptor, and with it the lock taken later.
     std::lock_guard lock{reg.m};
-    bool writable = true;
-    int fd = detail::open_retry(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY, opts_.mode);
-    if (fd < 0 && (errno == EACCES || errno == EROFS) && opts_.family == lock_family::flock) {
-      // An existing file we may only read still takes a flock; if there is
-      // none, the error to report is the first one.
-      const int first = errno;
-      writable = false;
-      fd = detail::open_retry(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
-      if (fd < 0) errno = first;
-    }
-    if (fd < 0) throw detail::path_error(errno, "dibs::file_mutex: cannot open lock file", path_);
-    detail::unique_fd owned{fd};
-    struct ::stat st {};
-    if (::fstat(fd, &st) != 0) throw detail::path_error(errno, "dibs::file_mutex: cannot stat lock file", path_);
-    if (!S_ISREG(st.st_mode))
-      throw detail::path_error(EINVAL, "dibs::file_mutex: lock file is not a regular file:", path_);
-
+    // An existing file we may only read still takes a flock (not a POSIX write lock).
+    auto [owned, key, writable] = detail::file_lock::open(path_, opts_.mode, opts_.family == lock_family::flock);
     generation_ = reg.generation.load(std::memory_order_relaxed);
-    const detail::inode_key key{st.st_dev, st.st_ino};
     if (auto it = reg.entries.find(key); it != reg.entries.end()) {
       if (auto e = it->second.lock()) {
         entry_ = std::move(e);
@@ -379,7 +363,7 @@ private:
     if (stop) {  // in slices, looking at the stop token between them
       for (;;) {
         if (ready()) return true;
-        if (stop->stop_requested()) detail::throw_cancelled("dibs::file_mutex", path_.string());
+        if (stop->stop_requested()) detail::throw_cancelled("dibs::file_mutex", detail::path_text(path_));
         auto until = steady::now() + stop_check;
         if (deadline) {
           if (steady::now() >= *deadline) return false;
@@ -413,27 +397,7 @@ private:
 
   // One kernel call: true if acquired, false if held elsewhere (non-blocking).
   bool kernel_try(bool exclusive, bool block) {
-    const int fd = entry_->fd.get();
-    for (;;) {
-      int rc;
-      if (opts_.family == lock_family::flock) {
-        rc = ::flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | (block ? 0 : LOCK_NB));
-      } else {
-        struct ::flock fl {};
-        fl.l_type = static_cast<short>(exclusive ? F_WRLCK : F_RDLCK);
-        fl.l_whence = SEEK_SET;
-        rc = ::fcntl(fd, posix_cmd(block), &fl);
-        if (rc != 0 && errno == EINVAL && use_ofd()) {
-          ofd_unsupported().store(true);  // kernel before 3.15: classic process-owned locks
-          continue;
-        }
-      }
-      if (rc == 0) return true;
-      if (errno == EINTR) continue;
-      if (!block && (errno == EWOULDBLOCK || errno == EAGAIN || errno == EACCES)) return false;
-      throw detail::path_error(errno, exclusive ? "dibs::file_mutex: cannot lock" : "dibs::file_mutex: cannot lock shared",
-                               path_);
-    }
+    return detail::file_lock::try_lock(entry_->fd, opts_.family == lock_family::posix, exclusive, block, path_);
   }
 
   bool kernel_lock(bool exclusive, const steady::time_point* deadline, const std::stop_token* stop) {
@@ -448,7 +412,7 @@ private:
     const exponential_backoff schedule{std::chrono::microseconds{20}, 2.0, std::chrono::milliseconds{2}, jitter::equal};
     thread_local std::minstd_rand rng{std::random_device{}()};
     for (std::uint64_t n = 0;; ++n) {
-      if (stop && stop->stop_requested()) detail::throw_cancelled("dibs::file_mutex", path_.string());
+      if (stop && stop->stop_requested()) detail::throw_cancelled("dibs::file_mutex", detail::path_text(path_));
       const auto left = deadline ? *deadline - steady::now() : steady::duration::max();
       if (left <= steady::duration::zero()) return false;
       const double u = std::uniform_real_distribution<double>{0.0, 1.0}(rng);
@@ -457,49 +421,14 @@ private:
     }
   }
 
-  void kernel_unlock() noexcept {
-    const int fd = entry_->fd.get();
-    int rc;
-    if (opts_.family == lock_family::flock) {
-      do rc = ::flock(fd, LOCK_UN);
-      while (rc != 0 && errno == EINTR);
-    } else {
-      struct ::flock fl {};
-      fl.l_type = F_UNLCK;
-      fl.l_whence = SEEK_SET;
-      do rc = ::fcntl(fd, posix_cmd(false), &fl);
-      while (rc != 0 && errno == EINTR);
-    }
-    // Unlocking a lock we hold cannot fail on Linux; if it ever does, closing
-    // the descriptor at exit releases it, so there is nothing better to do here.
-    (void)rc;
-  }
+  void kernel_unlock() noexcept { detail::file_lock::unlock(entry_->fd, opts_.family == lock_family::posix); }
 
   void write_owner() {
     // Best effort: the lock is held whether or not the note is written.
     // Built on first use: the first file_mutex on this file may not have
     // asked for it. Only the exclusive holder gets here, so no race.
     if (entry_->owner.empty()) entry_->owner = detail::owner_line();
-    const std::string& line = entry_->owner;
-    (void)!::pwrite(entry_->fd.get(), line.data(), line.size(), 0);
-  }
-
-  static std::atomic<bool>& ofd_unsupported() {
-    static std::atomic<bool> v{false};
-    return v;
-  }
-  static bool use_ofd() noexcept {
-#ifdef F_OFD_SETLK
-    return !ofd_unsupported().load(std::memory_order_relaxed);
-#else
-    return false;
-#endif
-  }
-  static int posix_cmd(bool block) noexcept {
-#ifdef F_OFD_SETLK
-    if (use_ofd()) return block ? F_OFD_SETLKW : F_OFD_SETLK;
-#endif
-    return block ? F_SETLKW : F_SETLK;
+    detail::file_lock::write_owner(entry_->fd, entry_->owner);
   }
 
   std::filesystem::path path_;

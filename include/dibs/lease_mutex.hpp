@@ -71,6 +71,10 @@
 // use of it.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/lease_mutex.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <signal.h>
 #include <sys/types.h>
 

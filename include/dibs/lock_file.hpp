@@ -13,6 +13,10 @@
 // from lease_mutex.hpp because a policy never includes a store.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/lock_file.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <sys/types.h>
 
 #include <filesystem>

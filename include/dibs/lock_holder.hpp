@@ -9,6 +9,10 @@
 // compares the wall clocks of two machines for that; see lease_mutex.hpp).
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/lock_holder.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <time.h>
 
 #include <chrono>

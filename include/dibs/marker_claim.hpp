@@ -31,6 +31,11 @@
 // holds (a stopped one, say) is "busy" and skipped, so one stopped worker
 // never stalls the others. A claim object copied into a forked child stays
 // the parent's: the child's copy never completes, gives back or renews it.
+// Over a store that models create_before_read_store (sqlite_store),
+// try_claim sends the create first while the items it meets are fresh (one
+// statement for a fresh item), and reads first once it met a taken one (a
+// taken item then costs a read, not the write lock that contending workers
+// queue for); the create never changes a record that is there.
 //
 // Completing in the same transaction as the work's effects: over a store
 // that models transaction_aware_store (sqlite_store), complete() or
@@ -41,6 +46,10 @@
 // again at the version it had, renewals go on, and the body may complete it
 // again (transact's retry does). Claim items before the transaction.
 #pragma once
+
+#ifdef _WIN32
+#error "dibs/marker_claim.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -95,11 +104,15 @@ struct claim_options {
   std::function<void(std::string_view key, std::string_view what)> on_damaged{};
   /// How long an item given back (release(), a claim left without
   /// complete()) waits before it is claimable again, by its attempt count:
-  /// attempt n waits retry_backoff->delay(n - 1, ...). Unset: claimable at
-  /// once, as before queue schema 2. release(error, retry_after) chooses
-  /// the wait itself. An item recovered from a worker that is gone comes
-  /// back at once either way.
-  std::optional<exponential_backoff> retry_backoff{};
+  /// attempt n waits retry_backoff->delay(n - 1, ...). The default, as job
+  /// queues do it (an item that just failed mostly fails again at once):
+  /// 0.5-1 s after the first attempt, then 1-2 s, 2-4 s, ... up to 5-10 min
+  /// (doubling, equal jitter, so a retry never comes at once). Unset
+  /// (std::nullopt): claimable at once. release(error, retry_after) chooses
+  /// the wait itself (0 ms: at once). An item recovered from a worker that
+  /// is gone comes back at once either way.
+  std::optional<exponential_backoff> retry_backoff =
+      exponential_backoff{std::chrono::seconds{1}, 2.0, std::chrono::minutes{10}, jitter::equal};
 };
 
 /// How offer() puts an item in the queue.
@@ -267,7 +280,8 @@ public:
     }
     /// Effects: gives the item back with `error` recorded; it is failed if
     /// this was its last attempt. It is claimable again after
-    /// claim_options::retry_backoff (at once if that is unset).
+    /// claim_options::retry_backoff (by default 0.5-1 s after the first
+    /// attempt, doubling; at once if that is unset).
     /// Returns: false if the claim was taken over.
     /// Throws: std::errc::operation_not_permitted in a forked child of the
     /// worker; errc::timed_out as complete().
@@ -840,8 +854,23 @@ private:
       if (!got.existing) return std::nullopt;  // another worker created it just now
       r = std::move(got.existing);
     } else {
+      if constexpr (create_before_read_store<Store>) {
+        // The create alone claims a fresh item, and never changes a record
+        // that is there. It is tried while the last item met was fresh; a
+        // failed one costs what the claim of a taken item must not cost under
+        // contention (sqlite_store: the write lock that every writer queues
+        // for), so after it the items are read first until a read finds one
+        // fresh again.
+        if (create_first_.load(std::memory_order_relaxed)) {
+          const auto start = std::chrono::steady_clock::now();
+          if (auto v = detail::store_create(store_, key, encode(claim_state::processing, 1, "", "", 0), until))
+            return claim{this, std::string(key), *v, 1, 0, start};
+          create_first_.store(false, std::memory_order_relaxed);
+        }
+      }
       r = detail::store_read(store_, key, until);
       if (!r) {
+        if constexpr (create_before_read_store<Store>) create_first_.store(true, std::memory_order_relaxed);
         const auto start = std::chrono::steady_clock::now();  // a claim is valid from before the call that makes it
         if (auto v = detail::store_create(store_, key, encode(claim_state::processing, 1, "", "", 0), until))
           return claim{this, std::string(key), *v, 1, 0, start};
@@ -916,30 +945,55 @@ private:
   // The record: the state and attempts on lines 2 and 3 (postgres_store's
   // generated columns and the sqlite view read them there), then the
   // priority and not_before lines if they are not 0 (read by name).
+  // Appended piece by piece into one string: every claim and completion
+  // makes one, and fmt's parsing and the temporaries were a tenth of a
+  // claim's instructions over sqlite_store.
   std::string encode(claim_state s, std::uint32_t attempts, std::string_view error, std::string_view result,
                      dibs::version token, std::int32_t priority = 0,
                      std::chrono::system_clock::time_point not_before = {}) const {
-    std::string v = fmt::format("dibs-claim 1\nstate {}\nattempts {}\n", to_string(s), attempts);
-    if (priority != 0) v += fmt::format("priority {}\n", priority);
-    if (not_before != std::chrono::system_clock::time_point{})
+    std::string v;
+    v.reserve(s == claim_state::processing ? 384 : 128 + error.size() + result.size());
+    v += "dibs-claim 1\nstate ";
+    v += to_string(s);
+    v += "\nattempts ";
+    detail::append_number(v, attempts);
+    v += '\n';
+    if (priority != 0) {
+      v += "priority ";
+      detail::append_number(v, priority);
+      v += '\n';
+    }
+    if (not_before != std::chrono::system_clock::time_point{}) {
       // Rounded up: never claimable before the time asked for.
-      v += fmt::format("not_before {}\n",
-                       std::chrono::ceil<std::chrono::milliseconds>(not_before.time_since_epoch()).count());
-    return v + encode_rest(s, error, result, token);
+      v += "not_before ";
+      detail::append_number(v, std::chrono::ceil<std::chrono::milliseconds>(not_before.time_since_epoch()).count());
+      v += '\n';
+    }
+    append_rest(v, s, error, result, token);
+    return v;
   }
   // What claim_next's statement on a claim_queue_store writes after the
   // lines it writes itself (the attempt counted, the priority kept).
-  std::string rest_of_claim() const { return encode_rest(claim_state::processing, "", "", 0); }
-  // What follows the attempts, priority and not_before lines.
-  std::string encode_rest(claim_state s, std::string_view error, std::string_view result, dibs::version token) const {
-    const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::system_clock::now().time_since_epoch());
-    std::string v = fmt::format("changed {}\n", now.count()) + detail::write_nonce();
-    if (token) v += fmt::format("token {}\n", token);
-    if (!error.empty()) v += fmt::format("error {}\n", one_line(error));
-    if (!result.empty()) v += fmt::format("result {}\n", one_line(result));
-    if (s == claim_state::processing) v += detail::format_owner(detail::this_process(opts_.lease));
+  std::string rest_of_claim() const {
+    std::string v;
+    append_rest(v, claim_state::processing, "", "", 0);
     return v;
+  }
+  // Appends what follows the attempts, priority and not_before lines.
+  void append_rest(std::string& v, claim_state s, std::string_view error, std::string_view result,
+                   dibs::version token) const {
+    v += "changed ";
+    detail::append_number(v, detail::wall_ms());
+    v += '\n';
+    detail::append_nonce(v);
+    if (token) {
+      v += "token ";
+      detail::append_number(v, token);
+      v += '\n';
+    }
+    if (!error.empty()) v += "error " + one_line(error) + '\n';
+    if (!result.empty()) v += "result " + one_line(result) + '\n';
+    if (s == claim_state::processing) v += detail::this_process_lines(opts_.lease);
   }
 
   static claim_status parse(std::string_view key, const record& r) {
@@ -975,6 +1029,9 @@ private:
   Store& store_;
   claim_options opts_;
   std::mutex m_;
+  // try_claim's order over a create_before_read_store: create first (true)
+  // or read first. A guess from the last item met; either order is correct.
+  std::atomic<bool> create_first_{true};
   std::map<std::string, std::pair<dibs::version, std::chrono::steady_clock::time_point>, std::less<>> seen_;
   std::set<std::string, std::less<>> damaged_reported_;
   std::chrono::steady_clock::time_point last_sweep_{};

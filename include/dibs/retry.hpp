@@ -32,12 +32,11 @@
 #include <utility>
 #include <variant>
 
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include <dibs/backoff.hpp>
 #include <dibs/detail/cancel.hpp>
+#include <dibs/detail/sys.hpp>
 #include <dibs/detail/units.hpp>
 #include <dibs/error.hpp>
 
@@ -247,9 +246,9 @@ private:
     // Seeded per thread and again in a forked child: children forked from
     // one parent must not draw the same "random" delays, or they retry in
     // lock-step, which is what jitter is there to prevent.
-    thread_local pid_t owner = 0;
+    thread_local decltype(detail::current_pid()) owner = 0;
     thread_local std::mt19937_64 engine;
-    if (const pid_t self = ::getpid(); self != owner) {
+    if (const auto self = detail::current_pid(); self != owner) {
       std::random_device device;
       engine.seed((static_cast<std::uint64_t>(device()) << 32) ^ device() ^ static_cast<std::uint64_t>(self));
       owner = self;

@@ -66,6 +66,10 @@
 // in include/dibs/detail/posix/.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/shared_log.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <sys/types.h>
 
 #include <chrono>

@@ -132,6 +132,19 @@ concept create_or_read_store =
       { s.create_or_read(key, value, t) } -> std::same_as<create_or_read_result>;
     };
 
+/// A store where a create() that finds the key taken costs about as much as
+/// the create that succeeds, and less than a read followed by a create of a
+/// fresh key: `S::create_before_read` is true. marker_claim then claims a
+/// fresh item with the create alone while the items it meets are fresh, and
+/// reads first once it has met a taken one (a taken item then costs a read,
+/// not a write; see marker_claim::try_claim). sqlite_store is one: a read
+/// and a write are a statement each, and the write lock is what contending
+/// processes queue for.
+template <class S>
+concept create_before_read_store = shared_store<S> && requires {
+  requires S::create_before_read;
+};
+
 namespace detail {
 
 /// Returns: true if `e` says a write may or may not have been applied.

@@ -83,6 +83,13 @@ SH
   wait
   run dibs claim --max-attempts 2 dir:c f -- sh -c 'exit 3'
   [ "$status" -eq 3 ]
+  # A failed item waits out its backoff (0.5-1 s after the first failure):
+  # held (11) until then, and nothing is run.
+  run dibs claim --max-attempts 2 dir:c f -- sh -c 'echo ran; exit 3'
+  [ "$status" -eq 11 ]
+  [[ "$output" == *"not claimable for another"* ]]
+  [[ "$output" != *"ran"* ]]
+  sleep 1.1
   run dibs claim --max-attempts 2 dir:c f -- sh -c 'exit 3'
   [ "$status" -eq 3 ]
   run dibs claim --max-attempts 2 dir:c f -- true
@@ -112,12 +119,12 @@ SH
   mkdir c
   # Default codes: the collision is said on standard error; the item was
   # given back, not completed.
-  run dibs claim dir:c t -- sh -c 'echo ran >> runs; exit 10'
+  run dibs claim --retry-after 0 dir:c t -- sh -c 'echo ran >> runs; exit 10'
   [ "$status" -eq 10 ]
   [[ "$output" == *"--exit-base"* ]]
   [[ "$(dibs status --json dir:c)" == *'"state": "released", "attempts": 1'* ]]
   # Moved: COMMAND's 10 stays 10, dibs's "already completed" is 200.
-  run dibs claim --exit-base 200 dir:c t -- sh -c 'echo ran >> runs; exit 10'
+  run dibs claim --retry-after 0 --exit-base 200 dir:c t -- sh -c 'echo ran >> runs; exit 10'
   [ "$status" -eq 10 ]
   run dibs claim --exit-base 200 dir:c t -- sh -c 'echo ran >> runs'
   [ "$status" -eq 0 ]

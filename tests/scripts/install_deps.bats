@@ -30,8 +30,9 @@ deps() { "$BATS_TEST_DIRNAME/../../scripts/install-deps.sh" "$@"; }
   run deps --list all
   [ "$status" -eq 0 ]
   all=$output
-  run deps --list demo postgres imap
+  run deps --list demo postgres imap windows
   for p in $output; do grep -qx "$p" <<<"$all"; done
+  grep -qx wine64 <<<"$all"
   grep -qx bats <<<"$all"
   grep -qx catch2 <<<"$all"
 }

@@ -135,9 +135,31 @@ inline bool provably_dead(const owner_id& o) {
 /// is unknown, the value read back is this write's only if it is equal to it
 /// (the owner lines alone name a process, and two objects or threads of one
 /// process could write them alike in the same millisecond).
-inline std::string write_nonce() {
+inline std::string write_nonce();
+
+/// Effects: appends the decimal digits of `v` to `out` (what fmt's "{}"
+/// writes, without parsing a format string: records are made on every
+/// claim, and their formatting showed in its profile).
+template <class Int>
+void append_number(std::string& out, Int v) {
+  char digits[24];
+  const auto end = std::to_chars(digits, digits + sizeof digits, v).ptr;
+  out.append(digits, end);
+}
+
+/// Effects: appends the line write_nonce() returns to `out`.
+inline void append_nonce(std::string& out) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
-  return fmt::format("nonce {:016x}\n", rng());
+  std::uint64_t n = rng();
+  char line[] = "nonce 0000000000000000\n";
+  for (int i = 21; i >= 6; --i, n >>= 4) line[i] = "0123456789abcdef"[n & 0xf];
+  out.append(line, sizeof line - 1);
+}
+
+inline std::string write_nonce() {
+  std::string out;
+  append_nonce(out);
+  return out;
 }
 
 /// How much longer than its lease a record must be unwritten, by a store's
@@ -163,6 +185,22 @@ inline std::string format_owner(const owner_id& o) {
   if (o.since_ms != 0) out += fmt::format("since_ms {}\n", o.since_ms);
   if (o.written_ms != 0) out += fmt::format("written_ms {}\n", o.written_ms);
   return out;
+}
+
+/// Returns: format_owner(this_process(lease)), formatted once per process
+/// (a forked child formats its own) and lease, per thread: a claim writes
+/// the same owner lines every time.
+inline const std::string& this_process_lines(std::chrono::milliseconds lease) {
+  thread_local std::string text;
+  thread_local long for_pid = -1;
+  thread_local std::chrono::milliseconds for_lease{-1};
+  const long pid = current_pid();
+  if (pid != for_pid || lease != for_lease) {
+    text = format_owner(this_process(lease));
+    for_pid = pid;
+    for_lease = lease;
+  }
+  return text;
 }
 
 /// Returns: the value of field `name` in "name value\n" lines, or nullopt.

@@ -57,6 +57,10 @@
 // it without SSL_shutdown): it connects anew.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/imap/client.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>

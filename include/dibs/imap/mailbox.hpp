@@ -44,6 +44,10 @@
 // (given by `server`) beside the store's.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/imap/mailbox.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

@@ -74,6 +74,10 @@
 // by one thread at a time); open a new store in a child after fork().
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/imap/store.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <algorithm>
 #include <charconv>
 #include <chrono>

@@ -10,6 +10,10 @@
 // that only retries its own transactions needs only this one.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/postgres/connection.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <libpq-fe.h>
 #include <poll.h>
 #include <unistd.h>

@@ -13,6 +13,10 @@
 // database path, the statement, SQLite's own message and a hint.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/sqlite/connection.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <sqlite3.h>
 
 #include <chrono>

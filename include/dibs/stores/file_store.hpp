@@ -85,6 +85,10 @@
 // system calls in include/dibs/detail/posix/.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/stores/file_store.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/types.h>

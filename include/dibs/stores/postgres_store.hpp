@@ -77,6 +77,10 @@
 // a lost session by its pid would end another client's).
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/stores/postgres_store.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <endian.h>
 #include <libpq-fe.h>
 #include <poll.h>

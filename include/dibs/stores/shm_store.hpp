@@ -18,6 +18,10 @@
 // a reboot. It lives until remove(name) or the next reboot.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/stores/shm_store.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#endif
+
 #include <sys/stat.h>
 #include <unistd.h>
 

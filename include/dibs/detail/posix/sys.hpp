@@ -19,6 +19,12 @@
 
 namespace dibs::detail {
 
+/// Permissions given to new files (the umask applies).
+using file_mode = mode_t;
+
+/// Returns: the path as text, for messages.
+inline std::string path_text(const std::filesystem::path& p) { return p.string(); }
+
 /// Returns: what a person should check for errno value `e`, or "".
 inline const char* errno_hint(int e) noexcept {
   switch (e) {

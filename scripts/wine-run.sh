@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs a Windows program under Wine, headless: the windows preset's
+# CMAKE_CROSSCOMPILING_EMULATOR, so ctest runs each test this way. One Wine
+# prefix per user (DIBS_WINEPREFIX chooses another), made on first use; no
+# window, no Wine debug output.
+set -euo pipefail
+if ! command -v wine > /dev/null; then
+  echo "wine-run.sh: Wine is not installed: run scripts/install-deps.sh windows" >&2
+  exit 127
+fi
+prefix=${DIBS_WINEPREFIX:-${TMPDIR:-/tmp}/dibs-wine-$(id -u)}
+export WINEPREFIX=$prefix WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml=" DISPLAY=
+if [ ! -f "$prefix/system.reg" ]; then
+  # Made once, under a lock: ctest starts tests side by side.
+  mkdir -p "$(dirname "$prefix")"
+  (
+    flock 9
+    if [ ! -f "$prefix/system.reg" ]; then
+      wine wineboot --init > /dev/null 2>&1 || true
+      wineserver -w
+    fi
+  ) 9> "$prefix.lock"
+fi
+exec wine "$@"

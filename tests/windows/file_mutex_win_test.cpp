@@ -1,0 +1,347 @@
+// dibs::file_mutex on Windows (LockFileEx), run under Wine in CI: threads of
+// one process, other processes (this program started again with
+// CreateProcessW in a helper role), TerminateProcess as the SIGKILL
+// analogue, and bad paths. The program's main() is here: `--hold` and
+// `--count` are the helper roles.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <dibs/file_mutex.hpp>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A fresh directory under the temp directory, removed at the end.
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("dibs-win-" + std::to_string(::GetCurrentProcessId()) + "-" + std::to_string(rd()));
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+bool wait_for_file(const fs::path& p, std::chrono::milliseconds limit = 20s) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!fs::exists(p)) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// This program, started again in a helper role (its arguments are paths
+// without quotes in them).
+struct child {
+  PROCESS_INFORMATION pi{};
+  explicit child(const std::vector<std::wstring>& args) {
+    wchar_t self[MAX_PATH * 4];
+    const DWORD n = ::GetModuleFileNameW(nullptr, self, static_cast<DWORD>(std::size(self)));
+    REQUIRE(n > 0);
+    std::wstring cmd = L"\"" + std::wstring(self, n) + L"\"";
+    for (const auto& a : args) cmd += L" \"" + a + L"\"";
+    STARTUPINFOW si{};
+    si.cb = sizeof si;
+    REQUIRE(::CreateProcessW(nullptr, cmd.data(), nullptr, nullptr, FALSE, 0, nullptr, nullptr, &si, &pi));
+  }
+  child(const child&) = delete;
+  child& operator=(const child&) = delete;
+  ~child() {
+    if (pi.hProcess) {
+      ::TerminateProcess(pi.hProcess, 9);
+      ::WaitForSingleObject(pi.hProcess, 10'000);
+      ::CloseHandle(pi.hProcess);
+      ::CloseHandle(pi.hThread);
+    }
+  }
+  void kill() {
+    ::TerminateProcess(pi.hProcess, 9);
+    ::WaitForSingleObject(pi.hProcess, 10'000);
+  }
+  // Returns: the exit code, or nullopt if it runs on after `limit`.
+  std::optional<DWORD> wait(std::chrono::milliseconds limit = 60s) {
+    if (::WaitForSingleObject(pi.hProcess, static_cast<DWORD>(limit.count())) != WAIT_OBJECT_0) return std::nullopt;
+    DWORD code = 0;
+    ::GetExitCodeProcess(pi.hProcess, &code);
+    return code;
+  }
+};
+
+// The holder role: locks `path` (exclusive, or shared with "sh"), creates
+// `ready`, and holds until `release` exists.
+int hold(const fs::path& path, const std::string& mode, const fs::path& ready, const fs::path& release) {
+  dibs::file_mutex m{path};
+  if (mode == "sh") m.lock_shared();
+  else m.lock();
+  std::ofstream{ready} << "held\n";
+  if (!wait_for_file(release, 120s)) return 3;
+  if (mode == "sh") m.unlock_shared();
+  else m.unlock();
+  return 0;
+}
+
+// The counting role: `rounds` times, under the lock, reads the number in
+// `counter`, writes it back plus one, unlocks, then appends a line to `log`
+// (an acknowledged increment). Lost updates show as a counter below the
+// acknowledged count.
+int count(const fs::path& lock, const fs::path& counter, const fs::path& log, int rounds) {
+  dibs::file_mutex m{lock};
+  for (int i = 0; i < rounds; ++i) {
+    {
+      std::lock_guard g{m};
+      // The number is rewritten in place, fixed width, in one write: a
+      // process killed here leaves the old number or the new one, never an
+      // empty file (a truncating rewrite would start the count again).
+      std::fstream f{counter, std::ios::in | std::ios::out | std::ios::binary};
+      long long v = -1;
+      f >> v;
+      if (v < 0) return 5;
+      std::this_thread::yield();  // widen the window a missing lock would leave
+      f.clear();
+      f.seekp(0);
+      f << fmt::format("{:019}\n", v + 1) << std::flush;
+      if (!f) return 4;
+    }
+    std::ofstream{log, std::ios::app} << "+\n";
+  }
+  return 0;
+}
+
+std::size_t lines(const fs::path& p) {
+  std::ifstream in{p};
+  std::size_t n = 0;
+  for (std::string l; std::getline(in, l);) n += !l.empty();
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 6 && std::string{argv[1]} == "--hold") return hold(argv[2], argv[3], argv[4], argv[5]);
+  if (argc == 6 && std::string{argv[1]} == "--count") return count(argv[2], argv[3], argv[4], std::atoi(argv[5]));
+  return Catch::Session().run(argc, argv);
+}
+
+TEST_CASE("Windows file_mutex: 4 threads of one process exclude each other, 4 x 500 increments, none lost") {
+  temp_dir dir;
+  std::atomic<int> inside{0}, overlaps{0};
+  long long counter = 0;  // not atomic: only the lock protects it
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      dibs::file_mutex m{dir.path / "threads.lock"};
+      for (int i = 0; i < 500; ++i) {
+        std::lock_guard g{m};
+        if (inside.fetch_add(1) != 0) ++overlaps;
+        ++counter;
+        inside.fetch_sub(1);
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(overlaps == 0);
+  CHECK(counter == 2000);
+}
+
+TEST_CASE("Windows file_mutex: another process's lock refuses try_lock, try_lock_for waits its time, and is free once the holder lets go") {
+  temp_dir dir;
+  const auto lock = dir.path / "a.lock";
+  child holder{{L"--hold", lock.wstring(), L"ex", (dir.path / "ready").wstring(), (dir.path / "release").wstring()}};
+  REQUIRE(wait_for_file(dir.path / "ready"));
+  dibs::file_mutex m{lock};
+  CHECK_FALSE(m.try_lock());
+  CHECK_FALSE(m.try_lock_shared());
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(m.try_lock_for(300ms));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(waited >= 300ms);
+  CHECK(waited < 3s);
+  std::ofstream{dir.path / "release"} << "go\n";
+  CHECK(m.try_lock_for(20s));  // polls while the holder lets go
+  m.unlock();
+  CHECK(holder.wait() == DWORD{0});
+}
+
+TEST_CASE("Windows file_mutex: a holder ended by TerminateProcess leaves the lock free, and a blocking lock() gets it") {
+  temp_dir dir;
+  const auto lock = dir.path / "k.lock";
+  child holder{{L"--hold", lock.wstring(), L"ex", (dir.path / "ready").wstring(), (dir.path / "never").wstring()}};
+  REQUIRE(wait_for_file(dir.path / "ready"));
+  dibs::file_mutex m{lock};
+  REQUIRE_FALSE(m.try_lock());
+  std::atomic<bool> got{false};
+  std::thread waiter([&] {
+    m.lock();  // blocks in LockFileEx
+    got = true;
+  });
+  std::this_thread::sleep_for(200ms);
+  CHECK_FALSE(got.load());
+  holder.kill();
+  waiter.join();
+  CHECK(got.load());
+  m.unlock();
+}
+
+TEST_CASE("Windows file_mutex: shared holders in two processes together, an exclusive one waits for both") {
+  temp_dir dir;
+  const auto lock = dir.path / "s.lock";
+  child reader{{L"--hold", lock.wstring(), L"sh", (dir.path / "ready").wstring(), (dir.path / "release").wstring()}};
+  REQUIRE(wait_for_file(dir.path / "ready"));
+  dibs::file_mutex m{lock};
+  REQUIRE(m.try_lock_shared());
+  CHECK_FALSE(m.try_lock());  // this process's own shared hold is in the way too
+  m.unlock_shared();
+  CHECK_FALSE(m.try_lock());  // the other process still reads
+  std::ofstream{dir.path / "release"} << "go\n";
+  CHECK(m.try_lock_for(20s));
+  m.unlock();
+  CHECK(reader.wait() == DWORD{0});
+}
+
+TEST_CASE("Windows file_mutex: lock(stop_token) ends with errc::cancelled soon after a stop request, holding nothing") {
+  temp_dir dir;
+  const auto lock = dir.path / "c.lock";
+  child holder{{L"--hold", lock.wstring(), L"ex", (dir.path / "ready").wstring(), (dir.path / "release").wstring()}};
+  REQUIRE(wait_for_file(dir.path / "ready"));
+  dibs::file_mutex m{lock};
+  std::stop_source stop;
+  std::jthread stopper([&] {
+    std::this_thread::sleep_for(200ms);
+    stop.request_stop();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    m.lock(stop.get_token());
+    FAIL("lock() returned while another process held the lock");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == dibs::errc::cancelled);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  std::ofstream{dir.path / "release"} << "go\n";
+  CHECK(holder.wait() == DWORD{0});
+  CHECK(m.try_lock_for(20s));  // nothing was left held by the cancelled wait
+  m.unlock();
+}
+
+TEST_CASE("Windows file_mutex: 4 processes, 25 TerminateProcess kills, no increment lost under the lock") {
+  temp_dir dir;
+  const auto lock = dir.path / "n.lock", counter = dir.path / "counter";
+  std::ofstream{counter, std::ios::binary} << fmt::format("{:019}\n", 0);
+  constexpr int workers = 4, kills = 25, rounds = 200;
+  std::vector<std::unique_ptr<child>> running;
+  int started = 0;
+  auto start = [&](int slot) {
+    running[static_cast<std::size_t>(slot)] = std::make_unique<child>(std::vector<std::wstring>{
+        L"--count", lock.wstring(), counter.wstring(), (dir.path / ("log-" + std::to_string(started++))).wstring(),
+        std::to_wstring(rounds)});
+  };
+  running.resize(workers);
+  for (int w = 0; w < workers; ++w) start(w);
+  std::mt19937 rng{std::random_device{}()};
+  int killed = 0;
+  for (int k = 0; k < kills; ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds{20 + rng() % 60});
+    const int slot = static_cast<int>(rng() % workers);
+    running[static_cast<std::size_t>(slot)]->kill();
+    ++killed;
+    start(slot);
+  }
+  for (auto& c : running) CHECK(c->wait(120s) == DWORD{0});
+  std::size_t acknowledged = 0;
+  for (int i = 0; i < started; ++i) acknowledged += lines(dir.path / ("log-" + std::to_string(i)));
+  long long value = -1;
+  std::ifstream{counter} >> value;
+  INFO("acknowledged " << acknowledged << ", counter " << value << ", killed " << killed);
+  CHECK(killed == kills);
+  CHECK(acknowledged >= static_cast<std::size_t>(workers * rounds));  // the 4 last workers ran to the end
+  // Under the lock no increment is lost: the counter holds every acknowledged
+  // one, plus at most one per kill (killed after its write, before its log line).
+  CHECK(value >= static_cast<long long>(acknowledged));
+  CHECK(value <= static_cast<long long>(acknowledged) + kills);
+}
+
+TEST_CASE("Windows file_mutex: bad paths name the path and say what to check") {
+  temp_dir dir;
+  auto message_of = [](const fs::path& p) -> std::string {
+    try {
+      dibs::file_mutex m{p};
+    } catch (const std::system_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const auto missing = dir.path / "no-such-dir" / "x.lock";
+  auto m1 = message_of(missing);
+  CHECK(m1.find("no-such-dir") != std::string::npos);
+  CHECK(m1.find("does the directory exist?") != std::string::npos);
+  fs::create_directories(dir.path / "adir");
+  auto m2 = message_of(dir.path / "adir");
+  CHECK(m2.find("not a regular file") != std::string::npos);
+  CHECK(m2.find("adir") != std::string::npos);
+  // A missing drive: the drive letter least likely to be mapped.
+  auto m3 = message_of(fs::path{L"Q:\\dibs\\x.lock"});
+  CHECK(m3.find("Q:") != std::string::npos);
+  CHECK_FALSE(m3.empty());
+}
+
+TEST_CASE("Windows file_mutex: a read-only lock file still locks (opened for reading), a path over MAX_PATH works, a UTF-8 name round-trips") {
+  temp_dir dir;
+  const auto ro = dir.path / "ro.lock";
+  std::ofstream{ro} << "\n";
+  REQUIRE(::SetFileAttributesW(ro.c_str(), FILE_ATTRIBUTE_READONLY));
+  {
+    dibs::file_mutex m{ro};
+    CHECK(m.try_lock());
+    m.unlock();
+  }
+  ::SetFileAttributesW(ro.c_str(), FILE_ATTRIBUTE_NORMAL);
+
+  // Over MAX_PATH (260): the directories are made through \\?\ too.
+  std::wstring deep = LR"(\\?\)" + fs::absolute(dir.path).wstring();
+  for (int i = 0; i < 6; ++i) {
+    deep += L"\\" + std::wstring(50, static_cast<wchar_t>(L'a' + i));
+    REQUIRE(::CreateDirectoryW(deep.c_str(), nullptr));
+  }
+  const fs::path long_path = fs::absolute(dir.path) / std::wstring(50, L'a') / std::wstring(50, L'b') /
+                             std::wstring(50, L'c') / std::wstring(50, L'd') / std::wstring(50, L'e') /
+                             std::wstring(50, L'f') / "deep.lock";
+  REQUIRE(long_path.wstring().size() > MAX_PATH);
+  {
+    dibs::file_mutex m{long_path};
+    CHECK(m.try_lock());
+    m.unlock();
+  }
+  CHECK(::GetFileAttributesW((deep + L"\\deep.lock").c_str()) != INVALID_FILE_ATTRIBUTES);
+
+  const fs::path utf8 = dir.path / fs::path{u8"Zähler-名前.lock"};
+  dibs::file_mutex u{utf8};
+  CHECK(u.try_lock());
+  u.unlock();
+  CHECK(fs::exists(utf8));
+  try {
+    dibs::file_mutex bad{dir.path / fs::path{u8"nicht-da-ü"} / "x.lock"};
+    FAIL("opened a lock file in a missing directory");
+  } catch (const std::system_error& e) {
+    CHECK(std::string{e.what()}.find("nicht-da-\xc3\xbc") != std::string::npos);  // as UTF-8
+  }
+}
