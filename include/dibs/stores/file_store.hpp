@@ -69,7 +69,10 @@
 // record is, so that `cat` shows only the current record (a free lock as
 // `state erased`); readers skip such a slot. A writer killed while it marks
 // leaves the new record whole and the old slot torn, which is a slot that
-// was not current either.
+// was not current either. The descriptor of the last record rewritten in
+// place stays open (without its flock) for the next operation on it
+// (detail/file_store/kept_record.hpp): no open, fstat and close per
+// operation; the lstat under the flock still checks that the path names it.
 // One host or many: flock, link and rename are atomic on local filesystems;
 // over NFS only link is (use a server-backed store there).
 // Waiters of a lease_mutex on a key queue in `.dibs-queue.<record file name>`
@@ -81,7 +84,7 @@
 // record's text and checksum), two_slots.hpp (records rewritten in place),
 // record_io.hpp (opening, locking, reading a record file), atomic_write.hpp
 // (temporary file, then link or exchange; dead temporaries removed),
-// key_names.hpp (key to file name), old_names.hpp (records of dibs 0.1);
+// kept_record.hpp (the descriptor kept between operations), key_names.hpp (key to file name), old_names.hpp (records of dibs 0.1);
 // system calls in include/dibs/detail/posix/.
 #pragma once
 
