@@ -1034,6 +1034,123 @@ TEST_CASE("cat of a lock file shows the current holder only: a free lock reads a
   CHECK(count(text, "state erased") == 1);
 }
 
+namespace {
+// The descriptors of this process open on the file `st` is the stat of.
+std::vector<int> fds_on(const struct ::stat& st) {
+  std::vector<int> out;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    struct ::stat f {};
+    const int fd = std::stoi(e.path().filename().string());
+    if (::fstat(fd, &f) == 0 && f.st_ino == st.st_ino && f.st_dev == st.st_dev) out.push_back(fd);
+  }
+  return out;
+}
+// Returns: how many descriptors of this process are open on a removed file
+// of `dir`.
+int fds_on_removed(const fs::path& dir) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = fs::read_symlink(e.path(), ec).string();
+    n += !ec && target.starts_with(dir.string() + "/") && target.ends_with(" (deleted)");
+  }
+  return n;
+}
+}  // namespace
+
+TEST_CASE("a lock_file keeps its lock file open between acquisitions, and locks the file at its path, not the one kept, once that was removed or replaced") {
+  temp_dir dir;
+  const auto path = dir.path / "kept.lock";
+  dibs::lock_file a{path, {.lease = 30s, .renew = false}};
+  a.lock();
+  a.unlock();
+  struct ::stat first {};
+  REQUIRE(::stat(path.c_str(), &first) == 0);
+  const auto kept = fds_on(first);
+  INFO("descriptors of this process on the lock file after lock+unlock: " << kept.size());
+  REQUIRE(kept.size() == 1);  // kept, not closed: the next lock and unlock open nothing
+  a.lock();
+  a.unlock();
+  CHECK(fds_on(first) == kept);
+
+  dibs::lock_file b{path, {.lease = 30s, .renew = false}};
+  dibs::lock_file c{dir.path / "other.lock", {.lease = 30s, .renew = false}};
+  const bool replaced = GENERATE(false, true);
+  INFO((replaced ? "the lock file replaced by another one, held, moved over it"
+                 : "the lock file removed, and made again by another holder"));
+  if (replaced) {
+    c.lock();
+    fs::rename(dir.path / "other.lock", path);
+  } else {
+    fs::remove(path);
+    b.lock();  // a new file at the path; `a` keeps the removed one open
+  }
+  struct ::stat now {};
+  REQUIRE(::stat(path.c_str(), &now) == 0);
+  REQUIRE(now.st_ino != first.st_ino);
+  // Writing into the kept file (a free lock: erased) would take the lock
+  // while another holds it: one holder at a time means the file at the path.
+  CHECK_FALSE(a.try_lock());
+  if (replaced) {
+    fs::rename(path, dir.path / "other.lock");
+    c.unlock();
+  } else {
+    b.unlock();
+  }
+  REQUIRE(a.try_lock());
+  const auto rec = lock_record(path);
+  REQUIRE(rec);
+  CHECK(rec->version == a.token());
+  CHECK_THAT(slurp(path), Contains(fmt::format("\npid {}\n", ::getpid())));
+  a.unlock();
+  CHECK(fds_on_removed(dir.path) == 0);  // the removed file's descriptor was closed, not leaked
+}
+
+TEST_CASE("fork: a child's lock_file does not use the lock file descriptor its parent kept, whose number may name another file there") {
+  temp_dir dir;
+  const auto path = dir.path / "forked-kept.lock", other = dir.path / "other.txt";
+  spit(other, "precious\n");
+  // In a child: no renewal threads, so that the grandchild may fork under ThreadSanitizer.
+  const int code = dibs_test::wait_exit(dibs_test::spawn([&]() -> int {
+    dibs::lock_file lock{path, {.lease = 30s, .renew = false}};
+    lock.lock();
+    const dibs::version before = lock.token();
+    lock.unlock();
+    struct ::stat st {};
+    if (::stat(path.c_str(), &st) != 0) return 2;
+    const auto kept = fds_on(st);
+    if (kept.size() != 1) return 3;
+    std::fflush(nullptr);
+    const pid_t c = ::fork();
+    if (c < 0) return 4;
+    if (c == 0) {
+      // The kept descriptor was closed at the fork; give its number to another file.
+      const int fd = ::open(other.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0 || (fd != kept[0] && ::dup2(fd, kept[0]) != kept[0])) ::_exit(5);
+      try {
+        lock.lock();
+        const dibs::version mine = lock.token();
+        lock.unlock();
+        ::_exit(mine > before && lock_record(path) == std::nullopt ? 0 : 6);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "grandchild: %s\n", e.what());
+        ::_exit(7);
+      }
+    }
+    const int grandchild = dibs_test::wait_exit(c);
+    if (grandchild != 0) return 10 + grandchild;
+    // The parent's kept descriptor still serves it.
+    lock.lock();
+    lock.unlock();
+    return 0;
+  }));
+  INFO("2-4: set-up; 15: could not give the number away; 16: the grandchild's lock did not take a new version; "
+       "17: it threw (printed above)");
+  CHECK(code == 0);
+  CHECK(slurp(other) == "precious\n");
+  CHECK_THAT(slurp(path), Contains("state erased"));
+}
+
 TEST_CASE("a held lock_file moved into a vector and an optional and out stays held and renewed, and the new owner's unlock frees it") {
   temp_dir dir;
   const auto path = dir.path / "moved.lock";

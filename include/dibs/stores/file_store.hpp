@@ -69,7 +69,10 @@
 // record is, so that `cat` shows only the current record (a free lock as
 // `state erased`); readers skip such a slot. A writer killed while it marks
 // leaves the new record whole and the old slot torn, which is a slot that
-// was not current either.
+// was not current either. The descriptor of the last record rewritten in
+// place stays open (without its flock) for the next operation on it
+// (detail/file_store/kept_record.hpp): no open, fstat and close per
+// operation; the lstat under the flock still checks that the path names it.
 // One host or many: flock, link and rename are atomic on local filesystems;
 // over NFS only link is (use a server-backed store there).
 // Waiters of a lease_mutex on a key queue in `.dibs-queue.<record file name>`
@@ -81,7 +84,7 @@
 // record's text and checksum), two_slots.hpp (records rewritten in place),
 // record_io.hpp (opening, locking, reading a record file), atomic_write.hpp
 // (temporary file, then link or exchange; dead temporaries removed),
-// key_names.hpp (key to file name), old_names.hpp (records of dibs 0.1);
+// kept_record.hpp (the descriptor kept between operations), key_names.hpp (key to file name), old_names.hpp (records of dibs 0.1);
 // system calls in include/dibs/detail/posix/.
 #pragma once
 
@@ -106,6 +109,7 @@
 #include <fmt/format.h>
 
 #include <dibs/detail/file_store/atomic_write.hpp>
+#include <dibs/detail/file_store/kept_record.hpp>
 #include <dibs/detail/file_store/key_names.hpp>
 #include <dibs/detail/file_store/old_names.hpp>
 #include <dibs/detail/file_store/record_format.hpp>
@@ -366,56 +370,72 @@ private:
   };
 
   // Compare-and-set: under the record file's flock, if ok(current) holds,
-  // puts a new record (current version + 1) in its place.
+  // puts a new record (current version + 1) in its place. A record written
+  // in place is reached through the descriptor kept from the last operation
+  // on it, if there is one (kept_record.hpp): its identity is known, and the
+  // lstat under the flock says whether the path still names it.
   template <class Pred>
   swap_result swap_if(std::string_view key, const file_name& name, Pred ok, bool live, std::string_view value,
                       dibs::time_limit t) {
     const auto path = dir_ / name.name;
     for (;;) {
       bool in_place = (opts_.in_place || sticky_) && !opts_.sync;
-      std::optional<detail::fork_closed_fd> fd;
-      fd.emplace(path.c_str(), (in_place ? O_RDWR : O_RDONLY) | detail::record_open_flags);
-      if (!*fd && in_place && (errno == EACCES || errno == EPERM || errno == EROFS)) {  // not ours to write: by a new file instead
-        in_place = false;
-        fd.reset();
-        fd.emplace(path.c_str(), O_RDONLY | detail::record_open_flags);
+      detail::record_handle fd = in_place ? kept_.take(name.name) : detail::record_handle{};
+      if (!fd) {
+        const bool opened = fd.open(path.c_str(), name.name, (in_place ? O_RDWR : O_RDONLY) | detail::record_open_flags);
+        if (!opened && in_place && (errno == EACCES || errno == EPERM || errno == EROFS)) {  // not ours to write: by a new file instead
+          in_place = false;
+          (void)fd.open(path.c_str(), name.name, O_RDONLY | detail::record_open_flags);
+        }
+        if (!fd) {
+          if (errno == ENOENT) return {};
+          throw detail::record_open_error(errno, path);
+        }
+        detail::check_regular_record(fd.stat(), path);
       }
-      if (!*fd) {
-        if (errno == ENOENT) return {};
-        throw detail::record_open_error(errno, path);
-      }
-      detail::lock_record(fd->get(), detail::file_lock_kind::exclusive, path, t);
-      // Replaced while we waited? Then our descriptor is a dead inode: again.
-      struct ::stat held {}, now {};
-      if (::fstat(fd->get(), &held) != 0) throw detail::path_error(errno, "dibs::file_store: cannot stat record", path);
-      detail::check_regular_record(held, path);
+      in_place = in_place && fd.writable();
+      detail::lock_record(fd.get(), detail::file_lock_kind::exclusive, path, t);
+      // Replaced while we waited (or since the descriptor was kept)? Then it
+      // is a dead inode: again, by the path.
+      struct ::stat now {};
       if (::lstat(path.c_str(), &now) != 0) {
         if (errno == ENOENT) return {};
         throw detail::path_error(errno, "dibs::file_store: cannot stat record", path);
       }
-      if (held.st_ino != now.st_ino || held.st_dev != now.st_dev) continue;
-      const auto cur = detail::load_record(fd->get(), path);
+      if (!fd.same_file(now)) continue;
+      const auto cur = detail::load_record(fd.get(), path);
       if (cur) check_key(*cur, key, name, path);
-      if (!cur || !ok(*cur)) return {swap_outcome::refused, std::nullopt};
+      if (!cur || !ok(*cur)) {
+        keep(std::move(fd), in_place);
+        return {swap_outcome::refused, std::nullopt};
+      }
       const dibs::version next = std::max(cur->version + 1, cur->next_after_torn);
       if (in_place) {
         const std::string rec = detail::encode_record(next, live, value, name.key_line);
         if (detail::fits_in_slots(*cur, rec)) {
-          detail::write_other_slot(fd->get(), *cur, rec, path);
-          detail::mark_stale(fd->get(), *cur);
+          detail::write_other_slot(fd.get(), *cur, rec, path);
+          detail::mark_stale(fd.get(), *cur);
+          keep(std::move(fd), in_place);
           return {swap_outcome::done, next};
         }
       }
       const auto tmp = write_temporary(next, live, value, name.key_line);
-      detail::put_in_place(tmp, path, held);
+      detail::put_in_place(tmp, path, fd.stat());
       sync_dir();
       return {swap_outcome::done, next};  // the flock goes with the old inode when fd closes
     }
   }
 
+  // Effects: drops `fd`'s flock and keeps it for the next operation on its
+  // record, if it is one written in place; else closes it (dropping the flock).
+  void keep(detail::record_handle&& fd, bool in_place) noexcept {
+    if (in_place && fd.unlock()) kept_.keep(std::move(fd));
+  }
+
   std::filesystem::path dir_;
   file_store_options opts_;
   bool sticky_ = false;
+  detail::kept_record kept_;  // the descriptor of the last record written in place
 };
 
 static_assert(listable_store<file_store>);

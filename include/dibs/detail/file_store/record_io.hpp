@@ -78,15 +78,16 @@ inline void lock_record(int fd, file_lock_kind kind, const std::filesystem::path
   }
 }
 
-// Reads the whole file. A read shorter than asked that brings the text to
-// exactly the length its header declares (of the second slot's record, in
-// a file with two) is the end of the file: no second read() just to see it
-// return 0.
+// Reads the whole file, from its start whatever the descriptor's offset
+// (pread: a descriptor kept from an earlier operation needs no lseek). A
+// read shorter than asked that brings the text to exactly the length its
+// header declares (of the second slot's record, in a file with two) is the
+// end of the file: no second read just to see it return 0.
 inline std::string slurp_record(int fd, const std::filesystem::path& path) {
   std::string out;
   char buf[65536];
   for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
+    const ssize_t n = ::pread(fd, buf, sizeof buf, static_cast<off_t>(out.size()));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw path_error(errno, "dibs::file_store: cannot read record", path);
     if (n == 0) return out;
@@ -121,7 +122,6 @@ inline std::optional<stored_record> load_record(const std::filesystem::path& pat
     }
   }
   lock_record(fd.get(), file_lock_kind::shared, path, t);
-  if (::lseek(fd.get(), 0, SEEK_SET) != 0) throw path_error(errno, "dibs::file_store: cannot read record", path);
   return load_record(fd.get(), path);
 }
 
