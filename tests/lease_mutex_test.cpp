@@ -1158,7 +1158,8 @@ TEST_CASE("a held lock_file moved into a vector and an optional and out stays he
   std::vector<dibs::lock_file> locks;
   dibs::version token = 0;
   {
-    dibs::lock_file a{path, {.lease = 300ms, .on_lost = [&] { ++lost_calls; }}};
+    // A lease of 1 s: renewals every third of it, late by up to 2/3 s under a loaded sanitizer run.
+    dibs::lock_file a{path, {.lease = 1s, .on_lost = [&] { ++lost_calls; }}};
     REQUIRE(a.try_lock());
     token = a.token();
     locks.push_back(std::move(a));
@@ -1171,7 +1172,7 @@ TEST_CASE("a held lock_file moved into a vector and an optional and out stays he
   std::optional<dibs::lock_file> opt{std::move(locks.front())};
   locks.clear();
   // Several leases pass: only renewals by the object it now lives in keep it.
-  std::this_thread::sleep_for(1200ms);
+  std::this_thread::sleep_for(3s);
   CHECK_FALSE(opt->lost());
   CHECK(opt->token() == token);
   CHECK(lost_calls == 0);

@@ -392,11 +392,12 @@ TEST_CASE("a live worker on an item longer than the lease keeps its claim: claim
   channel claimed;
   dibs_test::child worker{dibs_test::spawn([&]() -> int {
     dibs::file_store s{dir.path};
-    dibs::marker_claim<dibs::file_store> claims{s, {.lease = 300ms}};
+    // A lease of 1 s: renewals every third of it, late by up to 2/3 s under a loaded sanitizer run.
+    dibs::marker_claim<dibs::file_store> claims{s, {.lease = 1s}};
     auto c = claims.try_claim("slow-item");
     if (!c) return 2;
     claimed.send("token " + std::to_string(c->token()));
-    std::this_thread::sleep_for(1500ms);  // five leases of work, no renew() call
+    std::this_thread::sleep_for(3s);  // three leases of work, no renew() call
     if (c->lost()) return 3;
     c->complete("done by the slow worker");
     return 0;
@@ -405,10 +406,10 @@ TEST_CASE("a live worker on an item longer than the lease keeps its claim: claim
   REQUIRE(line);
   REQUIRE(*line == "token 1");
   // Another worker keeps trying the whole time: it must never get the item.
-  dibs::marker_claim<dibs::file_store> others{store, {.lease = 300ms}};
+  dibs::marker_claim<dibs::file_store> others{store, {.lease = 1s}};
   int taken = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - t0 < 1300ms) {
+  while (std::chrono::steady_clock::now() - t0 < 2800ms) {
     if (auto c = others.try_claim("slow-item")) {
       ++taken;
       c->complete("done twice");

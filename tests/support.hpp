@@ -554,12 +554,15 @@ struct cancelled_wait {
 template <class Wait>
 cancelled_wait cancel_after(std::chrono::milliseconds after, Wait&& wait) {
   std::stop_source stop;
-  std::thread canceller([&] {
-    std::this_thread::sleep_for(after);
+  // The clock starts before the canceller does: a canceller started first
+  // could sleep its `after` while this thread waits for a core, and the
+  // wait measured would then be shorter than `after`.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread canceller([&stop, until = t0 + after] {
+    std::this_thread::sleep_until(until);
     stop.request_stop();
   });
   cancelled_wait out;
-  const auto t0 = std::chrono::steady_clock::now();
   try {
     wait(stop.get_token());
   } catch (const std::system_error& e) {

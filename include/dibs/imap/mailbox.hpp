@@ -127,8 +127,9 @@ public:
     }
 
     /// Effects: gives the message back with `error` (it is failed on its
-    /// last attempt, and shows $Failed). Returns: false if the claim was
-    /// taken over.
+    /// last attempt, and shows $Failed); it is handed out again after
+    /// options.claims.retry_backoff (by default 0.5-1 s after the first
+    /// attempt, doubling). Returns: false if the claim was taken over.
     bool release(std::string_view error) {
       const auto key_copy = claim_.key();
       const bool ok = claim_.release(error);
