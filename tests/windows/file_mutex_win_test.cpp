@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <dibs/file_mutex.hpp>
+#include <dibs/stores/memory_store.hpp>
 
 #include <fmt/format.h>
 
@@ -88,6 +89,20 @@ struct child {
   }
 };
 
+// Another process holding `lock` (exclusive, or shared with L"sh") from
+// construction until release() (or until it is killed).
+struct holder {
+  fs::path ready, release_file;
+  child proc;
+  holder(const temp_dir& dir, const fs::path& lock, const wchar_t* mode)
+      : ready(dir.path / "ready"),
+        release_file(dir.path / "release"),
+        proc({L"--hold", lock.wstring(), mode, ready.wstring(), release_file.wstring()}) {
+    REQUIRE(wait_for_file(ready));
+  }
+  void release() { std::ofstream{release_file} << "go\n"; }
+};
+
 // The holder role: locks `path` (exclusive, or shared with "sh"), creates
 // `ready`, and holds until `release` exists.
 int hold(const fs::path& path, const std::string& mode, const fs::path& ready, const fs::path& release) {
@@ -166,8 +181,7 @@ TEST_CASE("Windows file_mutex: 4 threads of one process exclude each other, 4 x 
 TEST_CASE("Windows file_mutex: another process's lock refuses try_lock, try_lock_for waits its time, and is free once the holder lets go") {
   temp_dir dir;
   const auto lock = dir.path / "a.lock";
-  child holder{{L"--hold", lock.wstring(), L"ex", (dir.path / "ready").wstring(), (dir.path / "release").wstring()}};
-  REQUIRE(wait_for_file(dir.path / "ready"));
+  holder other{dir, lock, L"ex"};
   dibs::file_mutex m{lock};
   CHECK_FALSE(m.try_lock());
   CHECK_FALSE(m.try_lock_shared());
@@ -176,17 +190,16 @@ TEST_CASE("Windows file_mutex: another process's lock refuses try_lock, try_lock
   const auto waited = std::chrono::steady_clock::now() - t0;
   CHECK(waited >= 300ms);
   CHECK(waited < 3s);
-  std::ofstream{dir.path / "release"} << "go\n";
+  other.release();
   CHECK(m.try_lock_for(20s));  // polls while the holder lets go
   m.unlock();
-  CHECK(holder.wait() == DWORD{0});
+  CHECK(other.proc.wait() == DWORD{0});
 }
 
 TEST_CASE("Windows file_mutex: a holder ended by TerminateProcess leaves the lock free, and a blocking lock() gets it") {
   temp_dir dir;
   const auto lock = dir.path / "k.lock";
-  child holder{{L"--hold", lock.wstring(), L"ex", (dir.path / "ready").wstring(), (dir.path / "never").wstring()}};
-  REQUIRE(wait_for_file(dir.path / "ready"));
+  holder other{dir, lock, L"ex"};  // never released: killed below
   dibs::file_mutex m{lock};
   REQUIRE_FALSE(m.try_lock());
   std::atomic<bool> got{false};
@@ -196,7 +209,7 @@ TEST_CASE("Windows file_mutex: a holder ended by TerminateProcess leaves the loc
   });
   std::this_thread::sleep_for(200ms);
   CHECK_FALSE(got.load());
-  holder.kill();
+  other.proc.kill();
   waiter.join();
   CHECK(got.load());
   m.unlock();
@@ -205,24 +218,22 @@ TEST_CASE("Windows file_mutex: a holder ended by TerminateProcess leaves the loc
 TEST_CASE("Windows file_mutex: shared holders in two processes together, an exclusive one waits for both") {
   temp_dir dir;
   const auto lock = dir.path / "s.lock";
-  child reader{{L"--hold", lock.wstring(), L"sh", (dir.path / "ready").wstring(), (dir.path / "release").wstring()}};
-  REQUIRE(wait_for_file(dir.path / "ready"));
+  holder reader{dir, lock, L"sh"};
   dibs::file_mutex m{lock};
   REQUIRE(m.try_lock_shared());
   CHECK_FALSE(m.try_lock());  // this process's own shared hold is in the way too
   m.unlock_shared();
   CHECK_FALSE(m.try_lock());  // the other process still reads
-  std::ofstream{dir.path / "release"} << "go\n";
+  reader.release();
   CHECK(m.try_lock_for(20s));
   m.unlock();
-  CHECK(reader.wait() == DWORD{0});
+  CHECK(reader.proc.wait() == DWORD{0});
 }
 
 TEST_CASE("Windows file_mutex: lock(stop_token) ends with errc::cancelled soon after a stop request, holding nothing") {
   temp_dir dir;
   const auto lock = dir.path / "c.lock";
-  child holder{{L"--hold", lock.wstring(), L"ex", (dir.path / "ready").wstring(), (dir.path / "release").wstring()}};
-  REQUIRE(wait_for_file(dir.path / "ready"));
+  holder other{dir, lock, L"ex"};
   dibs::file_mutex m{lock};
   std::stop_source stop;
   std::jthread stopper([&] {
@@ -237,8 +248,8 @@ TEST_CASE("Windows file_mutex: lock(stop_token) ends with errc::cancelled soon a
     CHECK(e.code() == dibs::errc::cancelled);
   }
   CHECK(std::chrono::steady_clock::now() - t0 < 3s);
-  std::ofstream{dir.path / "release"} << "go\n";
-  CHECK(holder.wait() == DWORD{0});
+  other.release();
+  CHECK(other.proc.wait() == DWORD{0});
   CHECK(m.try_lock_for(20s));  // nothing was left held by the cancelled wait
   m.unlock();
 }
@@ -344,4 +355,20 @@ TEST_CASE("Windows file_mutex: a read-only lock file still locks (opened for rea
   } catch (const std::system_error& e) {
     CHECK(std::string{e.what()}.find("nicht-da-\xc3\xbc") != std::string::npos);  // as UTF-8
   }
+}
+
+TEST_CASE("Windows memory_store: the shared_store contract, create once, compare-and-set replace and erase") {
+  static_assert(dibs::shared_store<dibs::memory_store>);
+  dibs::memory_store s;
+  const auto v1 = s.create("k", "one");
+  REQUIRE(v1);
+  CHECK_FALSE(s.create("k", "again"));
+  CHECK_FALSE(s.replace("k", *v1 + 1, "stale"));
+  const auto v2 = s.replace("k", *v1, "two");
+  REQUIRE(v2);
+  CHECK(*v2 > *v1);
+  CHECK(s.read("k") == dibs::record{"two", *v2});
+  CHECK_FALSE(s.erase("k", *v1));
+  CHECK(s.erase("k", *v2));
+  CHECK_FALSE(s.read("k"));
 }
