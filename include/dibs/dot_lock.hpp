@@ -87,7 +87,7 @@
 #pragma once
 
 #ifdef _WIN32
-#error "dibs/dot_lock.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#error "dibs/dot_lock.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp, memory_store.hpp, marker_claim.hpp and testing/store_conformance.hpp (docs/windows.md)"
 #endif
 
 #include <fcntl.h>
@@ -196,15 +196,8 @@ public:
     if (opts_.on_behalf_of != 0) {
       // Read once, now: the start time is what tells the process from a
       // later one that reuses its pid.
-      behalf_ = detail::this_process(opts_.stale_after);
-      behalf_->pid = opts_.on_behalf_of;
-      behalf_->start = 0;
-      if (::kill(opts_.on_behalf_of, 0) != 0 && errno == ESRCH)
-        throw std::system_error(std::make_error_code(std::errc::no_such_process),
-                                fmt::format("dibs::dot_lock '{}': on_behalf_of names pid {}, which does not exist",
-                                            path_.string(), opts_.on_behalf_of));
-      if (detail::this_process_info_cached().proc_own)
-        behalf_->start = detail::process_start(opts_.on_behalf_of).value_or(0);
+      behalf_ = detail::other_process(opts_.stale_after, opts_.on_behalf_of,
+                                      fmt::format("dibs::dot_lock '{}'", path_.string()));
     }
   }
   dot_lock(const dot_lock&) = delete;

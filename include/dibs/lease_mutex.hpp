@@ -72,7 +72,7 @@
 #pragma once
 
 #ifdef _WIN32
-#error "dibs/lease_mutex.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
+#error "dibs/lease_mutex.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp, memory_store.hpp, marker_claim.hpp and testing/store_conformance.hpp (docs/windows.md)"
 #endif
 
 #include <signal.h>
@@ -360,16 +360,7 @@ private:
   // its own PID namespace's (else 0: unknown, so only "no such pid" proves
   // it gone). Throws: std::errc::no_such_process if there is no such process.
   detail::owner_id other_process(pid_t pid) const {
-    detail::owner_id o = detail::this_process(opts_.lease);
-    o.pid = pid;
-    o.start = 0;
-    if (::kill(pid, 0) != 0 && errno == ESRCH)
-      throw std::system_error(std::make_error_code(std::errc::no_such_process),
-                              fmt::format("dibs::lease_mutex '{}': on_behalf_of names pid {}, which does not exist "
-                                          "(start the process first, and do not reap it before the lock is released)",
-                                          key_, pid));
-    if (detail::this_process_info_cached().proc_own) o.start = detail::process_start(pid).value_or(0);
-    return o;
+    return detail::other_process(opts_.lease, pid, fmt::format("dibs::lease_mutex '{}'", key_));
   }
 
   void check_not_moved_from() const {

@@ -47,10 +47,6 @@
 // again (transact's retry does). Claim items before the transaction.
 #pragma once
 
-#ifdef _WIN32
-#error "dibs/marker_claim.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp and memory_store.hpp (docs/windows.md)"
-#endif
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -75,7 +71,7 @@
 #include <dibs/backoff.hpp>
 #include <dibs/detail/format.hpp>
 #include <dibs/detail/owner.hpp>
-#include <dibs/detail/posix/sys.hpp>
+#include <dibs/detail/sys.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/detail/validity.hpp>
 #include <dibs/detail/units.hpp>
@@ -527,7 +523,7 @@ public:
     dibs::version token_;
     std::uint32_t attempts_;
     std::int32_t priority_;
-    pid_t pid_;  // the process that made the claim
+    detail::process_id pid_;  // the process that made the claim
     std::unique_ptr<hold> hold_;
   };
 

@@ -1,13 +1,11 @@
 // dibs::file_mutex on Windows (LockFileEx), run under Wine in CI: threads of
 // one process, other processes (this program started again with
 // CreateProcessW in a helper role), TerminateProcess as the SIGKILL
-// analogue, and bad paths. The program's main() is here: `--hold` and
-// `--count` are the helper roles.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+// analogue, and bad paths. `--hold` and `--count` are its helper roles
+// (win_support.hpp).
+#include "win_support.hpp"
 
 #include <dibs/file_mutex.hpp>
-#include <dibs/stores/memory_store.hpp>
 
 #include <fmt/format.h>
 
@@ -24,70 +22,9 @@
 #include <thread>
 #include <vector>
 
-namespace fs = std::filesystem;
-using namespace std::chrono_literals;
-
 namespace {
 
-// A fresh directory under the temp directory, removed at the end.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("dibs-win-" + std::to_string(::GetCurrentProcessId()) + "-" + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-bool wait_for_file(const fs::path& p, std::chrono::milliseconds limit = 20s) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!fs::exists(p)) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
-// This program, started again in a helper role (its arguments are paths
-// without quotes in them).
-struct child {
-  PROCESS_INFORMATION pi{};
-  explicit child(const std::vector<std::wstring>& args) {
-    wchar_t self[MAX_PATH * 4];
-    const DWORD n = ::GetModuleFileNameW(nullptr, self, static_cast<DWORD>(std::size(self)));
-    REQUIRE(n > 0);
-    std::wstring cmd = L"\"" + std::wstring(self, n) + L"\"";
-    for (const auto& a : args) cmd += L" \"" + a + L"\"";
-    STARTUPINFOW si{};
-    si.cb = sizeof si;
-    REQUIRE(::CreateProcessW(nullptr, cmd.data(), nullptr, nullptr, FALSE, 0, nullptr, nullptr, &si, &pi));
-  }
-  child(const child&) = delete;
-  child& operator=(const child&) = delete;
-  ~child() {
-    if (pi.hProcess) {
-      ::TerminateProcess(pi.hProcess, 9);
-      ::WaitForSingleObject(pi.hProcess, 10'000);
-      ::CloseHandle(pi.hProcess);
-      ::CloseHandle(pi.hThread);
-    }
-  }
-  void kill() {
-    ::TerminateProcess(pi.hProcess, 9);
-    ::WaitForSingleObject(pi.hProcess, 10'000);
-  }
-  // Returns: the exit code, or nullopt if it runs on after `limit`.
-  std::optional<DWORD> wait(std::chrono::milliseconds limit = 60s) {
-    if (::WaitForSingleObject(pi.hProcess, static_cast<DWORD>(limit.count())) != WAIT_OBJECT_0) return std::nullopt;
-    DWORD code = 0;
-    ::GetExitCodeProcess(pi.hProcess, &code);
-    return code;
-  }
-};
+using namespace win_test;
 
 // Another process holding `lock` (exclusive, or shared with L"sh") from
 // construction until release() (or until it is killed).
@@ -143,20 +80,14 @@ int count(const fs::path& lock, const fs::path& counter, const fs::path& log, in
   return 0;
 }
 
-std::size_t lines(const fs::path& p) {
-  std::ifstream in{p};
-  std::size_t n = 0;
-  for (std::string l; std::getline(in, l);) n += !l.empty();
-  return n;
-}
-
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (argc == 6 && std::string{argv[1]} == "--hold") return hold(argv[2], argv[3], argv[4], argv[5]);
-  if (argc == 6 && std::string{argv[1]} == "--count") return count(argv[2], argv[3], argv[4], std::atoi(argv[5]));
-  return Catch::Session().run(argc, argv);
-}
+const win_test::register_role hold_role{"--hold", [](int argc, char** argv) {
+  return argc == 4 ? hold(argv[0], argv[1], argv[2], argv[3]) : 2;
+}};
+const win_test::register_role count_role{"--count", [](int argc, char** argv) {
+  return argc == 4 ? count(argv[0], argv[1], argv[2], std::atoi(argv[3])) : 2;
+}};
 
 TEST_CASE("Windows file_mutex: 4 threads of one process exclude each other, 4 x 500 increments, none lost") {
   temp_dir dir;
@@ -355,20 +286,4 @@ TEST_CASE("Windows file_mutex: a read-only lock file still locks (opened for rea
   } catch (const std::system_error& e) {
     CHECK(std::string{e.what()}.find("nicht-da-\xc3\xbc") != std::string::npos);  // as UTF-8
   }
-}
-
-TEST_CASE("Windows memory_store: the shared_store contract, create once, compare-and-set replace and erase") {
-  static_assert(dibs::shared_store<dibs::memory_store>);
-  dibs::memory_store s;
-  const auto v1 = s.create("k", "one");
-  REQUIRE(v1);
-  CHECK_FALSE(s.create("k", "again"));
-  CHECK_FALSE(s.replace("k", *v1 + 1, "stale"));
-  const auto v2 = s.replace("k", *v1, "two");
-  REQUIRE(v2);
-  CHECK(*v2 > *v1);
-  CHECK(s.read("k") == dibs::record{"two", *v2});
-  CHECK_FALSE(s.erase("k", *v1));
-  CHECK(s.erase("k", *v2));
-  CHECK_FALSE(s.read("k"));
 }

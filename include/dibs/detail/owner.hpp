@@ -17,6 +17,14 @@
 // (from an older dibs), a zombie. Then only the lease can free the hold, which
 // is always safe: an alive verdict costs time, a wrong dead verdict costs a
 // second holder.
+//
+// That is the rule on Linux (detail/posix/process.hpp). On Windows
+// (detail/win32/process.hpp) the host is the computer name, the boot is the
+// machine's boot time, there are no namespaces (a process id is unique on
+// the machine across sessions), and the start time is the process's
+// creation time (GetProcessTimes); a process that cannot be opened for lack
+// of rights is alive. Each platform's process_gone() holds its half of the
+// rule; this header holds the record and the host-and-boot half.
 #pragma once
 
 
@@ -31,22 +39,14 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include <fmt/format.h>
 
-#include <dibs/detail/posix/process.hpp>
-#include <dibs/detail/posix/sys.hpp>
+#include <dibs/detail/process.hpp>
+#include <dibs/detail/sys.hpp>
 
 namespace dibs::detail {
-
-/// Enough of a process's identity to judge by its pid, on this machine.
-struct process_identity {
-  long pid = 0;
-  std::uint64_t start = 0;     // start time, clock ticks after boot (/proc/<pid>/stat field 22); 0: unknown
-  std::uint32_t pid_ns = 0;    // inode of /proc/self/ns/pid; 0: unknown
-  std::uint32_t time_ns = 0;   // inode of /proc/self/ns/time; 0: none (a kernel before 5.6) or unknown
-  friend bool operator==(const process_identity&, const process_identity&) = default;
-};
 
 /// The identity of a process, as far as another process can check it.
 struct owner_id {
@@ -69,24 +69,23 @@ struct owner_id {
 
 struct this_process_info {
   owner_id id;
-  bool proc_own = false;  // /proc/<pid> names processes of our PID namespace
+  bool proc_own = false;  // other processes' start times can be read here (own_pids_readable)
 };
 
 inline const this_process_info& this_process_info_cached() {
   // Per process: recomputed in a forked child, whose pid and start time differ.
   thread_local this_process_info info;
   thread_local long for_pid = -1;
-  const long pid = current_pid();
+  const long pid = static_cast<long>(current_pid());
   if (for_pid != pid) {
+    const process_identity me = own_process();
     info.id.host = host_name();
     info.id.boot = boot_id();
-    info.id.pid = pid;
-    // /proc/self is this process whichever namespace /proc belongs to, and
-    // the start time it shows is in this process's own time namespace.
-    info.id.start = own_start().value_or(0);
-    info.id.pid_ns = own_namespace("pid");
-    info.id.time_ns = own_namespace("time");
-    info.proc_own = proc_is_own_namespace(pid);
+    info.id.pid = me.pid;
+    info.id.start = me.start;
+    info.id.pid_ns = me.pid_ns;
+    info.id.time_ns = me.time_ns;
+    info.proc_own = own_pids_readable(pid);
     for_pid = pid;
   }
   return info;
@@ -101,25 +100,30 @@ inline owner_id this_process(std::chrono::milliseconds lease) {
 }
 
 /// Returns: true only on proof that process `p` (which ran on this machine
-/// in this boot: the caller has checked that) is gone. See the top of this
-/// header for the rule.
+/// in this boot: the caller has checked that) is gone: this platform's
+/// half of the rule (process_gone in detail/<platform>/process.hpp).
 inline bool provably_gone(const process_identity& p) {
   const this_process_info& me = this_process_info_cached();
-  if (p.pid <= 0 || p.pid_ns == 0 || me.id.pid_ns == 0 || p.pid_ns != me.id.pid_ns) return false;
-  const bool starts_comparable = p.start != 0 && p.time_ns == me.id.time_ns;
-  if (p.pid == me.id.pid)  // our own pid: that was us, or an earlier process with our pid
-    return starts_comparable && me.id.start != 0 && p.start != me.id.start;
-  if (pid_absent(p.pid)) return true;
-  // The pid exists (EPERM says so too). Reused by a later process?
-  if (!starts_comparable || !me.proc_own) return false;
-  const std::string stat = process_stat(p.pid);
-  const auto now = stat_start(stat);
-  if (!now) return pid_absent(p.pid);  // gone meanwhile, or unreadable: alive
-  // The same process, exited but not reaped yet (a zombie: its parent has
-  // not waited for it, or it was orphaned and init reaps slowly) is gone
-  // too: all its threads, not just its first (which says Z also when it
-  // ended with pthread_exit and the others run on).
-  return *now != p.start || (stat_exited(stat) && all_threads_exited(p.pid));
+  return process_gone(p, me.id.process(), me.proc_own);
+}
+
+/// Returns: the owner lines a hold taken on behalf of process `pid` (one
+/// this process started) records: this process's host and boot, `pid`, and
+/// its start time where this process can read it (else 0: unknown, so only
+/// "no such process" will prove it gone).
+/// Throws: std::errc::no_such_process, with `what` and the pid in its
+/// message, if there is no such process.
+inline owner_id other_process(std::chrono::milliseconds lease, long pid, std::string_view what) {
+  owner_id o = this_process(lease);
+  o.pid = pid;
+  o.start = 0;
+  if (pid <= 0 || pid_absent(pid))
+    throw std::system_error(std::make_error_code(std::errc::no_such_process),
+                            fmt::format("{}: on_behalf_of names pid {}, which does not exist (start the process "
+                                        "first, and do not reap it before the lock is released)",
+                                        what, pid));
+  if (this_process_info_cached().proc_own) o.start = process_start(pid).value_or(0);
+  return o;
 }
 
 /// Returns: true only on proof that `o` is gone: it ran on this host in this
@@ -194,7 +198,7 @@ inline const std::string& this_process_lines(std::chrono::milliseconds lease) {
   thread_local std::string text;
   thread_local long for_pid = -1;
   thread_local std::chrono::milliseconds for_lease{-1};
-  const long pid = current_pid();
+  const long pid = static_cast<long>(current_pid());
   if (pid != for_pid || lease != for_lease) {
     text = format_owner(this_process(lease));
     for_pid = pid;

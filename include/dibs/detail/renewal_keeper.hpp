@@ -10,8 +10,9 @@
 // thread once the pool has one idle.
 #pragma once
 
+#ifndef _WIN32
 #include <pthread.h>
-#include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -25,7 +26,7 @@
 #include <new>
 #include <thread>
 
-#include <dibs/detail/posix/sys.hpp>
+#include <dibs/detail/sys.hpp>
 #include <dibs/detail/validity.hpp>
 
 namespace dibs::detail {
@@ -48,6 +49,7 @@ public:
   /// Returns: this process's keeper (a forked child gets a new one: the
   /// parent's threads do not exist there).
   static renewal_keeper& instance() {
+#ifndef _WIN32  // Windows has no fork
     static const bool registered = [] {
       // In a child the parent's keeper belongs to threads that are not there
       // (its mutex may be held by one): forget it and start anew on use.
@@ -58,6 +60,7 @@ public:
       return true;
     }();
     (void)registered;
+#endif
     if (auto* k = current().load(std::memory_order_acquire)) return *k;
     std::lock_guard g{creation_mutex()};
     if (auto* k = current().load(std::memory_order_relaxed)) return *k;

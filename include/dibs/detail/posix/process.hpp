@@ -22,6 +22,8 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/process_identity.hpp>
+
 namespace dibs::detail {
 
 inline std::string read_first_line(const char* path) {
@@ -127,5 +129,44 @@ inline std::string host_name() {
 /// Returns: the id of this boot of the machine ("" if it cannot be read): a
 /// pid or a start time means something only within one boot.
 inline std::string boot_id() { return read_first_line("/proc/sys/kernel/random/boot_id"); }
+
+/// Returns: this process's identity: its pid, its start time (in its own
+/// time namespace: /proc/self is this process whichever namespace /proc
+/// belongs to) and its PID and time namespaces.
+inline process_identity own_process() {
+  return {static_cast<long>(::getpid()), own_start().value_or(0), own_namespace("pid"), own_namespace("time")};
+}
+
+/// Returns: true if this process (pid `pid`) can read other processes'
+/// start times: /proc is its own PID namespace's.
+inline bool own_pids_readable(long pid) { return proc_is_own_namespace(pid); }
+
+/// Returns: true only on proof that process `p`, which ran on this machine
+/// in this boot, is gone, judged by `me` (this process's identity; with
+/// `proc_own`, /proc shows our namespace's processes):
+///   - it ran in our own PID namespace (a pid means nothing across
+///     namespaces: two containers of one pod both have a pid 1), and
+///   - either its pid no longer exists here (kill(pid, 0) says ESRCH), or
+///     a process with that pid exists but started at another time (the pid
+///     was reused), where start times are compared only when both sides
+///     stand in the same time namespace and /proc is our namespace's, or it
+///     exited and only waits to be reaped (all its threads).
+inline bool process_gone(const process_identity& p, const process_identity& me, bool proc_own) {
+  if (p.pid <= 0 || p.pid_ns == 0 || me.pid_ns == 0 || p.pid_ns != me.pid_ns) return false;
+  const bool starts_comparable = p.start != 0 && p.time_ns == me.time_ns;
+  if (p.pid == me.pid)  // our own pid: that was us, or an earlier process with our pid
+    return starts_comparable && me.start != 0 && p.start != me.start;
+  if (pid_absent(p.pid)) return true;
+  // The pid exists (EPERM says so too). Reused by a later process?
+  if (!starts_comparable || !proc_own) return false;
+  const std::string stat = process_stat(p.pid);
+  const auto now = stat_start(stat);
+  if (!now) return pid_absent(p.pid);  // gone meanwhile, or unreadable: alive
+  // The same process, exited but not reaped yet (a zombie: its parent has
+  // not waited for it, or it was orphaned and init reaps slowly) is gone
+  // too: all its threads, not just its first (which says Z also when it
+  // ended with pthread_exit and the others run on).
+  return *now != p.start || (stat_exited(stat) && all_threads_exited(p.pid));
+}
 
 }  // namespace dibs::detail

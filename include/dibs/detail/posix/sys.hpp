@@ -22,6 +22,9 @@ namespace dibs::detail {
 /// Permissions given to new files (the umask applies).
 using file_mode = mode_t;
 
+/// A process id.
+using process_id = pid_t;
+
 /// Returns: the path as text, for messages.
 inline std::string path_text(const std::filesystem::path& p) { return p.string(); }
 
@@ -86,9 +89,9 @@ inline int open_retry(const char* path, int flags, mode_t mode = 0) noexcept {
 /// Returns: this process's pid, without a system call after the first
 /// (glibc no longer caches getpid). A child made by fork() finds the cache
 /// cleared by an atfork handler and asks again.
-inline pid_t current_pid() noexcept {
-  static std::atomic<pid_t> cached{0};
-  pid_t p = cached.load(std::memory_order_relaxed);
+inline process_id current_pid() noexcept {
+  static std::atomic<process_id> cached{0};
+  process_id p = cached.load(std::memory_order_relaxed);
   if (p != 0) return p;
   static const bool registered = [] {
     ::pthread_atfork(nullptr, nullptr, [] { cached.store(0, std::memory_order_relaxed); });

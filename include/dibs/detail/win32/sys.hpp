@@ -102,8 +102,11 @@ inline std::string to_utf8(std::wstring_view w) {
   return out;
 }
 
+/// A process id.
+using process_id = DWORD;
+
 /// Returns: this process's id.
-inline std::uint32_t current_pid() noexcept { return ::GetCurrentProcessId(); }
+inline process_id current_pid() noexcept { return ::GetCurrentProcessId(); }
 
 /// Returns: this computer's NetBIOS name (%COMPUTERNAME%), as UTF-8.
 inline std::string host_name() {

@@ -1,0 +1,114 @@
+// The Windows tests' support: a temporary directory, this test program
+// started again in a helper role (CreateProcessW; TerminateProcess is the
+// SIGKILL analogue), and the registry of those roles, which main.cpp reads
+// before Catch2 sees the arguments.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+
+#include <chrono>
+#include <cstddef>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+namespace win_test {
+
+/// A helper role: called with the arguments after its name.
+using role_fn = int (*)(int argc, char** argv);
+
+inline std::map<std::string, role_fn>& roles() {
+  static std::map<std::string, role_fn> r;
+  return r;
+}
+
+/// Registers a role at static initialization: `const register_role r{"--name", fn};`
+struct register_role {
+  register_role(const char* name, role_fn f) { roles()[name] = f; }
+};
+
+// A fresh directory under the temp directory, removed at the end.
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("dibs-win-" + std::to_string(::GetCurrentProcessId()) + "-" + std::to_string(rd()));
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+inline bool wait_for_file(const fs::path& p, std::chrono::milliseconds limit = 20s) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!fs::exists(p)) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// This program, started again in a helper role (its arguments are paths
+// without quotes in them).
+struct child {
+  PROCESS_INFORMATION pi{};
+  explicit child(const std::vector<std::wstring>& args) {
+    wchar_t self[MAX_PATH * 4];
+    const DWORD n = ::GetModuleFileNameW(nullptr, self, static_cast<DWORD>(std::size(self)));
+    REQUIRE(n > 0);
+    std::wstring cmd = L"\"" + std::wstring(self, n) + L"\"";
+    for (const auto& a : args) cmd += L" \"" + a + L"\"";
+    STARTUPINFOW si{};
+    si.cb = sizeof si;
+    REQUIRE(::CreateProcessW(nullptr, cmd.data(), nullptr, nullptr, FALSE, 0, nullptr, nullptr, &si, &pi));
+  }
+  child(const child&) = delete;
+  child& operator=(const child&) = delete;
+  ~child() {
+    if (pi.hProcess) {
+      ::TerminateProcess(pi.hProcess, 9);
+      ::WaitForSingleObject(pi.hProcess, 10'000);
+      ::CloseHandle(pi.hProcess);
+      ::CloseHandle(pi.hThread);
+    }
+  }
+  void kill() {
+    ::TerminateProcess(pi.hProcess, 9);
+    ::WaitForSingleObject(pi.hProcess, 10'000);
+  }
+  // Returns: the exit code, or nullopt if it runs on after `limit`.
+  std::optional<DWORD> wait(std::chrono::milliseconds limit = 60s) {
+    if (::WaitForSingleObject(pi.hProcess, static_cast<DWORD>(limit.count())) != WAIT_OBJECT_0) return std::nullopt;
+    DWORD code = 0;
+    ::GetExitCodeProcess(pi.hProcess, &code);
+    return code;
+  }
+};
+
+// Returns: the number of non-empty lines of `p`.
+inline std::size_t lines(const fs::path& p) {
+  std::ifstream in{p};
+  std::size_t n = 0;
+  for (std::string l; std::getline(in, l);) n += !l.empty();
+  return n;
+}
+
+}  // namespace win_test
