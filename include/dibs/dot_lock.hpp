@@ -87,7 +87,7 @@
 #pragma once
 
 #ifdef _WIN32
-#error "dibs/dot_lock.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp, memory_store.hpp, marker_claim.hpp and testing/store_conformance.hpp (docs/windows.md)"
+#error "dibs/dot_lock.hpp is not ported to Windows yet; docs/windows.md lists the headers that are"
 #endif
 
 #include <fcntl.h>

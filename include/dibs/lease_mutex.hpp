@@ -71,12 +71,6 @@
 // use of it.
 #pragma once
 
-#ifdef _WIN32
-#error "dibs/lease_mutex.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp, memory_store.hpp, marker_claim.hpp and testing/store_conformance.hpp (docs/windows.md)"
-#endif
-
-#include <signal.h>
-#include <sys/types.h>
 
 #include <atomic>
 #include <cerrno>
@@ -105,7 +99,9 @@
 #include <dibs/detail/validity.hpp>
 #include <dibs/detail/timed_lockable.hpp>
 #include <dibs/error.hpp>
+#ifndef _WIN32  // file_store is not ported to Windows yet: lease_mutex works there over the other stores
 #include <dibs/stores/file_store.hpp>
+#endif
 #include <dibs/lock_holder.hpp>
 #include <dibs/store.hpp>
 
@@ -127,7 +123,7 @@ struct lease_options {
   exponential_backoff wait{std::chrono::microseconds{500}, 2.0, std::chrono::milliseconds{50}, jitter::full};
   /// The process the lock is held for; 0: this process. See "Holding for
   /// another process" at the top of this header.
-  pid_t on_behalf_of = 0;
+  detail::process_id on_behalf_of = 0;
 };
 
 namespace detail {
@@ -359,7 +355,7 @@ private:
   // host, boot and namespaces; its start time where this process's /proc is
   // its own PID namespace's (else 0: unknown, so only "no such pid" proves
   // it gone). Throws: std::errc::no_such_process if there is no such process.
-  detail::owner_id other_process(pid_t pid) const {
+  detail::owner_id other_process(detail::process_id pid) const {
     return detail::other_process(opts_.lease, pid, fmt::format("dibs::lease_mutex '{}'", key_));
   }
 
@@ -642,7 +638,7 @@ private:
   std::optional<detail::owner_id> behalf_;  // the process the records name, if not this one
   mutable std::mutex m_;
   std::atomic<bool> held_{false};
-  std::atomic<pid_t> holder_pid_{0};   // the process that holds it (a forked child's copy is not it)
+  std::atomic<detail::process_id> holder_pid_{0};   // the process that holds it (a forked child's copy is not it)
   detail::validity hold_;              // the validity rule of the current (or last) hold
   dibs::version version_ = 0;          // the record's current version (renewals move it)
   std::atomic<dibs::version> token_{0};  // the version at acquisition
@@ -658,4 +654,6 @@ private:
 
 // lock_file (lease_mutex over a file_store) has a header of its own; 0.1's
 // programs found it here. Kept for one release: include <dibs/lock_file.hpp>.
+#ifndef _WIN32
 #include <dibs/lock_file.hpp>
+#endif

@@ -9,12 +9,6 @@
 // compares the wall clocks of two machines for that; see lease_mutex.hpp).
 #pragma once
 
-#ifdef _WIN32
-#error "dibs/lock_holder.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp, memory_store.hpp, marker_claim.hpp and testing/store_conformance.hpp (docs/windows.md)"
-#endif
-
-#include <time.h>
-
 #include <chrono>
 #include <cstdint>
 #include <ctime>
@@ -22,6 +16,7 @@
 #include <ostream>
 #include <string>
 
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 
 #include <dibs/store.hpp>
@@ -69,7 +64,12 @@ inline std::string format_wall(std::chrono::system_clock::time_point t) {
   const time_t secs = std::chrono::system_clock::to_time_t(t);
   const time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   std::tm at{}, today{};
-  if (!::localtime_r(&secs, &at) || !::localtime_r(&now, &today)) return fmt::format("unix time {}", secs);
+  try {  // fmt::localtime: localtime_r on POSIX, localtime_s on Windows
+    at = fmt::localtime(secs);
+    today = fmt::localtime(now);
+  } catch (const fmt::format_error&) {
+    return fmt::format("unix time {}", static_cast<long long>(secs));
+  }
   const std::string clock = fmt::format("{:02}:{:02}:{:02}", at.tm_hour, at.tm_min, at.tm_sec);
   if (at.tm_year == today.tm_year && at.tm_yday == today.tm_yday) return clock;
   return fmt::format("{:04}-{:02}-{:02} {}", at.tm_year + 1900, at.tm_mon + 1, at.tm_mday, clock);
