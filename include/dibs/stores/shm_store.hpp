@@ -19,7 +19,11 @@
 #pragma once
 
 #ifdef _WIN32
-#error "dibs/stores/shm_store.hpp is not ported to Windows yet; docs/windows.md lists the headers that are"
+// Boost.Interprocess's mutexes on Windows are not robust: one whose holder
+// dies stays locked, and every other process would wait forever, which is
+// the wedge shm_store exists to rule out. A port would use a named Win32
+// mutex (its next waiter gets WAIT_ABANDONED) beside the mapping.
+#error "dibs/stores/shm_store.hpp is not ported to Windows: Boost.Interprocess's Windows mutexes stay locked when their holder dies, which would wedge every other process; use sqlite_store (or memory_store within one process) there; docs/windows.md lists the headers that are ported"
 #endif
 
 #include <sys/stat.h>
