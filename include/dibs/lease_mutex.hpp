@@ -99,9 +99,7 @@
 #include <dibs/detail/validity.hpp>
 #include <dibs/detail/timed_lockable.hpp>
 #include <dibs/error.hpp>
-#ifndef _WIN32  // file_store is not ported to Windows yet: lease_mutex works there over the other stores
 #include <dibs/stores/file_store.hpp>
-#endif
 #include <dibs/lock_holder.hpp>
 #include <dibs/store.hpp>
 
@@ -654,6 +652,4 @@ private:
 
 // lock_file (lease_mutex over a file_store) has a header of its own; 0.1's
 // programs found it here. Kept for one release: include <dibs/lock_file.hpp>.
-#ifndef _WIN32
 #include <dibs/lock_file.hpp>
-#endif

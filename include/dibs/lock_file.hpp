@@ -13,11 +13,6 @@
 // from lease_mutex.hpp because a policy never includes a store.
 #pragma once
 
-#ifdef _WIN32
-#error "dibs/lock_file.hpp is not ported to Windows yet; docs/windows.md lists the headers that are"
-#endif
-
-#include <sys/types.h>
 
 #include <filesystem>
 #include <memory>
@@ -43,7 +38,7 @@ struct lock_file_store {
 // Returns: the directory of the lock file `p`. Throws: errc::invalid_argument,
 // speaking of the path, if `p` cannot name a lock file.
 inline std::filesystem::path lock_dir(const std::filesystem::path& p) {
-  const std::string name = p.filename().string();
+  const std::string name = detail::path_text(p.filename());
   const char* rule = p.empty()                                    ? "the path is empty"
                      : name.empty()                               ? "it ends in '/', so it names a directory"
                      : name == "." || name == ".."                ? "it names a directory"
@@ -54,7 +49,7 @@ inline std::filesystem::path lock_dir(const std::filesystem::path& p) {
     throw std::system_error(make_error_code(errc::invalid_argument),
                             fmt::format("dibs::lock_file: cannot lock '{}': {}; give the path of the lock file "
                                         "itself, e.g. '/run/lock/app.lock'",
-                                        detail::show_key(p.string()), rule));
+                                        detail::show_key(detail::path_text(p)), rule));
   return p.has_parent_path() ? p.parent_path() : std::filesystem::path{"."};
 }
 }  // namespace detail
@@ -67,11 +62,11 @@ inline std::filesystem::path lock_dir(const std::filesystem::path& p) {
 /// errc::invalid_argument for a bad file name.
 class lock_file : private detail::lock_file_store, public lease_mutex<file_store> {
 public:
-  explicit lock_file(const std::filesystem::path& path, lease_options opts = {}, mode_t mode = 0644)
+  explicit lock_file(const std::filesystem::path& path, lease_options opts = {}, detail::file_mode mode = 0644)
       : detail::lock_file_store{std::make_unique<file_store>(
             detail::lock_dir(path),
             file_store_options{.mode = mode, .suffix = "", .key_is_file_name = true, .in_place = true})},
-        lease_mutex<file_store>(*store, path.filename().string(), std::move(opts)),
+        lease_mutex<file_store>(*store, detail::path_text(path.filename()), std::move(opts)),
         path_(path) {}
   /// Effects, Requires: as lease_mutex's move constructor; path() moves too.
   lock_file(lock_file&& o)

@@ -88,14 +88,7 @@
 // system calls in include/dibs/detail/posix/.
 #pragma once
 
-#ifdef _WIN32
-#error "dibs/stores/file_store.hpp is not ported to Windows yet; docs/windows.md lists the headers that are"
-#endif
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -115,12 +108,12 @@
 #include <dibs/detail/file_store/record_format.hpp>
 #include <dibs/detail/file_store/record_io.hpp>
 #include <dibs/detail/file_store/two_slots.hpp>
-#include <dibs/detail/posix/fork_fds.hpp>
-#include <dibs/detail/posix/sys.hpp>
-#include <dibs/detail/posix/directory.hpp>
-#include <dibs/detail/posix/file_ops.hpp>
+#include <dibs/detail/record_file.hpp>
+#include <dibs/detail/sys.hpp>
+#ifndef _WIN32
 #include <dibs/detail/posix/file_watch.hpp>
 #include <dibs/detail/posix/waiter_queue.hpp>
+#endif
 #include <dibs/error.hpp>
 #include <dibs/store.hpp>
 
@@ -135,7 +128,7 @@ struct file_store_options {
   /// all of them: 0664 with a shared group, or 0666 (in a sticky directory
   /// such as /tmp another user can only write a record in place, never
   /// replace it).
-  mode_t mode = 0644;
+  detail::file_mode mode = 0644;
   /// Appended to the key's name to name its file.
   std::string suffix = ".rec";
   /// The key is the file's name itself, which must then be one: no '/' or
@@ -169,16 +162,11 @@ public:
   /// directory, or not writable by this user.
   explicit file_store(std::filesystem::path directory, file_store_options opts = {})
       : dir_(std::move(directory)), opts_(opts) {
-    struct ::stat st {};
-    if (::stat(dir_.c_str(), &st) != 0) throw detail::path_error(errno, "dibs::file_store: cannot open directory", dir_);
-    if (!S_ISDIR(st.st_mode)) throw detail::path_error(ENOTDIR, "dibs::file_store: not a directory:", dir_);
-    if (::access(dir_.c_str(), W_OK | X_OK) != 0)
-      throw detail::path_error(errno, "dibs::file_store: cannot write to directory", dir_);
     // In a sticky directory (/tmp) only a file's owner may replace it, so
     // records are rewritten in place there, which any user who may write
     // the file can do (file_store_options::mode).
-    sticky_ = (st.st_mode & S_ISVTX) != 0;
-    if (!opts_.key_is_file_name) refuse_case_folding();
+    sticky_ = detail::check_record_directory(dir_);
+    if (!opts_.key_is_file_name && !detail::key_names_for_windows) refuse_case_folding();
     detail::remove_dead_temporaries(dir_);
   }
 
@@ -190,7 +178,7 @@ public:
   /// is caught mid-write and its writer has not finished by `t`.
   std::optional<record> read(std::string_view key, dibs::time_limit t) const {
     const auto name = resolve(key, "dibs::file_store::read");
-    const auto path = dir_ / name.name;
+    const auto path = detail::child_path(dir_, name.name);
     auto r = detail::load_record(path, t);
     if (r) check_key(*r, key, name, path);
     if (!r || !r->live) return std::nullopt;
@@ -204,8 +192,8 @@ public:
   /// record's flock is held by another process until `t`.
   std::optional<dibs::version> create(std::string_view key, std::string_view value, dibs::time_limit t) {
     const auto name = resolve(key, "dibs::file_store::create");
-    validate_value(key, value);
-    const auto path = dir_ / name.name;
+    check_value(key, value, name);
+    const auto path = detail::child_path(dir_, name.name);
     for (;;) {
       // An erased record keeps the key's version: continue from it, under the
       // record's lock, without first writing a file that link() would refuse.
@@ -213,14 +201,13 @@ public:
       if (swapped.outcome == swap_outcome::done) return swapped.version;
       if (swapped.outcome == swap_outcome::refused) return std::nullopt;  // live: we lost
       const auto tmp = write_temporary(1, true, value, name.key_line);  // no file: make the first one
-      if (::link(tmp.c_str(), path.c_str()) == 0) {
-        ::unlink(tmp.c_str());
+      const auto e = detail::link_new_record(tmp, path);
+      (void)detail::remove_file(tmp);  // if we die before this, the next store to open the directory removes it
+      if (e == 0) {
         sync_dir();
         return dibs::version{1};
       }
-      const int e = errno;
-      ::unlink(tmp.c_str());
-      if (e != EEXIST) throw detail::path_error(e, "dibs::file_store: cannot create record", path);
+      if (!detail::file_exists(e)) throw detail::path_error(e, "dibs::file_store: cannot create record", path);
       // Someone made the file meanwhile: live (we lost) or erased (continue
       // from it). Something that is no record file (a symbolic link, a
       // directory) is reported by the next swap_if's open, so this ends.
@@ -233,7 +220,7 @@ public:
   std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value,
                                        dibs::time_limit t) {
     const auto name = resolve(key, "dibs::file_store::replace");
-    validate_value(key, value);
+    check_value(key, value, name);
     return swap_if(key, name, [&](const stored& cur) { return cur.live && cur.version == expected; }, true, value, t)
         .version;
   }
@@ -252,7 +239,7 @@ public:
   /// key is only inside it.
   std::vector<std::string> keys(std::string_view prefix = {}) const {
     std::vector<std::string> out;
-    const int rc = detail::for_each_entry(dir_, [&](const detail::directory_entry& entry) {
+    const auto rc = detail::for_each_entry(dir_, [&](const detail::directory_entry& entry) {
       const std::string_view file = entry.name;
       if (entry.is_directory || file == "." || file == ".." || file.starts_with(".dibs-") ||
           file.size() <= opts_.suffix.size() || !file.ends_with(opts_.suffix))
@@ -260,7 +247,7 @@ public:
       const std::string_view stem = file.substr(0, file.size() - opts_.suffix.size());
       std::optional<std::string> key = detail::key_of_stem(stem);
       try {
-        auto r = detail::load_record(dir_ / file, dibs::time_limit::max());
+        auto r = detail::load_record(detail::child_path(dir_, file), dibs::time_limit::max());
         if (!r) return;  // gone meanwhile
         if (r->key) key = detail::unescape_key(*r->key);
         if (!key || !r->live) return;
@@ -273,10 +260,16 @@ public:
     return out;
   }
 
+  /// Returns: the largest value a record holds: 1 MiB; on Windows, where
+  /// every record is rewritten in place in a slot of its file, 12 KiB.
+  static constexpr std::size_t max_value_size() noexcept {
+    return detail::records_always_in_place ? 12 * 1024 : key_rules::max_value_size;
+  }
+
   const std::filesystem::path& directory() const noexcept { return dir_; }
   /// Returns: the path of the file that holds `key`'s record (see the top
   /// of this file for how a key becomes a file name).
-  std::filesystem::path path_of(std::string_view key) const { return dir_ / name_of(key, "dibs::file_store::path_of").name; }
+  std::filesystem::path path_of(std::string_view key) const { return detail::child_path(dir_, name_of(key, "dibs::file_store::path_of").name); }
 
   /// Effects: blocks until the file of `key` may have changed (inotify: a
   /// record put in place, or one rewritten in place), or `timeout` passes.
@@ -287,9 +280,17 @@ public:
   /// Returns: true if a change of the key was seen.
   bool wait_for_change(std::string_view key, std::chrono::nanoseconds timeout) const {
     const auto name = name_of(key, "dibs::file_store::wait_for_change").name;
+#ifdef _WIN32
+    // No notification on Windows yet: a short sleep, and the caller reads again.
+    (void)name;
+    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(timeout, std::chrono::milliseconds{2}));
+    return false;
+#else
     return detail::wait_for_file_change(dir_, dir_ / name, name, timeout);
+#endif
   }
 
+#ifndef _WIN32  // on Windows a lock's waiters go unordered (docs/windows.md)
   /// The queue of this host's processes waiting for a lock on a key
   /// (detail/posix/waiter_queue.hpp); lease_mutex takes turns through it.
   using waiter_queue = detail::waiter_queue;
@@ -304,6 +305,7 @@ public:
     if (name.size() > detail::record_name_max) return {};
     return waiter_queue{dir_ / name, opts_.mode, create};
   }
+#endif
 
   /// Effects: moves the record dibs 0.1 kept for `key` under the key itself
   /// (a key with '%', or starting ".dibs-", is now escaped) to the file this
@@ -321,6 +323,21 @@ public:
 private:
   using stored = detail::stored_record;
   using file_name = detail::record_file_name;
+
+  // Throws: errc::invalid_argument naming the key if `value` is larger
+  // than max_value_size().
+  static void check_value(std::string_view key, std::string_view value, const file_name& name) {
+    validate_value(key, value);
+    if constexpr (detail::records_always_in_place) {
+      (void)name;
+      if (value.size() > max_value_size())
+        throw std::system_error(make_error_code(errc::invalid_argument),
+                                fmt::format("dibs::file_store: value for key '{}' is {} bytes; on Windows a record is "
+                                            "rewritten in place and holds at most {}: keep larger data in a file "
+                                            "of its own and its name in the value",
+                                            detail::show_key(key), value.size(), max_value_size()));
+    }
+  }
 
   // Returns: the file of `key`. Throws: errc::invalid_argument naming `call`
   // for a key no store takes, or, with key_is_file_name, one that is no file name.
@@ -352,7 +369,7 @@ private:
                               fmt::format("dibs::file_store: directory '{}' compares names without case ({}): keys "
                                           "that differ only in case would share one record file; use a directory "
                                           "on a case-sensitive filesystem",
-                                          dir_.string(), why));
+                                          detail::path_text(dir_), why));
   }
 
   // Writes a whole record to a fresh temporary file; returns its path.
@@ -377,32 +394,32 @@ private:
   template <class Pred>
   swap_result swap_if(std::string_view key, const file_name& name, Pred ok, bool live, std::string_view value,
                       dibs::time_limit t) {
-    const auto path = dir_ / name.name;
+    const auto path = detail::child_path(dir_, name.name);
     for (;;) {
-      bool in_place = (opts_.in_place || sticky_) && !opts_.sync;
+      bool in_place = detail::records_always_in_place || ((opts_.in_place || sticky_) && !opts_.sync);
       detail::record_handle fd = in_place ? kept_.take(name.name) : detail::record_handle{};
       if (!fd) {
-        const bool opened = fd.open(path.c_str(), name.name, (in_place ? O_RDWR : O_RDONLY) | detail::record_open_flags);
-        if (!opened && in_place && (errno == EACCES || errno == EPERM || errno == EROFS)) {  // not ours to write: by a new file instead
+        auto e = fd.open(path, name.name, in_place);
+        if (e != 0 && in_place && detail::write_denied(e)) {  // not ours to write: by a new file instead
           in_place = false;
-          (void)fd.open(path.c_str(), name.name, O_RDONLY | detail::record_open_flags);
+          e = fd.open(path, name.name, false);
         }
-        if (!fd) {
-          if (errno == ENOENT) return {};
-          throw detail::record_open_error(errno, path);
+        if (e != 0) {
+          if (detail::file_missing(e)) return {};
+          throw detail::record_open_error(e, path);
         }
-        detail::check_regular_record(fd.stat(), path);
+        fd.check_regular(path);
       }
       in_place = in_place && fd.writable();
       detail::lock_record(fd.get(), detail::file_lock_kind::exclusive, path, t);
       // Replaced while we waited (or since the descriptor was kept)? Then it
       // is a dead inode: again, by the path.
-      struct ::stat now {};
-      if (::lstat(path.c_str(), &now) != 0) {
-        if (errno == ENOENT) return {};
-        throw detail::path_error(errno, "dibs::file_store: cannot stat record", path);
+      bool same = false;
+      if (const auto e = fd.names_this(path, same)) {
+        if (detail::file_missing(e)) return {};
+        throw detail::path_error(e, "dibs::file_store: cannot stat record", path);
       }
-      if (!fd.same_file(now)) continue;
+      if (!same) continue;
       const auto cur = detail::load_record(fd.get(), path);
       if (cur) check_key(*cur, key, name, path);
       if (!cur || !ok(*cur)) {
@@ -415,13 +432,24 @@ private:
         if (detail::fits_in_slots(*cur, rec)) {
           detail::write_other_slot(fd.get(), *cur, rec, path);
           detail::mark_stale(fd.get(), *cur);
+          if (opts_.sync) {  // only where records are always in place (Windows): else sync goes by a new file
+            if (const auto e = detail::sync_data(fd.get())) throw detail::path_error(e, "dibs::file_store: cannot flush record", path);
+          }
           keep(std::move(fd), in_place);
           return {swap_outcome::done, next};
         }
       }
+#ifdef _WIN32
+      // Windows cannot put a new file over one others may have open: a
+      // record is always rewritten in place (validate_value keeps it small
+      // enough), so this is a file this user may not write.
+      throw detail::path_error(fd.writable() ? ERROR_FILE_TOO_LARGE : ERROR_ACCESS_DENIED,
+                               "dibs::file_store: cannot rewrite record", path);
+#else
       const auto tmp = write_temporary(next, live, value, name.key_line);
       detail::put_in_place(tmp, path, fd.stat());
       sync_dir();
+#endif
       return {swap_outcome::done, next};  // the flock goes with the old inode when fd closes
     }
   }

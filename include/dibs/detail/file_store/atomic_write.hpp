@@ -6,10 +6,10 @@
 // steps whose order makes every write atomic and every crash harmless.
 #pragma once
 
-#include <fcntl.h>
+#ifndef _WIN32
 #include <sys/stat.h>
-#include <sys/types.h>
 #include <unistd.h>
+#endif
 
 #include <cerrno>
 #include <charconv>
@@ -23,9 +23,8 @@
 #include <fmt/format.h>
 
 #include <dibs/detail/owner.hpp>
-#include <dibs/detail/posix/sys.hpp>
-#include <dibs/detail/posix/directory.hpp>
-#include <dibs/detail/posix/file_ops.hpp>
+#include <dibs/detail/record_file.hpp>
+#include <dibs/detail/sys.hpp>
 
 namespace dibs::detail {
 
@@ -33,9 +32,9 @@ inline constexpr std::string_view temporary_prefix = ".dibs-tmp.";
 
 // The boot id as temporary names hold it: without its dashes.
 inline std::string temporary_boot(const owner_id& me) {
-  std::string boot;
+  std::string boot;  // Linux's boot id without its dashes; Windows's boot time without "boot-time "
   for (const char c : me.boot)
-    if (c != '-') boot += c;
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z' && me.boot.find(' ') == std::string::npos)) boot += c;
   return boot;
 }
 
@@ -86,33 +85,18 @@ inline void remove_dead_temporaries(const std::filesystem::path& dir) {
 // Effects: with `sync`, forces `dir`'s entries to stable storage.
 inline void sync_record_directory(const std::filesystem::path& dir, bool sync) {
   if (!sync) return;
-  if (const int e = sync_directory(dir)) throw path_error(e, "dibs::file_store: cannot fsync directory", dir);
+  if (const auto e = sync_directory(dir)) throw path_error(e, "dibs::file_store: cannot fsync directory", dir);
 }
 
-// Writes `data` (a whole record) to a fresh temporary file in `dir` with
-// exactly the permissions `mode`, synced with `sync`. Returns: its path.
-inline std::filesystem::path write_temporary(const std::filesystem::path& dir, mode_t mode, bool sync,
+inline std::filesystem::path write_temporary(const std::filesystem::path& dir, file_mode mode, bool sync,
                                              std::string_view data) {
   const auto tmp = dir / temporary_name();
-  unique_fd fd{open_retry(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)};
-  if (!fd) throw path_error(errno, "dibs::file_store: cannot create a temporary file in", dir);
-  const auto fail = [&](int e, std::string_view what) {
-    ::unlink(tmp.c_str());
-    return path_error(e, what, dir);
-  };
-  // The mode exactly, not narrowed by the umask: a record other users
-  // share must stay writable by them.
-  if (::fchmod(fd.get(), mode) != 0) throw fail(errno, "dibs::file_store: cannot set the permissions of a temporary file in");
-  if (const int e = write_all(fd.get(), data.data(), data.size()))
-    throw fail(e, "dibs::file_store: cannot write a record into");
-  if (sync) {
-    if (const int e = sync_file(fd.get())) throw fail(e, "dibs::file_store: cannot fsync a record in");
-  }
+  const char* what = "";
+  if (const auto e = create_temporary_file(tmp, mode, sync, data, what)) throw path_error(e, what, dir);
   return tmp;
 }
 
-// The error for a record that may not be replaced; in a sticky directory
-// (/tmp) that is another user's file, which only its owner may replace.
+#ifndef _WIN32  // Windows rewrites every record in place (detail/win32/record_file.hpp)
 inline std::system_error replace_error(int e, const std::filesystem::path& path, const struct ::stat& old) {
   struct ::stat dir {};
   const auto parent = path.has_parent_path() ? path.parent_path() : std::filesystem::path{"."};
@@ -147,5 +131,7 @@ inline void put_in_place(const std::filesystem::path& tmp, const std::filesystem
     throw replace_error(e, path, old);
   }
 }
+
+#endif
 
 }  // namespace dibs::detail

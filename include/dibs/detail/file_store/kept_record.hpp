@@ -9,84 +9,14 @@
 // file) is a rule of its own, which the compare-and-set relies on.
 #pragma once
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-
-#include <cerrno>
 #include <mutex>
-#include <string>
 #include <string_view>
 #include <utility>
 
-#include <dibs/detail/posix/fork_fds.hpp>
-#include <dibs/detail/posix/sys.hpp>
+#include <dibs/detail/record_file.hpp>
+#include <dibs/detail/sys.hpp>
 
 namespace dibs::detail {
-
-// A record file opened through fork_fds (so a child made by fork() never
-// keeps a flock taken on it), with the stat it had when it was opened.
-class record_handle {
-public:
-  record_handle() = default;
-  record_handle(const record_handle&) = delete;
-  record_handle& operator=(const record_handle&) = delete;
-  record_handle(record_handle&& o) noexcept
-      : fd_(std::exchange(o.fd_, -1)), st_(o.st_), writable_(o.writable_), name_(std::move(o.name_)) {}
-  record_handle& operator=(record_handle&& o) noexcept {
-    if (this != &o) {
-      close();
-      fd_ = std::exchange(o.fd_, -1);
-      st_ = o.st_;
-      writable_ = o.writable_;
-      name_ = std::move(o.name_);
-    }
-    return *this;
-  }
-  /// Effects: closes the descriptor, which drops its flock.
-  ~record_handle() { close(); }
-
-  /// Effects: opens `path` (the file `name` of its directory) with `flags`.
-  /// Returns: false with errno set if it cannot be opened or fstat'ed.
-  bool open(const char* path, std::string_view name, int flags) {
-    close();
-    fd_ = fork_fds::open(path, flags);
-    if (fd_ < 0) return false;
-    if (::fstat(fd_, &st_) != 0) {
-      const int e = errno;
-      close();
-      errno = e;
-      return false;
-    }
-    writable_ = (flags & O_ACCMODE) == O_RDWR;
-    name_.assign(name);
-    return true;
-  }
-  int get() const noexcept { return fd_; }
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-  /// Returns: the file's stat when it was opened (its identity and type do not change).
-  const struct ::stat& stat() const noexcept { return st_; }
-  bool writable() const noexcept { return writable_; }
-  const std::string& name() const noexcept { return name_; }
-  /// Returns: true if `now` (an lstat of the record's path) is this file.
-  bool same_file(const struct ::stat& now) const noexcept { return now.st_ino == st_.st_ino && now.st_dev == st_.st_dev; }
-
-  /// Effects: drops the descriptor's flock. Returns: false if that failed
-  /// (then the descriptor must be closed, not kept).
-  bool unlock() const noexcept { return ::flock(fd_, LOCK_UN) == 0; }
-
-private:
-  friend class kept_record;
-  void close() noexcept {
-    if (fd_ >= 0) fork_fds::close(std::exchange(fd_, -1));
-  }
-
-  int fd_ = -1;
-  struct ::stat st_ {};
-  bool writable_ = false;
-  std::string name_;  // the record's file name in its directory
-};
 
 // The one record descriptor a file_store keeps between operations (of the
 // last record it rewrote in place). Shared by the store's threads: an
@@ -108,7 +38,7 @@ public:
   kept_record& operator=(kept_record&& o) noexcept {
     if (this != &o) {
       record_handle h;
-      pid_t pid;
+      process_id pid;
       {
         std::lock_guard g{o.m_};
         h = std::move(o.h_);
@@ -133,7 +63,7 @@ public:
       std::lock_guard g{m_};
       if (!h_) return h;
       if (pid_ != current_pid()) {
-        h_.fd_ = -1;
+        h_.forget();
         return h;
       }
       h = std::move(h_);
@@ -149,7 +79,7 @@ public:
     record_handle old;
     std::lock_guard g{m_};
     if (pid_ == current_pid()) old = std::move(h_);
-    else h_.fd_ = -1;
+    else h_.forget();
     h_ = std::move(h);
     pid_ = current_pid();
   }
@@ -157,14 +87,14 @@ public:
 private:
   void drop() noexcept {
     std::lock_guard g{m_};
-    if (pid_ != current_pid()) h_.fd_ = -1;
+    if (pid_ != current_pid()) h_.forget();
     h_.close();
     pid_ = 0;
   }
 
   std::mutex m_;
   record_handle h_;
-  pid_t pid_ = 0;
+  process_id pid_ = 0;
 };
 
 }  // namespace dibs::detail

@@ -33,15 +33,44 @@ struct record_file_name {
 inline constexpr std::size_t record_name_max = 255;  // NAME_MAX of Linux's filesystems
 inline constexpr std::string_view record_cut_mark = "%~";
 
+// Returns: true if `key` names a device on Windows, whatever follows its
+// first '.' ("con", "nul.txt", "com1.rec": CON, PRN, AUX, NUL, COM0-9,
+// LPT0-9, CONIN$, CONOUT$, in any case, trailing spaces ignored).
+inline bool windows_device_name(std::string_view key) noexcept {
+  std::string base(key.substr(0, key.find('.')));
+  while (!base.empty() && base.back() == ' ') base.pop_back();
+  for (char& c : base)
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  if (base == "con" || base == "prn" || base == "aux" || base == "nul" || base == "conin$" || base == "conout$")
+    return true;
+  return base.size() == 4 && (base.starts_with("com") || base.starts_with("lpt")) && base[3] >= '0' && base[3] <= '9';
+}
+
+// On Windows, file names compare without case (NTFS folds every letter,
+// not only ASCII's), and \ : * ? " < > | are not allowed in them, nor
+// device names: there every upper-case ASCII letter and every byte from
+// 0x80 is written %XX too, and those characters, and the first byte of a
+// device name. Two keys then never share a file, and a name reads back
+// into its key.
+#ifdef _WIN32
+inline constexpr bool key_names_for_windows = true;
+#else
+inline constexpr bool key_names_for_windows = false;
+#endif
+
 // Returns: `key` with the bytes a file name cannot hold, or that would make
 // names ambiguous, written %XX (see the top of stores/file_store.hpp).
 inline std::string escape_key(std::string_view key) {
   const bool hide_dot = key == "." || key == ".." || key.starts_with(".dibs-");
+  const bool device = key_names_for_windows && windows_device_name(key);
   std::string out;
   out.reserve(key.size());
   for (std::size_t i = 0; i < key.size(); ++i) {
     const auto c = static_cast<unsigned char>(key[i]);
-    if (c == '/' || c == '%' || c < 0x20 || c == 0x7f || (i == 0 && hide_dot)) out += fmt::format("%{:02X}", c);
+    const bool windows = key_names_for_windows && ((c >= 'A' && c <= 'Z') || c >= 0x80 ||
+                                                   std::string_view{"\\:*?\"<>|"}.find(key[i]) != std::string_view::npos ||
+                                                   (i == 0 && device));
+    if (c == '/' || c == '%' || c < 0x20 || c == 0x7f || (i == 0 && hide_dot) || windows) out += fmt::format("%{:02X}", c);
     else out += key[i];
   }
   return out;
@@ -91,7 +120,7 @@ inline record_file_name record_name_of(std::string_view key, std::string_view ca
     if (rule)
       throw std::system_error(make_error_code(errc::invalid_argument),
                               fmt::format("{}: '{}' in '{}' cannot be a file name: {}", call, show_key(key),
-                                          dir.string(), rule));
+                                          path_text(dir), rule));
     return {std::string(key) + std::string(suffix), {}};
   }
   std::string stem = escape_key(key);
@@ -122,11 +151,11 @@ inline void check_record_key(const stored_record& s, std::string_view key, const
       make_error_code(errc::corrupt_record),
       s.key ? fmt::format("dibs::file_store: '{}' holds the record of key '{}', not of '{}' (two keys whose names "
                           "were cut alike); keep the file, and key one of them otherwise",
-                          path.string(), show_key(unescape_key(*s.key).value_or(*s.key)), show_key(key))
+                          path_text(path), show_key(unescape_key(*s.key).value_or(*s.key)), show_key(key))
             : fmt::format("dibs::file_store: '{}' holds a record of dibs 0.1 for the key '{}', not one for '{}': "
                           "keep the file (the key it belongs to may be done); the key '{}' cannot be used in this "
                           "directory while it is there",
-                          path.string(), show_key(name.name.substr(0, name.name.size() - suffix.size())),
+                          path_text(path), show_key(name.name.substr(0, name.name.size() - suffix.size())),
                           show_key(key), show_key(key)));
 }
 

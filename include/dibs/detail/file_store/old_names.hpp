@@ -6,8 +6,10 @@
 // written by dibs 0.1, and should be easy to drop once none is left.
 #pragma once
 
+#ifndef _WIN32
 #include <fcntl.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -23,13 +25,29 @@
 #include <dibs/detail/file_store/key_names.hpp>
 #include <dibs/detail/file_store/record_format.hpp>
 #include <dibs/detail/file_store/record_io.hpp>
-#include <dibs/detail/posix/fork_fds.hpp>
-#include <dibs/detail/posix/sys.hpp>
-#include <dibs/detail/posix/file_ops.hpp>
+#include <dibs/detail/record_file.hpp>
+#include <dibs/detail/sys.hpp>
 #include <dibs/error.hpp>
 #include <dibs/store.hpp>
 
 namespace dibs::detail {
+
+#ifdef _WIN32
+// dibs 0.1 never ran on Windows: no directory there has its records.
+inline void refuse_old_record(std::string_view, const record_file_name&, std::string_view,
+                              const std::filesystem::path&, std::string_view) {}
+inline bool adopt_old_record(std::string_view, const record_file_name&, const std::filesystem::path&, std::string_view,
+                             file_mode, bool) {
+  return false;
+}
+#else
+// Returns: true if the file at `path` begins as a record of dibs does.
+inline bool starts_as_record(const std::filesystem::path& path) {
+  unique_fd fd{open_retry(path.c_str(), O_RDONLY | record_open_flags)};
+  char head[12] = {};
+  return fd && ::read(fd.get(), head, sizeof head) == static_cast<ssize_t>(sizeof head) &&
+         std::string_view(head, sizeof head) == "dibs-record ";
+}
 
 // Throws: errc::corrupt_record naming both files if a record of dibs 0.1
 // holds `key` (whose file is now `name` in `dir`) under the name it had
@@ -97,5 +115,7 @@ inline bool adopt_old_record(std::string_view key, const record_file_name& name,
   sync_record_directory(dir, sync);
   return true;
 }
+
+#endif
 
 }  // namespace dibs::detail

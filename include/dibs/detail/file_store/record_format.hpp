@@ -18,6 +18,7 @@
 #include <boost/crc.hpp>
 #include <fmt/format.h>
 
+#include <dibs/detail/sys.hpp>
 #include <dibs/error.hpp>
 #include <dibs/store.hpp>
 
@@ -61,7 +62,7 @@ inline std::string encode_record(dibs::version v, bool live, std::string_view va
                                       "do not delete or move it away (for a claim, the item would be handled "
                                       "again): restore it from a backup, or find out the key's state and write "
                                       "the record again",
-                                      path.string(), why));
+                                      path_text(path), why));
 }
 
 // Parses the record at the start of `text`, which may go on past it.

@@ -19,16 +19,23 @@
 
 #include <fmt/format.h>
 
-#include <dibs/detail/posix/sys.hpp>
-#include <dibs/detail/posix/file_ops.hpp>
+#include <dibs/detail/record_file.hpp>
+#include <dibs/detail/sys.hpp>
 #include <dibs/detail/file_store/record_format.hpp>
 
 namespace dibs::detail {
 
 // The two slots of a record file are [0, record_slot_size) and
 // [record_slot_size, 2 * record_slot_size), so that one write of a slot
-// (with the padding before it) stays within the file's first page.
+// (with the padding before it) stays within the file's first page. On
+// Windows every record is rewritten in place (detail/win32/record_file.hpp),
+// so a slot there holds the largest key's record line too (1 KiB of key,
+// escaped: 3 KiB) and file_store's largest value there (12 KiB).
+#ifdef _WIN32
+inline constexpr std::size_t record_slot_size = 16384;
+#else
 inline constexpr std::size_t record_slot_size = 2048;
+#endif
 
 // What replaces a record once a newer one is whole in the other slot;
 // readers skip a slot that holds it and padding. It starts as a record
@@ -37,8 +44,13 @@ inline constexpr std::size_t record_slot_size = 2048;
 // current record (where it would report a file that starts otherwise as
 // not a record).
 inline constexpr std::string_view stale_slot_prefix = "dibs-record 1\nstale copy, not the record: ";
+#ifdef _WIN32
+inline constexpr std::string_view stale_first_slot =
+    "dibs-record 1\nstale copy, not the record: the current record is further down, at byte 16384\n";
+#else
 inline constexpr std::string_view stale_first_slot =
     "dibs-record 1\nstale copy, not the record: the current record is further down, at byte 2048\n";
+#endif
 inline constexpr std::string_view stale_second_slot =
     "dibs-record 1\nstale copy, not the record: the current record is the one above\n";
 
@@ -138,7 +150,7 @@ inline bool fits_in_slots(const stored_record& cur, const std::string& rec) noex
 // around it where the slot's old bytes would otherwise remain. Nothing of
 // `cur` is touched, so if the write fails or the process dies in it, `cur`
 // is still the file's whole current record.
-inline void write_other_slot(int fd, const stored_record& cur, const std::string& rec,
+inline void write_other_slot(native_file fd, const stored_record& cur, const std::string& rec,
                              const std::filesystem::path& path) {
   constexpr std::size_t slot_size = record_slot_size;
   std::string data;
@@ -163,7 +175,7 @@ inline void write_other_slot(int fd, const stored_record& cur, const std::string
 // a mark that fails leaves an older, whole record, which readers pass over
 // for its lower version; one cut short is a torn slot that was not
 // current. Both slots are in the file's first page, written back together.
-inline void mark_stale(int fd, const stored_record& old) noexcept {
+inline void mark_stale(native_file fd, const stored_record& old) noexcept {
   const std::string_view mark = old.offset == 0 ? stale_first_slot : stale_second_slot;
   char data[record_slot_size];  // no allocation: nothing here may fail after the new record is in
   const std::size_t size = std::max(mark.size(), std::min(old.end - old.offset, record_slot_size));

@@ -23,6 +23,20 @@
 
 namespace dibs::detail {
 
+/// What a file is opened as, and what a system call fails with.
+using native_file = int;
+using sys_error = int;
+
+/// Effects: reads up to `size` bytes at `offset` into `buf` (pread).
+/// Returns: the number read (0 at the end), or -1 with the errno in `e`.
+inline std::int64_t read_at(int fd, char* buf, std::size_t size, std::uint64_t offset, int& e) noexcept {
+  ssize_t n;
+  do n = ::pread(fd, buf, size, static_cast<off_t>(offset));
+  while (n < 0 && errno == EINTR);
+  if (n < 0) e = errno;
+  return n;
+}
+
 /// Effects: writes all of [data, data + size) at the descriptor's offset,
 /// going on after a short write. Returns: 0, or the errno of the write that
 /// failed (ENOSPC for one that wrote nothing).

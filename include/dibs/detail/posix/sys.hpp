@@ -28,6 +28,9 @@ using process_id = pid_t;
 /// Returns: the path as text, for messages.
 inline std::string path_text(const std::filesystem::path& p) { return p.string(); }
 
+/// Returns: the path of the file `name` (UTF-8, as dibs keeps names) in `dir`.
+inline std::filesystem::path child_path(const std::filesystem::path& dir, std::string_view name) { return dir / name; }
+
 /// Returns: what a person should check for errno value `e`, or "".
 inline const char* errno_hint(int e) noexcept {
   switch (e) {

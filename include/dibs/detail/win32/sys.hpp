@@ -32,6 +32,12 @@ inline std::string path_text(const std::filesystem::path& p) {
   return std::string(u.begin(), u.end());
 }
 
+/// Returns: the path of the file `name` (UTF-8, as dibs keeps names) in
+/// `dir` (a std::string would be read in the ANSI code page).
+inline std::filesystem::path child_path(const std::filesystem::path& dir, std::string_view name) {
+  return dir / std::filesystem::path{std::u8string(name.begin(), name.end())};
+}
+
 /// Returns: what a person should check for GetLastError() value `e`, or "".
 inline const char* win32_hint(DWORD e) noexcept {
   switch (e) {
