@@ -85,7 +85,15 @@
 // record_io.hpp (opening, locking, reading a record file), atomic_write.hpp
 // (temporary file, then link or exchange; dead temporaries removed),
 // kept_record.hpp (the descriptor kept between operations), key_names.hpp (key to file name), old_names.hpp (records of dibs 0.1);
-// system calls in include/dibs/detail/posix/.
+// system calls in include/dibs/detail/posix/ (record_file.hpp, file_ops.hpp,
+// directory.hpp, ...) and their twins in include/dibs/detail/win32/.
+//
+// On Windows (docs/windows.md) every record is rewritten in place, in slots
+// of 16 KiB (values up to 12 KiB), under a LockFileEx lock on one byte past
+// the data: Windows cannot rename a file over one that others have open. A
+// record is created by CreateHardLinkW from a temporary; upper-case letters,
+// bytes from 0x80, the characters Windows forbids and device names are
+// escaped in file names, which Windows compares without case.
 #pragma once
 
 
