@@ -12,6 +12,9 @@
 #include <dibs/sqlite/connection.hpp>
 #include <dibs/stores/sqlite_store.hpp>
 #include <dibs/testing/store_conformance.hpp>
+// The paths of 0.1, which forward to the two above, build on Windows too.
+#include <dibs/sqlite.hpp>
+#include <dibs/sqlite_store.hpp>
 
 #include <fmt/format.h>
 
@@ -259,7 +262,7 @@ TEST_CASE("Windows marker_claim<sqlite_store>: 4 worker processes, 2,000 items, 
   std::mt19937 rng{std::random_device{}()};
   int killed = 0, killed_mid_work = 0;
   while (killed < kills) {
-    std::this_thread::sleep_for(std::chrono::milliseconds{60 + rng() % 120});
+    std::this_thread::sleep_for(std::chrono::milliseconds{40 + rng() % 80});
     const int slot = static_cast<int>(rng() % workers);
     // A kill counts as landing mid-work if items were left when it came.
     const bool work_left =
