@@ -8,7 +8,8 @@
 //   dibs::transact(policy, db, [&] { db.exec("UPDATE orders SET qty = qty + 1"); });
 //
 // Paths are std::filesystem::path; SQLite is given them as UTF-8 (on Windows
-// the wide path converted, so any name works, not only the ANSI code page's).
+// the wide path converted, so any name works, not only the ANSI code page's,
+// and a path near MAX_PATH or longer with the \\?\ prefix).
 //
 // Errors are std::system_error in dibs::sqlite::category(), carrying SQLite's
 // extended result code. SQLITE_BUSY and SQLITE_LOCKED (and their extended
@@ -113,6 +114,24 @@ inline std::string open_hint(const std::filesystem::path& path, int rc) {
                          path_text(dir));
   }
   return detail::hint(rc);
+}
+
+/// The name SQLite opens a database by, and the VFS it opens it with.
+struct file_name {
+  std::string utf8;
+  const char* vfs = nullptr;  ///< nullptr: SQLite's default
+};
+
+/// Returns: the name of `path` for sqlite3_open_v2: UTF-8 on every
+/// platform; on Windows a path near MAX_PATH or longer gets the \\?\ prefix
+/// (detail/win32/sys.hpp, as file_mutex opens it), and SQLite's
+/// "win32-longpath" VFS, whose names may be longer than its default's.
+inline file_name sqlite_file_name(const std::filesystem::path& path) {
+#ifdef _WIN32
+  const std::wstring w = dibs::detail::win32_path(path);
+  if (w.rfind(LR"(\\?\)", 0) == 0) return {dibs::detail::to_utf8(w), "win32-longpath"};
+#endif
+  return {path_text(path)};
 }
 
 }  // namespace detail
@@ -244,7 +263,8 @@ public:
     flags |= opts.read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE;
     if (opts.create && !opts.read_only) flags |= SQLITE_OPEN_CREATE;
     // SQLite wants UTF-8 on every platform (path::c_str() is UTF-16 on Windows).
-    const int rc = ::sqlite3_open_v2(detail::path_text(path_).c_str(), &db_, flags, nullptr);
+    const auto name = detail::sqlite_file_name(path_);
+    const int rc = ::sqlite3_open_v2(name.utf8.c_str(), &db_, flags, name.vfs);
     if (rc != SQLITE_OK) {
       const std::string msg = db_ ? ::sqlite3_errmsg(db_) : ::sqlite3_errstr(rc);
       ::sqlite3_close_v2(db_);
