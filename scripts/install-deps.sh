@@ -12,7 +12,8 @@
 #   postgres  the PostgreSQL server that scripts/pg.sh starts (throwaway, loopback)
 #   imap      the Dovecot server that scripts/imap.sh starts (throwaway, loopback)
 #   windows   the Windows cross build and Wine to run its tests
-#             (scripts/test.sh windows)
+#             (scripts/test.sh windows), and npm if there is none, which
+#             fetches SQLite's amalgamation for it
 #   all       everything the tests and benchmarks need (scripts/test.sh)
 #
 # Server packages never leave a system service behind: on a machine with
@@ -41,6 +42,11 @@ group_windows=(
   g++-mingw-w64-x86-64-posix                       # mingw-w64 with std::thread (the posix thread model)
   wine wine64                                      # runs the Windows tests (scripts/wine-run.sh)
 )
+# npm fetches SQLite's amalgamation for the cross build (cmake/sqlite-amalgamation.cmake).
+# Debian's npm only where there is no npm at all: one that came with Node.js
+# from elsewhere (nodesource, nvm) is used as it is, and Debian's would
+# conflict with it.
+if ! command -v npm > /dev/null; then group_windows+=(npm); fi
 group_all=(
   "${group_demo[@]}" "${group_postgres[@]}" "${group_imap[@]}" "${group_windows[@]}"
   clang libclang-rt-14-dev                         # the clang and sanitizer presets

@@ -7,15 +7,15 @@
 //   dibs::sqlite::connection db{"orders.db"};
 //   dibs::transact(policy, db, [&] { db.exec("UPDATE orders SET qty = qty + 1"); });
 //
+// Paths are std::filesystem::path; SQLite is given them as UTF-8 (on Windows
+// the wide path converted, so any name works, not only the ANSI code page's,
+// and a path near MAX_PATH or longer with the \\?\ prefix).
+//
 // Errors are std::system_error in dibs::sqlite::category(), carrying SQLite's
 // extended result code. SQLITE_BUSY and SQLITE_LOCKED (and their extended
 // variants) are dibs::is_transient; every other code is not. Messages name the
 // database path, the statement, SQLite's own message and a hint.
 #pragma once
-
-#ifdef _WIN32
-#error "dibs/sqlite/connection.hpp is not ported to Windows yet; docs/windows.md lists the headers that are"
-#endif
 
 #include <sqlite3.h>
 
@@ -37,12 +37,15 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/sys.hpp>
 #include <dibs/error.hpp>
 #include <dibs/retry.hpp>
 
 namespace dibs::sqlite {
 
 namespace detail {
+
+using dibs::detail::path_text;  // the path as UTF-8, as SQLite and the messages want it
 
 class category_impl final : public std::error_category {
 public:
@@ -98,7 +101,8 @@ inline std::string open_hint(const std::filesystem::path& path, int rc) {
   if (primary == SQLITE_CANTOPEN) {
     if (std::filesystem::is_directory(path, ec)) return " (it is a directory: give the path of a database file in it)";
     const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path{"."};
-    if (!std::filesystem::exists(dir, ec)) return fmt::format(" (its directory '{}' does not exist)", dir.string());
+    if (!std::filesystem::exists(dir, ec))
+      return fmt::format(" (its directory '{}' does not exist)", path_text(dir));
   }
   if (primary == SQLITE_IOERR || primary == SQLITE_FULL) {
     const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path{"."};
@@ -107,9 +111,27 @@ inline std::string open_hint(const std::filesystem::path& path, int rc) {
     // writes (the WAL's shared memory) come back as a plain I/O error.
     if (primary == SQLITE_FULL || (!ec && space.available == 0))
       return fmt::format(" (the filesystem of '{}' is full: free space on it, or give a path on another filesystem)",
-                         dir.string());
+                         path_text(dir));
   }
   return detail::hint(rc);
+}
+
+/// The name SQLite opens a database by, and the VFS it opens it with.
+struct file_name {
+  std::string utf8;
+  const char* vfs = nullptr;  ///< nullptr: SQLite's default
+};
+
+/// Returns: the name of `path` for sqlite3_open_v2: UTF-8 on every
+/// platform; on Windows a path near MAX_PATH or longer gets the \\?\ prefix
+/// (detail/win32/sys.hpp, as file_mutex opens it), and SQLite's
+/// "win32-longpath" VFS, whose names may be longer than its default's.
+inline file_name sqlite_file_name(const std::filesystem::path& path) {
+#ifdef _WIN32
+  const std::wstring w = dibs::detail::win32_path(path);
+  if (w.rfind(LR"(\\?\)", 0) == 0) return {dibs::detail::to_utf8(w), "win32-longpath"};
+#endif
+  return {path_text(path)};
 }
 
 }  // namespace detail
@@ -240,13 +262,16 @@ public:
     int flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE;
     flags |= opts.read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE;
     if (opts.create && !opts.read_only) flags |= SQLITE_OPEN_CREATE;
-    const int rc = ::sqlite3_open_v2(path_.c_str(), &db_, flags, nullptr);
+    // SQLite wants UTF-8 on every platform (path::c_str() is UTF-16 on Windows).
+    const auto name = detail::sqlite_file_name(path_);
+    const int rc = ::sqlite3_open_v2(name.utf8.c_str(), &db_, flags, name.vfs);
     if (rc != SQLITE_OK) {
       const std::string msg = db_ ? ::sqlite3_errmsg(db_) : ::sqlite3_errstr(rc);
       ::sqlite3_close_v2(db_);
       db_ = nullptr;
-      throw std::system_error(make_error_code(rc), fmt::format("sqlite: cannot open database '{}': {}{}",
-                                                               path_.string(), msg, detail::open_hint(path_, rc)));
+      throw std::system_error(make_error_code(rc),
+                              fmt::format("sqlite: cannot open database '{}': {}{}", detail::path_text(path_), msg,
+                                          detail::open_hint(path_, rc)));
     }
     try {
       ::sqlite3_extended_result_codes(db_, 1);
@@ -257,8 +282,8 @@ public:
       ::sqlite3_busy_timeout(db_, static_cast<int>(opts.busy_timeout.count()));
       if (!opts.read_only && ::sqlite3_db_readonly(db_, "main") == 1)
         throw std::system_error(make_error_code(SQLITE_READONLY),
-                                fmt::format("sqlite: database '{}' can only be opened read-only{}", path_.string(),
-                                            detail::hint(SQLITE_READONLY)));
+                                fmt::format("sqlite: database '{}' can only be opened read-only{}",
+                                            detail::path_text(path_), detail::hint(SQLITE_READONLY)));
       // Touch the file now, so that a file that is not a database is reported
       // here, by name, and not by the first statement of some transaction.
       // The journal mode is the first write (a full disk shows here): every
@@ -272,8 +297,9 @@ public:
         if (!opts.synchronous.empty()) exec(fmt::format("PRAGMA synchronous={}", opts.synchronous));
       } catch (const std::system_error& e) {
         const int code = e.code().category() == category() ? e.code().value() : SQLITE_ERROR;
-        throw std::system_error(e.code(), fmt::format("sqlite: cannot open database '{}': {}{}", path_.string(),
-                                                      ::sqlite3_errstr(code), detail::open_hint(path_, code)));
+        throw std::system_error(e.code(),
+                                fmt::format("sqlite: cannot open database '{}': {}{}", detail::path_text(path_),
+                                            ::sqlite3_errstr(code), detail::open_hint(path_, code)));
       }
     } catch (...) {
       ::sqlite3_close_v2(db_);
@@ -337,7 +363,7 @@ public:
     std::lock_guard g{turn_->m};
     if (!turn_->in_tx || turn_->tx_thread != std::this_thread::get_id())
       throw std::logic_error(fmt::format("sqlite: after_transaction on database '{}' outside a transaction of this thread",
-                                         path_.string()));
+                                         detail::path_text(path_)));
     turn_->on_end.emplace(++turn_->last_id, std::move(f));
     return turn_->last_id;
   }
@@ -395,7 +421,7 @@ public:
   /// Throws: std::system_error for result code `rc` of statement `sql`.
   [[noreturn]] void fail(int rc, std::string_view sql, std::string_view message) const {
     throw std::system_error(make_error_code(rc), fmt::format("sqlite: '{}' on database '{}' failed: {}{}", sql,
-                                                             path_.string(), message, detail::hint(rc)));
+                                                             detail::path_text(path_), message, detail::hint(rc)));
   }
 
 private:

@@ -46,10 +46,6 @@
 // requires.
 #pragma once
 
-#ifdef _WIN32
-#error "dibs/stores/sqlite_store.hpp is not ported to Windows yet; docs/windows.md lists the headers that are"
-#endif
-
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -66,6 +62,7 @@
 
 #include <dibs/backoff.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
+#include <dibs/detail/sys.hpp>
 #include <dibs/error.hpp>
 #include <dibs/retry.hpp>
 #include <dibs/sqlite/connection.hpp>
@@ -254,11 +251,12 @@ public:
   /// temporary file), ":memory:", or a directory.
   static void validate_path(const std::filesystem::path& path) {
     auto fail = [&](std::string_view rule) {
-      throw std::system_error(make_error_code(errc::invalid_argument),
-                              fmt::format("dibs::sqlite_store: invalid database path '{}': {}", path.string(), rule));
+      throw std::system_error(
+          make_error_code(errc::invalid_argument),
+          fmt::format("dibs::sqlite_store: invalid database path '{}': {}", detail::path_text(path), rule));
     };
     if (path.empty()) fail("a path must not be empty (SQLite would open a private temporary database)");
-    if (path.string().starts_with(":memory:"))
+    if (detail::path_text(path).starts_with(":memory:"))
       fail("an in-memory database is private to one connection; give the path of a file");
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec)) fail("it is a directory; give the path of a database file in it");
@@ -287,7 +285,7 @@ private:
       throw std::system_error(make_error_code(errc::contended),
                               fmt::format("dibs::sqlite_store: database '{}' is in a transaction of another thread on "
                                           "the store's connection; a renewal does not wait for it (tried again later)",
-                                          db_.path().string()));
+                                          detail::path_text(db_.path())));
     return turn;
   }
 
@@ -346,7 +344,7 @@ private:
       if (opts.connection.read_only)
         throw std::system_error(make_error_code(errc::invalid_argument),
                                 fmt::format("dibs::sqlite_store: database '{}' has no table '{}' and is opened read-only",
-                                            path.string(), opts.table));
+                                            detail::path_text(path), opts.table));
       // A rowid table, not WITHOUT ROWID: there a large value sits in the
       // key's b-tree, and SQLite reads a whole overflowing record to compare
       // keys, so one 1 MiB value made every lookup near it read 1 MiB
@@ -380,7 +378,7 @@ private:
     } catch (const std::system_error& e) {
       if (e.code().category() != sqlite::category()) throw;
       throw std::system_error(e.code(), fmt::format("dibs::sqlite_store: cannot open table '{}' in database '{}': {}{}",
-                                                    table, path.string(), ::sqlite3_errstr(e.code().value()),
+                                                    table, detail::path_text(path), ::sqlite3_errstr(e.code().value()),
                                                     sqlite::detail::open_hint(path, e.code().value())));
     }
   }
@@ -453,7 +451,7 @@ private:
     if (!problem.empty())
       throw std::system_error(make_error_code(errc::corrupt_record),
                               fmt::format("dibs::sqlite_store: table '{}' in database '{}' is not a dibs store table: {}",
-                                          table, db.path().string(), problem));
+                                          table, detail::path_text(db.path()), problem));
     return true;
   }
 
