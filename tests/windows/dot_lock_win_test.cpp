@@ -373,8 +373,9 @@ TEST_CASE("Windows dot_lock: 4 processes count under the lock while holders are 
 // %COMPUTERNAME% > job.lck`, as batch jobs do, then reads it back: the echo
 // fails (sharing violation) while a dot_lock holds the file, and then the
 // file does not say this computer's name. Under the lock it increments the
-// counter; `%3` rounds. With `%4` = plain it does not read back: the
-// common form, which enters even when its echo failed.
+// counter (its `ping` keeps it inside for a while); `%2` rounds. With
+// `%3` = plain it does not read back: the common form, which enters even
+// when its echo failed.
 constexpr const char* batch_loop = R"(@echo off
 set D=%~1
 set N=0
@@ -391,6 +392,7 @@ if /i not "%who%"=="%COMPUTERNAME%" goto wait
 :held
 if exist "%D%\inside" echo overlap>> "%D%\overlaps"
 echo batch> "%D%\inside"
+ping -n 1 127.0.0.1 > nul
 set v=0
 set /p v=<"%D%\counter"
 set /a v=v+1
@@ -456,11 +458,12 @@ TEST_CASE("Windows dot_lock: a batch loop that reads its lock back and dot_lock 
         dibs::detail::unique_handle m{::CreateFileW(inside.c_str(), GENERIC_WRITE, FILE_SHARE_READ | FILE_SHARE_DELETE,
                                                     nullptr, CREATE_NEW, 0, nullptr)};
         if (!m) ++dibs_overlaps;
-        m.reset();
         long long v = 0;
         std::istringstream{slurp(counter)} >> v;
+        ::Sleep(2);
         write_text(counter, fmt::format("{}\r\n", v + 1));
         ::DeleteFileW(inside.c_str());
+        m.reset();
         std::this_thread::sleep_for(std::chrono::milliseconds{i % 3});  // let the batch in between
       }
     });
