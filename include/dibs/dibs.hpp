@@ -15,7 +15,7 @@
 #pragma once
 
 #ifdef _WIN32
-#error "dibs/dibs.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp, memory_store.hpp, marker_claim.hpp and testing/store_conformance.hpp (docs/windows.md)"
+#error "dibs/dibs.hpp is not ported to Windows yet; on Windows, dibs has file_mutex.hpp, retry.hpp, backoff.hpp, error.hpp, store.hpp, memory_store.hpp, marker_claim.hpp, dot_lock.hpp and testing/store_conformance.hpp (docs/windows.md)"
 #endif
 
 #include <dibs/backoff.hpp>

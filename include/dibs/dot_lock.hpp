@@ -84,6 +84,23 @@
 // names that process (first line and owner lines), so waiters break the lock
 // on proof once it is gone, not once this object's process is; this object
 // still creates, touches and removes the file.
+//
+// The system calls are each platform's (detail/posix/dot_file.hpp,
+// detail/win32/dot_file.hpp, one interface); this header holds the policy
+// once. On Windows (docs/windows.md):
+//   - the lock file is made with CreateFileW(CREATE_NEW), then the record is
+//     written and flushed; a waiter may read it empty or cut short, which it
+//     judges as foreign (held until older than stale_after): the identity
+//     lines come before lease_ms, so a cut record never parses into a proof;
+//   - the holder keeps its handle open, sharing reads and deletes but not
+//     writes, so a batch file's `echo %COMPUTERNAME% > job.lck` over a held
+//     lock fails instead of overwriting the record;
+//   - steps 1 to 4 are the same, with LockFileEx on one byte far past the
+//     end for the flock, MoveFileExW without MOVEFILE_REPLACE_EXISTING for
+//     the rename and the move back;
+//   - unlock() deletes through its own handle (FileDispositionInfo) after
+//     checking that the path names its file, so it never deletes another;
+//   - there is no temporary file, no fork, and `mode` is ignored.
 #pragma once
 
 #include <algorithm>
