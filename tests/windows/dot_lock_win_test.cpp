@@ -206,7 +206,7 @@ const win_test::register_role dot_count_role{"--dot-count", [](int argc, char** 
   return argc == 4 ? dot_count(argv[0], argv[1], argv[2], std::atoi(argv[3])) : 2;
 }};
 
-TEST_CASE("Windows dot_lock: a held lock is a file made with CREATE_NEW holding the record; try_lock fails while it is there; unlock removes it") {
+TEST_CASE("Windows dot_lock: a held lock is a file made with CREATE_NEW holding the record, try_lock fails while it is there, unlock removes it") {
   temp_dir dir;
   const auto lock = dir.path / "job.lck";
   dibs::dot_lock a{lock, patient()}, b{lock, patient()};
@@ -223,7 +223,7 @@ TEST_CASE("Windows dot_lock: a held lock is a file made with CREATE_NEW holding 
   CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator{}) == 0);  // nothing left behind
 }
 
-TEST_CASE("Windows dot_lock: a holder that was terminated is broken at once on proof; a live one, or one of another computer, is not") {
+TEST_CASE("Windows dot_lock: a holder that was terminated is broken at once on proof, but not a live one nor one of another computer") {
   temp_dir dir;
   const auto lock = dir.path / "job.lck";
   {
@@ -319,7 +319,7 @@ TEST_CASE("Windows dot_lock: 8 waiters break one dead holder's lock together, an
   CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator{}) == 0);  // no .broken. file left
 }
 
-TEST_CASE("Windows dot_lock: 4 processes count under the lock while holders are terminated; every dead holder's lock is broken on proof, no increment lost or doubled") {
+TEST_CASE("Windows dot_lock: 4 processes count under the lock while holders are terminated, every dead holder's lock is broken on proof, no increment lost or doubled") {
   temp_dir dir;
   const auto lock = dir.path / "job.lck", counter = dir.path / "counter", journal = dir.path / "journal";
   write_text(counter, fmt::format("{:019}\r\n", 0));
