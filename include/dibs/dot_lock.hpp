@@ -84,17 +84,24 @@
 // names that process (first line and owner lines), so waiters break the lock
 // on proof once it is gone, not once this object's process is; this object
 // still creates, touches and removes the file.
+//
+// The system calls are each platform's (detail/posix/dot_file.hpp,
+// detail/win32/dot_file.hpp, one interface); this header holds the policy
+// once. On Windows (docs/windows.md):
+//   - the lock file is made with CreateFileW(CREATE_NEW), then the record is
+//     written and flushed; a waiter may read it empty or cut short, which it
+//     judges as foreign (held until older than stale_after): the identity
+//     lines come before lease_ms, so a cut record never parses into a proof;
+//   - the holder keeps its handle open, sharing reads and deletes but not
+//     writes, so a batch file's `echo %COMPUTERNAME% > job.lck` over a held
+//     lock fails instead of overwriting the record;
+//   - steps 1 to 4 are the same, with LockFileEx on one byte far past the
+//     end for the flock, MoveFileExW without MOVEFILE_REPLACE_EXISTING for
+//     the rename and the move back;
+//   - unlock() deletes through its own handle (FileDispositionInfo) after
+//     checking that the path names its file, so it never deletes another;
+//   - there is no temporary file, no fork, and `mode` is ignored.
 #pragma once
-
-#ifdef _WIN32
-#error "dibs/dot_lock.hpp is not ported to Windows yet; docs/windows.md lists the headers that are"
-#endif
-
-#include <fcntl.h>
-#include <stdio.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -117,10 +124,17 @@
 #include <dibs/backoff.hpp>
 #include <dibs/detail/cancel.hpp>
 #include <dibs/detail/owner.hpp>
-#include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
+#include <dibs/detail/sys.hpp>
 #include <dibs/detail/timed_lockable.hpp>
 #include <dibs/error.hpp>
+
+#ifdef _WIN32
+#include <dibs/detail/win32/dot_file.hpp>
+#else
+#include <dibs/detail/posix/dot_file.hpp>
+#endif
+
 
 namespace dibs {
 
@@ -134,7 +148,8 @@ struct dot_lock_options {
   /// Without it, a hold longer than stale_after is broken by the next waiter.
   bool touch = true;
   /// Permissions of the lock file, exactly (the umask does not narrow them).
-  mode_t mode = 0644;
+  /// Ignored on Windows: a new file gets the security its directory passes on.
+  detail::file_mode mode = 0644;
   /// Waiting between tries; a removal of the lock file does not wake a waiter
   /// early, so the cap bounds the handoff delay.
   exponential_backoff wait{std::chrono::microseconds{500}, 2.0, std::chrono::milliseconds{50}, jitter::full};
@@ -144,7 +159,7 @@ struct dot_lock_options {
   /// (dibs lock --dot) holds it for a COMMAND it forked, so the lock outlives
   /// the launcher exactly as long as the COMMAND runs. Requires: a live
   /// process of this host and PID namespace (a child not yet reaped).
-  pid_t on_behalf_of = 0;
+  detail::process_id on_behalf_of = 0;
 };
 
 namespace detail {
@@ -185,19 +200,17 @@ public:
   explicit dot_lock(std::filesystem::path path, dot_lock_options opts = {}) : path_(std::move(path)), opts_(opts) {
     if (!path_.has_filename() || path_.filename() == "." || path_.filename() == "..")
       throw std::system_error(make_error_code(errc::invalid_argument),
-                              fmt::format("dibs::dot_lock '{}': the path names no file", path_.string()));
+                              fmt::format("dibs::dot_lock '{}': the path names no file", detail::path_text(path_)));
     if (opts_.stale_after < std::chrono::milliseconds{3})
       throw std::system_error(make_error_code(errc::invalid_argument),
-                              fmt::format("dibs::dot_lock '{}': stale_after must be at least 3 ms", path_.string()));
+                              fmt::format("dibs::dot_lock '{}': stale_after must be at least 3 ms", detail::path_text(path_)));
     dir_ = path_.has_parent_path() ? path_.parent_path() : std::filesystem::path{"."};
-    struct ::stat st {};
-    if (::stat(dir_.c_str(), &st) != 0) throw detail::path_error(errno, "dibs::dot_lock: cannot use lock file", path_);
-    if (!S_ISDIR(st.st_mode)) throw detail::path_error(ENOTDIR, "dibs::dot_lock: cannot use lock file", path_);
+    detail::dot_file::check_directory(dir_, path_);
     if (opts_.on_behalf_of != 0) {
       // Read once, now: the start time is what tells the process from a
       // later one that reuses its pid.
-      behalf_ = detail::other_process(opts_.stale_after, opts_.on_behalf_of,
-                                      fmt::format("dibs::dot_lock '{}'", path_.string()));
+      behalf_ = detail::other_process(opts_.stale_after, static_cast<long>(opts_.on_behalf_of),
+                                      fmt::format("dibs::dot_lock '{}'", detail::path_text(path_)));
     }
   }
   dot_lock(const dot_lock&) = delete;
@@ -257,27 +270,25 @@ public:
     std::lock_guard g{m_};
     if (!held_) return;
     held_ = false;
-    const detail::unique_fd fd = std::move(fd_);
-    if (!lock_inode(fd.get()))
+    const detail::dot_file::handle fd = std::move(fd_);
+    if (detail::dot_file::remove_own(fd, path_, own_) == detail::dot_file::removal::busy)
       throw std::system_error(make_error_code(errc::timed_out),
                               fmt::format("dibs::dot_lock: lock file '{}' left in place: another process has held "
                                           "its flock for a second (is it stopped?)",
-                                          path_.string()));
-    if (names_file(fd.get()) && ::unlink(path_.c_str()) != 0 && !file_gone(errno))
-      throw detail::path_error(errno, "dibs::dot_lock: cannot remove lock file", path_);
+                                          detail::path_text(path_)));
   }
 
   /// Effects: sets the lock file's mtime to now (what touch does on its own).
   /// Returns: false if this object holds nothing.
   bool touch() {
     std::lock_guard g{m_};
-    return held_ && ::futimens(fd_.get(), nullptr) == 0;
+    return held_ && detail::dot_file::touch(fd_);
   }
   /// Returns: true if this object holds the lock and the path still names
   /// its file (false: it was broken, by age, or removed by another tool).
   bool still_held() const {
     std::lock_guard g{m_};
-    return held_ && names_file(fd_.get());
+    return held_ && fd_ && detail::dot_file::path_names(path_, own_);
   }
   const std::filesystem::path& path() const noexcept { return path_; }
 
@@ -287,7 +298,7 @@ private:
   bool acquire(clock::time_point until, const std::stop_token& st) {
     thread_local std::mt19937_64 rng{std::random_device{}()};
     for (std::uint64_t n = 0;; ++n) {
-      if (st.stop_requested()) detail::throw_cancelled("dibs::dot_lock", path_.string());
+      if (st.stop_requested()) detail::throw_cancelled("dibs::dot_lock", detail::path_text(path_));
       {
         std::lock_guard g{m_};
         if (try_once()) return true;
@@ -314,8 +325,7 @@ private:
     held_ = o.held_.exchange(false);
     holder_pid_ = std::exchange(o.holder_pid_, 0);
     fd_ = std::move(o.fd_);
-    dev_ = o.dev_;
-    ino_ = o.ino_;
+    own_ = o.own_;
     if (held_ && holder_pid_ == detail::current_pid()) start_touching();
   }
 
@@ -331,60 +341,35 @@ private:
                               "dibs::dot_lock: this object was moved from; assign a lock to it first");
     if (held_ && holder_pid_ == detail::current_pid())
       throw std::system_error(make_error_code(std::errc::resource_deadlock_would_occur),
-                              fmt::format("dibs::dot_lock '{}': already held by this object", path_.string()));
-    // A file that vanishes between our link() and our look at it, or a stale
+                              fmt::format("dibs::dot_lock '{}': already held by this object", detail::path_text(path_)));
+    // A file that vanishes between our create and our look at it, or a stale
     // one just moved away, is worth another try at once; a few are enough.
     for (int round = 0; round < 4; ++round) {
-      if (link_record()) return true;
-      detail::unique_fd judged;
-      struct ::stat st {};
+      if (create_record()) return true;
+      detail::dot_file::handle judged;
+      detail::dot_file::stamp st;
       switch (judge(judged, st)) {
         case verdict::gone: continue;
         case verdict::held: return false;
         case verdict::stale:
-          if (!break_stale(judged.get(), st)) return false;
+          if (!break_stale(judged, st)) return false;
           continue;
       }
     }
     return false;
   }
 
-  // Writes the whole record to a temporary file and links it to the path.
+  // Creates the lock file with the whole record in it.
   // Returns: true if this object now holds the lock; false if a file is there.
-  bool link_record() {
-    thread_local std::mt19937_64 rng{std::random_device{}()};
-    const auto tmp = dir_ / fmt::format(".{}.dibs-tmp.{}.{:016x}", path_.filename().string(),
-                                        detail::current_pid(), rng());
-    detail::unique_fd fd{detail::open_retry(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, opts_.mode)};
-    if (!fd) throw directory_error(errno);
-    const auto fail = [&](int e, const char* what) {
-      ::unlink(tmp.c_str());
-      return detail::path_error(e, what, path_);
-    };
-    // The mode exactly: a lock several users share must stay theirs to remove.
-    if (::fchmod(fd.get(), opts_.mode) != 0) throw fail(errno, "dibs::dot_lock: cannot set the mode of lock file");
+  bool create_record() {
     const auto pid = detail::current_pid();
     const detail::owner_id owner = behalf_ ? *behalf_ : detail::this_process(opts_.stale_after);
     const std::string text = fmt::format("{}\n{}\n{}", owner.pid, detail::dot_lock_magic, detail::format_owner(owner));
-    for (std::size_t done = 0; done < text.size();) {
-      const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw fail(n < 0 ? errno : ENOSPC, "dibs::dot_lock: cannot write lock file");
-      done += static_cast<std::size_t>(n);
-    }
-    const int rc = ::link(tmp.c_str(), path_.c_str());
-    const int e = errno;
-    struct ::stat st {};
-    // Over NFS link() may report failure when it succeeded: the link count says.
-    const bool linked = ::fstat(fd.get(), &st) == 0 && (rc == 0 || st.st_nlink == 2);
-    ::unlink(tmp.c_str());
-    if (!linked) {
-      if (e == EEXIST) return false;
-      throw detail::path_error(e, "dibs::dot_lock: cannot create lock file", path_);
-    }
+    detail::dot_file::handle fd;
+    detail::dot_file::stamp st;
+    if (!detail::dot_file::create(path_, dir_, text, opts_.mode, fd, st)) return false;
     fd_ = std::move(fd);
-    dev_ = st.st_dev;
-    ino_ = st.st_ino;
+    own_ = st;
     held_ = true;
     holder_pid_ = pid;
     start_touching();
@@ -394,138 +379,53 @@ private:
   enum class verdict { gone, held, stale };
 
   // Opens the file at the path (into `fd`, `st`) and judges it.
-  verdict judge(detail::unique_fd& fd, struct ::stat& st) const {
-    fd.reset(detail::open_retry(path_.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
-    if (!fd) {
-      const int e = errno;
-      if (file_gone(e)) return verdict::gone;
-      struct ::stat l {};
-      if (e == ELOOP && ::lstat(path_.c_str(), &l) == 0 && S_ISLNK(l.st_mode))
-        throw std::system_error(std::error_code{e, std::system_category()},
-                                fmt::format("dibs::dot_lock: lock file '{}' is a symbolic link; dibs does not follow a "
-                                            "link there (in a shared directory it could point anywhere): remove it",
-                                            path_.string()));
-      if (not_ours_to_read(e)) {
-        // lstat needs no read permission: a directory there is still an error.
-        if (::lstat(path_.c_str(), &l) == 0) {
-          check_regular(l);
-          return verdict::held;
-        }
-        return file_gone(errno) ? verdict::gone : verdict::held;
-      }
-      throw detail::path_error(e, "dibs::dot_lock: cannot open lock file", path_);
+  verdict judge(detail::dot_file::handle& fd, detail::dot_file::stamp& st) const {
+    switch (detail::dot_file::open_judged(path_, fd, st)) {
+      case detail::dot_file::look::gone: return verdict::gone;
+      case detail::dot_file::look::unreadable: return verdict::held;
+      case detail::dot_file::look::opened: break;
     }
-    if (::fstat(fd.get(), &st) != 0) {
-      if (file_gone(errno)) return verdict::gone;
-      throw detail::path_error(errno, "dibs::dot_lock: cannot stat lock file", path_);
-    }
-    check_regular(st);
     char buf[4096];
-    ssize_t n;
-    do n = ::pread(fd.get(), buf, sizeof buf, 0);
-    while (n < 0 && errno == EINTR);
-    if (n < 0) {
-      const int e = errno;
-      if (file_gone(e)) return verdict::gone;
-      if (not_ours_to_read(e)) return verdict::held;  // NFS checks permission on each read, not only at open
-      throw detail::path_error(e, "dibs::dot_lock: cannot read lock file", path_);
+    std::size_t n = 0;
+    switch (detail::dot_file::read_head(fd, buf, sizeof buf, n, path_)) {
+      case detail::dot_file::look::gone: return verdict::gone;
+      case detail::dot_file::look::unreadable: return verdict::held;
+      case detail::dot_file::look::opened: break;
     }
     auto limit = opts_.stale_after;
-    if (const auto owner = detail::parse_dot_lock(std::string_view(buf, static_cast<std::size_t>(n)))) {
+    if (const auto owner = detail::parse_dot_lock(std::string_view(buf, n))) {
       if (detail::provably_dead(*owner)) return verdict::stale;
       limit = std::max(limit, owner->lease);  // its holder touches it by its own stale_after
     }
-    // The wall clock, against the mtime the kernel stamped with it: the only
+    // The wall clock, against the mtime the system stamped with it: the only
     // lease the other tools keep (see the top of this header).
-    const auto mtime = std::chrono::system_clock::time_point{
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-            std::chrono::seconds{st.st_mtim.tv_sec} + std::chrono::nanoseconds{st.st_mtim.tv_nsec})};
-    return std::chrono::system_clock::now() - mtime >= limit ? verdict::stale : verdict::held;
-  }
-
-  // Errors that say the file at the path went away since we looked: ENOENT,
-  // and ESTALE (on NFS another client removed it, so our handle names
-  // nothing). The path is free, or names a newer file: look again.
-  static bool file_gone(int e) noexcept { return e == ENOENT || e == ESTALE; }
-
-  // Errors that say a file is there that this user may not read or move (a
-  // mode 0600 lock of another user; a sticky directory): by the presence
-  // rule it is held. It is never broken by us: breaking needs proof from its
-  // record, or the file open for the flock and checks of the protocol, and
-  // an unreadable file gives neither. Only reached after link_record made a
-  // file in the directory, so the directory itself is writable.
-  static bool not_ours_to_read(int e) noexcept { return e == EACCES || e == EPERM; }
-
-  void check_regular(const struct ::stat& st) const {
-    if (!S_ISREG(st.st_mode))
-      throw std::system_error(std::error_code{S_ISDIR(st.st_mode) ? EISDIR : EINVAL, std::system_category()},
-                              fmt::format("dibs::dot_lock: lock file '{}' is not a regular file (a {}): move it away",
-                                          path_.string(), S_ISDIR(st.st_mode) ? "directory" : "device, FIFO or socket"));
-  }
-
-  // The error for a file that cannot be made in the lock's directory: no
-  // lock can ever be taken there by this user, so waiting would not help.
-  std::system_error directory_error(int e) const {
-    const bool denied = e == EACCES || e == EPERM;
-    return std::system_error(
-        std::error_code{e, std::system_category()},
-        fmt::format("dibs::dot_lock: cannot create a file in directory '{}' (for lock file '{}'){}", dir_.string(),
-                    path_.string(),
-                    denied ? " (a dot_lock creates its lock file there: this user needs write and search permission on "
-                             "the directory; share it by a group every locker is in, mode 2775, or make it mode 1777)"
-                           : detail::errno_hint(e)));
+    return std::chrono::system_clock::now() - st.modified() >= limit ? verdict::stale : verdict::held;
   }
 
   // Moves away the file judged stale (open as `fd`, as it was `judged`),
   // by the protocol at the top of this header.
-  // Returns: true if it was moved away (the path is free to link).
-  bool break_stale(int fd, const struct ::stat& judged) const {
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) return false;  // another dibs process acts on it: judge again later
-    struct ::stat now {};
-    if (::lstat(path_.c_str(), &now) != 0 || !same_file(now, judged)) return false;
-    if (::fstat(fd, &now) != 0 || !same_file(now, judged)) return false;  // touched since: its holder lives
-    thread_local std::mt19937_64 rng{std::random_device{}()};
-    const std::string moved = fmt::format("{}.broken.{}.{:016x}", path_.string(), detail::current_pid(), rng());
-    if (::rename(path_.c_str(), moved.c_str()) != 0) {
+  // Returns: true if it was moved away (the path is free to create).
+  bool break_stale(const detail::dot_file::handle& fd, const detail::dot_file::stamp& judged) const {
+    namespace f = detail::dot_file;
+    if (!f::try_break_lock(fd)) return false;  // another dibs process acts on it: judge again later
+    if (!f::path_unchanged(path_, judged)) return false;
+    if (!f::handle_unchanged(fd, judged)) return false;  // touched since: its holder lives
+    const std::filesystem::path moved = f::broken_name(path_);
+    switch (f::move_away(path_, moved)) {
+      case f::moved::done: break;
       // Gone: look again. Not ours to move (another user's, in a sticky
       // directory): it stays, so it is held until its owner removes it.
-      if (file_gone(errno) || not_ours_to_read(errno)) return false;
-      throw detail::path_error(errno, "dibs::dot_lock: cannot move away the stale lock file", path_);
+      case f::moved::gone:
+      case f::moved::refused: return false;
     }
-    if (::lstat(moved.c_str(), &now) == 0 && same_file(now, judged)) {
-      ::unlink(moved.c_str());
+    if (f::path_unchanged(moved, judged)) {
+      f::remove_moved(moved);
       return true;
     }
     // Not the file judged: a fresh lock made after our check. Put it back,
     // never over a lock made since (then it stays at `moved`: see the top).
-    if (::renameat2(AT_FDCWD, moved.c_str(), AT_FDCWD, path_.c_str(), RENAME_NOREPLACE) != 0 &&
-        (errno == EINVAL || errno == ENOSYS) && ::link(moved.c_str(), path_.c_str()) == 0)
-      ::unlink(moved.c_str());  // a filesystem without RENAME_NOREPLACE: link never clobbers either
+    f::move_back(moved, path_);
     return false;
-  }
-
-  static bool same_file(const struct ::stat& a, const struct ::stat& b) noexcept {
-    return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
-           a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec;
-  }
-
-  // Returns: true if the path names the inode of our lock file `fd`.
-  bool names_file(int fd) const {
-    struct ::stat st {};
-    return fd >= 0 && ::lstat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_;
-  }
-
-  // Takes the flock breakers take on our file, for at most a second (a
-  // breaker holds it for a few system calls). Returns: false if not had.
-  static bool lock_inode(int fd) {
-    const exponential_backoff schedule{std::chrono::microseconds{50}, 2.0, std::chrono::milliseconds{5}, jitter::equal};
-    const auto end = clock::now() + std::chrono::seconds{1};
-    for (std::uint64_t n = 0;; ++n) {
-      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
-      if (errno != EWOULDBLOCK && errno != EINTR) return true;  // no flock here (some NFS): judge by inode alone
-      if (clock::now() >= end) return false;
-      std::this_thread::sleep_for(schedule.delay(n, {}, 0.5));
-    }
   }
 
   std::filesystem::path path_;
@@ -534,10 +434,9 @@ private:
   std::optional<detail::owner_id> behalf_;  // the process named in the record, if not this one
   mutable std::mutex m_;
   std::atomic<bool> held_{false};
-  pid_t holder_pid_ = 0;
-  detail::unique_fd fd_;  // our lock file, open from its creation to unlock
-  dev_t dev_ = 0;
-  ino_t ino_ = 0;
+  detail::process_id holder_pid_ = 0;
+  detail::dot_file::handle fd_;  // our lock file, open from its creation to unlock
+  detail::dot_file::stamp own_;  // which file it is
   std::uint64_t touch_id_ = 0;
 };
 
