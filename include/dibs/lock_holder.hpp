@@ -16,9 +16,9 @@
 #include <ostream>
 #include <string>
 
-#include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <dibs/detail/sys.hpp>
 #include <dibs/store.hpp>
 
 namespace dibs {
@@ -64,12 +64,8 @@ inline std::string format_wall(std::chrono::system_clock::time_point t) {
   const time_t secs = std::chrono::system_clock::to_time_t(t);
   const time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   std::tm at{}, today{};
-  try {  // fmt::localtime: localtime_r on POSIX, localtime_s on Windows
-    at = fmt::localtime(secs);
-    today = fmt::localtime(now);
-  } catch (const fmt::format_error&) {
+  if (!detail::local_time(secs, at) || !detail::local_time(now, today))
     return fmt::format("unix time {}", static_cast<long long>(secs));
-  }
   const std::string clock = fmt::format("{:02}:{:02}:{:02}", at.tm_hour, at.tm_min, at.tm_sec);
   if (at.tm_year == today.tm_year && at.tm_yday == today.tm_yday) return clock;
   return fmt::format("{:04}-{:02}-{:02} {}", at.tm_year + 1900, at.tm_mon + 1, at.tm_mday, clock);

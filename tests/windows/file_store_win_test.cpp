@@ -125,7 +125,7 @@ TEST_CASE("Windows file_store passes the conformance suite and its queue checks"
 TEST_CASE("Windows file_store: keys that differ only in case, device names and characters Windows forbids each get a file of their own") {
   temp_dir dir;
   dibs::file_store s{dir.path};
-  const std::vector<std::string> keys{"job", "Job", "JOB", "con", "CON.txt", "nul", "a:b", "a*b?", "x\\y", "\xc3\xa9t\xc3\xa9", "\xc3\x89t\xc3\xa9"};
+  const std::vector<std::string> keys{"job", "Job", "JOB", "con", "CON.txt", "nul", "a:b", "a*b?", "x\\y", "\xc3\xa9t\xc3\xa9", "\xc3\x89t\xc3\xa9", "jobsummary", "jobsum~1"};
   for (const auto& k : keys) REQUIRE(s.create(k, "value of " + k));
   for (const auto& k : keys) {
     const auto r = s.read(k);
@@ -138,6 +138,9 @@ TEST_CASE("Windows file_store: keys that differ only in case, device names and c
   std::sort(want.begin(), want.end());
   CHECK(listed == want);
   CHECK(s.path_of("Job").filename().string() == "%4Aob.rec");
+  // No name dibs makes looks like an 8.3 short name (NTFS finds jobsummary.rec as JOBSUM~1.REC).
+  CHECK(s.path_of("jobsum~1").filename().string() == "jobsum%7E1.rec");
+  CHECK(s.path_of("con").filename().string() == "%63on.rec");
 }
 
 TEST_CASE("Windows file_store: a value larger than a slot is refused by name, a missing directory and a file as directory are named") {
@@ -157,6 +160,8 @@ TEST_CASE("Windows file_store: a value larger than a slot is refused by name, a 
                         Catch::Contains("does the directory exist?"));
   std::ofstream{dir.path / "plain"} << "x";
   CHECK_THROWS_WITH(dibs::file_store{dir.path / "plain"}, Catch::Contains("not a directory") && Catch::Contains("plain"));
+  CHECK_THROWS_WITH(dibs::lock_file{dir.path / "con"}.try_lock(), Catch::Contains("it names a device on Windows"));
+  CHECK_THROWS_WITH(dibs::lock_file{dir.path / "a?b"}.try_lock(), Catch::Contains("Windows does not allow"));
   fs::create_directory(dir.path / "sub.lock");
   CHECK_THROWS_WITH(dibs::lock_file{dir.path / "sub.lock"}.try_lock(),
                     Catch::Contains("not a regular file (a directory)") && Catch::Contains("sub.lock"));

@@ -439,9 +439,16 @@ private:
         const std::string rec = detail::encode_record(next, live, value, name.key_line);
         if (detail::fits_in_slots(*cur, rec)) {
           detail::write_other_slot(fd.get(), *cur, rec, path);
-          detail::mark_stale(fd.get(), *cur);
-          if (opts_.sync) {  // only where records are always in place (Windows): else sync goes by a new file
-            if (const auto e = detail::sync_data(fd.get())) throw detail::path_error(e, "dibs::file_store: cannot flush record", path);
+          if constexpr (detail::records_always_in_place) {
+            // Windows: slots of 16 KiB span several pages, which the system
+            // may write back in any order, so the old slot is never marked
+            // stale (a mark on disk before the new slot would leave no
+            // whole record after a power loss); readers take the higher
+            // version. With `sync` the new slot is flushed before returning.
+            if (opts_.sync)
+              if (const auto e = detail::sync_data(fd.get())) throw detail::path_error(e, "dibs::file_store: cannot flush record", path);
+          } else {
+            detail::mark_stale(fd.get(), *cur);
           }
           keep(std::move(fd), in_place);
           return {swap_outcome::done, next};

@@ -32,9 +32,9 @@ inline constexpr std::string_view temporary_prefix = ".dibs-tmp.";
 
 // The boot id as temporary names hold it: without its dashes.
 inline std::string temporary_boot(const owner_id& me) {
-  std::string boot;  // Linux's boot id without its dashes; Windows's boot time without "boot-time "
+  std::string boot;  // the boot id without its dashes (Linux: a UUID; Windows: MachineGuid-boot time)
   for (const char c : me.boot)
-    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z' && me.boot.find(' ') == std::string::npos)) boot += c;
+    if (c != '-') boot += c;
   return boot;
 }
 

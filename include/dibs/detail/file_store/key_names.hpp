@@ -68,7 +68,7 @@ inline std::string escape_key(std::string_view key) {
   for (std::size_t i = 0; i < key.size(); ++i) {
     const auto c = static_cast<unsigned char>(key[i]);
     const bool windows = key_names_for_windows && ((c >= 'A' && c <= 'Z') || c >= 0x80 ||
-                                                   std::string_view{"\\:*?\"<>|"}.find(key[i]) != std::string_view::npos ||
+                                                   std::string_view{"\\:*?\"<>|~"}.find(key[i]) != std::string_view::npos ||
                                                    (i == 0 && device));
     if (c == '/' || c == '%' || c < 0x20 || c == 0x7f || (i == 0 && hide_dot) || windows) out += fmt::format("%{:02X}", c);
     else out += key[i];
@@ -116,6 +116,9 @@ inline record_file_name record_name_of(std::string_view key, std::string_view ca
                        : key.find('\0') != std::string_view::npos        ? "it holds a NUL byte"
                        : key == "." || key == ".."                        ? "'.' and '..' name directories"
                        : key.size() + suffix.size() > record_name_max     ? "a file name has at most 255 bytes"
+                       : key_names_for_windows && key.find_first_of("\\:*?\"<>|") != std::string_view::npos
+                           ? "Windows does not allow \\ : * ? \" < > | in a file name"
+                       : key_names_for_windows && windows_device_name(key) ? "it names a device on Windows"
                                                                           : nullptr;
     if (rule)
       throw std::system_error(make_error_code(errc::invalid_argument),

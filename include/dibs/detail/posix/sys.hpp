@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <ctime>
 #include <cerrno>
 #include <filesystem>
 #include <string>
@@ -30,6 +31,9 @@ inline std::string path_text(const std::filesystem::path& p) { return p.string()
 
 /// Returns: the path of the file `name` (UTF-8, as dibs keeps names) in `dir`.
 inline std::filesystem::path child_path(const std::filesystem::path& dir, std::string_view name) { return dir / name; }
+
+/// Effects: `out` = the local time of `t`. Returns: false if it cannot be told.
+inline bool local_time(std::time_t t, std::tm& out) noexcept { return ::localtime_r(&t, &out) != nullptr; }
 
 /// Returns: what a person should check for errno value `e`, or "".
 inline const char* errno_hint(int e) noexcept {

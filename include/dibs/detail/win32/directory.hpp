@@ -10,11 +10,17 @@
 
 namespace dibs::detail {
 
-/// Effects: nothing: NTFS logs its directory changes itself, and Windows
-/// has no call to flush a directory (FlushFileBuffers on the file written,
-/// and MOVEFILE_WRITE_THROUGH where a file is moved, are what makes a record
-/// durable). Returns: 0.
-inline DWORD sync_directory(const std::filesystem::path&) noexcept { return 0; }
+/// Effects: forces the directory's entries (a record's new name) to
+/// stable storage: FlushFileBuffers on the directory, opened for writing
+/// (NTFS flushes its metadata log then). Returns: 0 or the error.
+inline DWORD sync_directory(const std::filesystem::path& dir) noexcept {
+  const std::wstring w = win32_path(dir);
+  const unique_handle h{::CreateFileW(w.c_str(), GENERIC_READ | GENERIC_WRITE,
+                                      FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
+                                      FILE_FLAG_BACKUP_SEMANTICS, nullptr)};
+  if (!h) return ::GetLastError();
+  return ::FlushFileBuffers(h.get()) ? 0 : ::GetLastError();
+}
 
 /// Returns: nullptr: every Windows directory compares names without case,
 /// and file_store escapes names there so that no two keys share one (see

@@ -4,10 +4,13 @@
 // (0, nullopt, false, ""), never as an answer: the rule counts the unknown
 // as alive.
 //
-//   - The host is the computer name (win32/sys.hpp), the boot the time the
-//     machine booted, in whole seconds since 1601, from
-//     NtQuerySystemInformation(SystemTimeOfDayInformation): a time, not a
-//     counter that wraps (GetTickCount wraps after 49 days).
+//   - The host is the computer name (win32/sys.hpp), the boot the
+//     installation's MachineGuid and the time the machine booted (100 ns
+//     since 1601, from NtQuerySystemInformation(SystemTimeOfDayInformation)):
+//     a time, not a counter that wraps (GetTickCount wraps after 49 days),
+//     and an id that tells apart machines cloned with one computer name, or
+//     Wine prefixes (each has its own wineserver, process ids and boot time)
+//     that started in the same second.
 //   - A process is named by its id and its creation time (GetProcessTimes,
 //     100 ns since 1601): Windows reuses ids, never creation times of one id.
 //   - There are no PID namespaces: an id is unique on the machine across
@@ -64,8 +67,28 @@ inline bool pid_absent(long pid) noexcept {
   return !h && ::GetLastError() == ERROR_INVALID_PARAMETER;
 }
 
-/// Returns: the time this machine booted, as text ("" if it cannot be
-/// read): a pid or a creation time means something only within one boot.
+/// Returns: this Windows installation's id (the registry's MachineGuid,
+/// made once per installation; under Wine, per prefix), or "".
+inline std::string machine_guid() {
+  wchar_t buf[64] = {};
+  DWORD size = sizeof buf;
+  if (::RegGetValueW(HKEY_LOCAL_MACHINE, L"SOFTWARE\\Microsoft\\Cryptography", L"MachineGuid",
+                     RRF_RT_REG_SZ | RRF_SUBKEY_WOW6464KEY, nullptr, buf, &size) != ERROR_SUCCESS)
+    return {};
+  std::string out;
+  for (const wchar_t* c = buf; *c; ++c) {
+    if (*c >= L'A' && *c <= L'F') out += static_cast<char>(*c - L'A' + 'a');
+    else if ((*c >= L'a' && *c <= L'f') || (*c >= L'0' && *c <= L'9') || *c == L'-') out += static_cast<char>(*c);
+    else return {};  // not a GUID: cannot vouch for it
+  }
+  return out;
+}
+
+/// Returns: this boot of this installation, as text ("" if it cannot be
+/// read): its MachineGuid and the time it booted (100 ns since 1601), so
+/// that two machines (or two Wine prefixes, each with its own wineserver
+/// and process ids) that booted in the same second never look alike. A pid
+/// or a creation time means something only within one boot.
 inline std::string boot_id() {
   using query_fn = LONG(WINAPI*)(int, void*, ULONG, ULONG*);
   const HMODULE ntdll = ::GetModuleHandleW(L"ntdll.dll");
@@ -81,8 +104,9 @@ inline std::string boot_id() {
   if (query(3, info, sizeof info, &got) != 0 || got < 8) return {};
   std::int64_t boot = 0;
   std::memcpy(&boot, info, sizeof boot);
-  if (boot <= 0) return {};
-  return fmt::format("boot-time {}", boot / 10'000'000);  // whole seconds: stable, and no two boots share one
+  const std::string machine = machine_guid();
+  if (boot <= 0 || machine.empty()) return {};
+  return fmt::format("{}-{}", machine, boot);
 }
 
 /// Returns: this process's identity: its id and creation time.

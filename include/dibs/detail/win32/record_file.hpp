@@ -48,13 +48,16 @@ inline bool file_identity(HANDLE h, BY_HANDLE_FILE_INFORMATION& info) noexcept {
 class record_handle {
 public:
   record_handle() = default;
-  record_handle(record_handle&&) noexcept = default;
+  record_handle(record_handle&& o) noexcept
+      : h_(std::move(o.h_)), info_(o.info_), writable_(o.writable_), directory_(std::exchange(o.directory_, false)),
+        name_(std::move(o.name_)) {}
   record_handle& operator=(record_handle&& o) noexcept {
     if (this != &o) {
       close();
       h_ = std::move(o.h_);
       info_ = o.info_;
       writable_ = o.writable_;
+      directory_ = std::exchange(o.directory_, false);
       name_ = std::move(o.name_);
     }
     return *this;
@@ -72,8 +75,8 @@ public:
       const DWORD e = ::GetLastError();
       // A directory cannot be opened as a file: ERROR_ACCESS_DENIED. Say
       // what is there instead (check_regular reports it by name).
-      const DWORD attrs = ::GetFileAttributesW(w.c_str());
-      if (e == ERROR_ACCESS_DENIED && attrs != INVALID_FILE_ATTRIBUTES && (attrs & FILE_ATTRIBUTE_DIRECTORY)) {
+      const DWORD attrs = e == ERROR_ACCESS_DENIED ? ::GetFileAttributesW(w.c_str()) : INVALID_FILE_ATTRIBUTES;
+      if (attrs != INVALID_FILE_ATTRIBUTES && (attrs & FILE_ATTRIBUTE_DIRECTORY)) {
         info_ = {};
         info_.dwFileAttributes = attrs;
         directory_ = true;

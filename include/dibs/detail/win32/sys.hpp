@@ -15,6 +15,7 @@
 #include <windows.h>
 
 #include <cstdint>
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -37,6 +38,9 @@ inline std::string path_text(const std::filesystem::path& p) {
 inline std::filesystem::path child_path(const std::filesystem::path& dir, std::string_view name) {
   return dir / std::filesystem::path{std::u8string(name.begin(), name.end())};
 }
+
+/// Effects: `out` = the local time of `t`. Returns: false if it cannot be told.
+inline bool local_time(std::time_t t, std::tm& out) noexcept { return ::localtime_s(&out, &t) == 0; }
 
 /// Returns: what a person should check for GetLastError() value `e`, or "".
 inline const char* win32_hint(DWORD e) noexcept {
