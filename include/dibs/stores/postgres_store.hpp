@@ -14,19 +14,19 @@
 //   version bigint NOT NULL      grows with every change, also across erase
 //                                and re-create (rows are never deleted by dibs)
 //   written timestamptz          the server's clock at the last change
-//   state, attempts, priority, not_before, synced
+//   state, attempts, priority, not_before, synced, claimable
 //                                marker_claim's queue: what the record says,
 //                                written with it (by a trigger for writers
 //                                other than this dibs), so they never
 //                                disagree with it; a partial index
 //                                <table>_queue over the claimable rows
 //
-// and marked with the comment 'dibs-store 2' (the schema version); a table
+// and marked with the comment 'dibs-store 3' (the schema version); a table
 // of another shape under that name is refused, naming it, and so is one of
-// a newer schema. A table of schema 1 (without the queue columns) is
-// migrated in place by the first process that opens it, in one transaction
-// under an advisory lock, while workers of either version go on (see
-// migrate() and docs/stores.md).
+// a newer schema. A table of schema 1 (without the queue columns) or 2
+// (without `claimable`) is migrated in place by the first process that
+// opens it, in one transaction under an advisory lock, while workers of
+// the older version go on (see migrate() and docs/stores.md).
 //
 // Every operation is one prepared autocommit statement (create_or_read on a
 // row without a record: two, see there). Failures:
