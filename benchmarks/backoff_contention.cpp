@@ -40,8 +40,7 @@
 #include <dibs/retry.hpp>
 #include <dibs/sqlite/connection.hpp>
 
-#include <signal.h>
-#include <sys/wait.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,6 +63,8 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "procs.hpp"
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
@@ -290,20 +291,15 @@ config parse(int argc, char** argv) {
 // ---------------------------------------------------------------------------
 // One run
 
-// What a child tells the parent; smaller than PIPE_BUF, so one write() is atomic.
+// What a child tells the parent, in memory they share.
 struct child_report {
   std::int32_t id = -1;
   std::int32_t ok = 0;              // 1 if all K transactions committed
   std::uint64_t commits = 0;
   std::uint64_t attempts = 0;       // calls of the transaction unit
   std::uint64_t worst = 0;          // most attempts one transaction needed
-  std::int64_t last_commit_ns = 0;  // steady_clock (CLOCK_MONOTONIC: the same clock in every process)
   std::int64_t slept_ns = 0;        // sum of the delays the schedule asked for
 };
-
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<nanos>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // The simulated work of one transaction, done while it holds the write lock.
 void hold_lock(const config& cfg) {
@@ -319,24 +315,11 @@ void hold_lock(const config& cfg) {
   }
 }
 
-bool write_all(int fd, const void* data, std::size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-// The body of one child process; returns its exit status.
-int child_main(const config& cfg, const schedule_spec& spec, const fs::path& db_path, int id, int ready_fd,
-               int go_fd, int report_fd) {
-  child_report r;
+// The body of one child process: its report in `r`. Throws if a
+// transaction could not commit (the harness then fails the run).
+void child_main(const config& cfg, const schedule_spec& spec, const fs::path& db_path, int id, dibs_bench::gate& g,
+                child_report& r) {
   r.id = id;
-  int status = 0;
   try {
     // Opened after fork(), as SQLite requires, and before the barrier, so
     // that opening is not part of the race.
@@ -360,13 +343,7 @@ int child_main(const config& cfg, const schedule_spec& spec, const fs::path& db_
                               this_tx = e.attempt + 1;
                             });
 
-    if (!write_all(ready_fd, "r", 1)) throw std::runtime_error("cannot signal the parent");
-    ::close(ready_fd);
-    char c;
-    ssize_t got;
-    while ((got = ::read(go_fd, &c, 1)) < 0 && errno == EINTR) {
-    }
-    ::close(go_fd);  // got == 0: the parent closed its end: go
+    g.wait();
 
     for (int k = 0; k < cfg.k; ++k) {
       this_tx = 1;
@@ -382,14 +359,11 @@ int child_main(const config& cfg, const schedule_spec& spec, const fs::path& db_
       ++r.attempts;  // the attempt that succeeded
       r.worst = std::max(r.worst, this_tx);
     }
-    r.last_commit_ns = now_ns();
+    g.end();  // the run's makespan ends at the last commit of any process
     r.ok = 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "backoff_contention: process %d (%s): %s\n", id, spec.name.c_str(), e.what());
-    status = 1;
+    throw std::runtime_error(fmt::format("process {} ({}): {}", id, spec.name, e.what()));
   }
-  if (!write_all(report_fd, &r, sizeof r)) status = 3;
-  return status;
 }
 
 struct run_result {
@@ -408,10 +382,6 @@ struct run_result {
   std::abort();
 }
 
-void make_pipe(int fds[2]) {
-  if (::pipe(fds) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
-}
-
 run_result run_once(const config& cfg, std::size_t si, int n, int rep, const fs::path& dir, int serial) {
   const schedule_spec& spec = cfg.schedules[si];
   const fs::path db_path = dir / fmt::format("run-{}.db", serial);
@@ -421,61 +391,19 @@ run_result run_once(const config& cfg, std::size_t si, int n, int rep, const fs:
             "INSERT INTO counter VALUES (1, 0);");
   }  // closed before fork(): no connection may cross it
 
-  int ready[2], go[2], report[2];
-  make_pipe(ready);
-  make_pipe(go);
-  make_pipe(report);
-  std::fflush(stdout);
-  std::fflush(stderr);
-
-  std::vector<pid_t> children;
-  for (int id = 0; id < n; ++id) {
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      const int err = errno;
-      for (pid_t p : children) ::kill(p, SIGKILL);
-      for (pid_t p : children) ::waitpid(p, nullptr, 0);
-      throw std::system_error(err, std::generic_category(), fmt::format("fork (process {} of {})", id + 1, n));
-    }
-    if (pid == 0) {
-      ::close(ready[0]);
-      ::close(go[1]);  // else the barrier would never open
-      ::close(report[0]);
-      ::_exit(child_main(cfg, spec, db_path, id, ready[1], go[0], report[1]));
-    }
-    children.push_back(pid);
-  }
-  ::close(ready[1]);
-  ::close(go[0]);
-  ::close(report[1]);
-
-  // Barrier: wait until every child has its connection open, then release
-  // them all at once by closing the write end of `go` (each read() sees EOF).
-  int ready_count = 0;
-  for (char buf[64]; ready_count < n;) {
-    const ssize_t got = ::read(ready[0], buf, sizeof buf);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;  // a child died before it was ready
-    ready_count += static_cast<int>(got);
-  }
-  ::close(ready[0]);
-  const std::int64_t release_ns = now_ns();
-  ::close(go[1]);
-
-  std::string bytes;
-  for (char buf[4096];;) {
-    const ssize_t got = ::read(report[0], buf, sizeof buf);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;
-    bytes.append(buf, static_cast<std::size_t>(got));
-  }
-  ::close(report[0]);
-  int failed = 0;
-  for (pid_t p : children) {
-    int status = 0;
-    while (::waitpid(p, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  // The processes' reports, in memory they share with this one.
+  auto* reports = static_cast<child_report*>(::mmap(nullptr, sizeof(child_report) * static_cast<std::size_t>(n),
+                                                    PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (reports == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "mmap of the reports");
+  for (int id = 0; id < n; ++id) new (&reports[id]) child_report{};
+  std::string failure;
+  double makespan = 0;
+  try {
+    makespan = dibs_bench::run_procs(n, [&](int id, dibs_bench::gate& g) {
+      child_main(cfg, spec, db_path, id, g, reports[id]);
+    });
+  } catch (const std::exception& e) {
+    failure = e.what();
   }
 
   run_result res;
@@ -483,19 +411,17 @@ run_result run_once(const config& cfg, std::size_t si, int n, int rep, const fs:
   res.n = n;
   res.rep = rep;
   std::uint64_t commits = 0;
-  std::int64_t last_ns = release_ns;
-  const std::size_t records = bytes.size() / sizeof(child_report);
-  for (std::size_t i = 0; i < records; ++i) {
-    child_report r;
-    std::memcpy(&r, bytes.data() + i * sizeof r, sizeof r);
+  int failed = 0;
+  for (int id = 0; id < n; ++id) {
+    const child_report& r = reports[id];
     if (!r.ok) ++failed;
     commits += r.commits;
     res.attempts += r.attempts;
     res.worst = std::max(res.worst, r.worst);
     res.slept_s += static_cast<double>(r.slept_ns) * 1e-9;
-    last_ns = std::max(last_ns, r.last_commit_ns);
   }
-  res.makespan_s = static_cast<double>(last_ns - release_ns) * 1e-9;
+  ::munmap(reports, sizeof(child_report) * static_cast<std::size_t>(n));
+  res.makespan_s = makespan;
 
   const std::int64_t expected = static_cast<std::int64_t>(n) * cfg.k;
   std::int64_t counter = -1;
@@ -503,12 +429,11 @@ run_result run_once(const config& cfg, std::size_t si, int n, int rep, const fs:
     dibs::sqlite::connection db{db_path};
     counter = db.query_int64("SELECT value FROM counter WHERE id = 1").value_or(-1);
   }
-  if (counter != expected || static_cast<std::int64_t>(commits) != expected || failed != 0 ||
-      ready_count != n || records != static_cast<std::size_t>(n) || bytes.size() % sizeof(child_report) != 0)
+  if (counter != expected || static_cast<std::int64_t>(commits) != expected || failed != 0 || !failure.empty())
     fatal(fmt::format("{} with N={} (run {}): counter = {}, expected N*K = {}; commits reported {}; "
-                      "{} of {} processes ready, {} reports, {} failed. Database kept at {}",
-                      spec.name, n, rep + 1, counter, expected, commits, ready_count, n, records, failed,
-                      db_path.string()));
+                      "{} of {} processes failed{}{}. Database kept at {}",
+                      spec.name, n, rep + 1, counter, expected, commits, failed, n, failure.empty() ? "" : ": ",
+                      failure, db_path.string()));
 
   std::error_code ec;
   for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(db_path.string() + suffix, ec);
@@ -526,11 +451,7 @@ const char* const compiler = "g++ " __VERSION__;
 const char* const compiler = "unknown compiler";
 #endif
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2.0;
-}
+using dibs_bench::median;
 
 struct summary {
   double attempts = 0;  // median

@@ -35,8 +35,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,13 +57,11 @@
 #include <lockfile.h>
 #endif
 
+#include "procs.hpp"
+
 namespace {
 
-std::int64_t mono_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
+using dibs_bench::mono_ns;
 
 struct stamp_page {
   std::atomic<std::int64_t> released_ns;  // CLOCK_MONOTONIC just before the last unlock
@@ -166,15 +162,12 @@ void add_one(int fd) {
   if (::pwrite(fd, buf, counter_width, 0) != counter_width) die("pwrite counter");
 }
 
-int child(int me, std::string_view impl, const std::filesystem::path& dir, long cycles, stamp_page* page,
-          sample* out, int ready_fd, int start_fd) {
+void child(int me, std::string_view impl, const std::filesystem::path& dir, long cycles, stamp_page* page,
+           sample* out, dibs_bench::gate& g) {
   any_lock lock{impl, dir / "the.lock"};
   const int counter = ::open((dir / "counter").c_str(), O_RDWR | O_CLOEXEC);
   if (counter < 0) die("open counter");
-  char go = 'r';
-  if (::write(ready_fd, &go, 1) != 1) die("write ready pipe");
-  ::close(ready_fd);
-  if (::read(start_fd, &go, 1) < 0) die("read start pipe");  // returns 0 when the parent closes it
+  g.wait();  // every process has opened its lock and the counter
   for (long i = 0; i < cycles; ++i) {
     const std::uint32_t request = page->requests.fetch_add(1);
     const std::int64_t asked = mono_ns();
@@ -190,15 +183,10 @@ int child(int me, std::string_view impl, const std::filesystem::path& dir, long 
     if (!lock.unlock()) page->lost.fetch_add(1);
   }
   ::close(counter);
-  return 0;
 }
 
-double pct(std::vector<std::int64_t>& v, double p) {
-  if (v.empty()) return -1;
-  const auto k = static_cast<std::size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return static_cast<double>(v[k]);
-}
+// The p-th percentile (nearest rank); -1 if there are none.
+double pct(const std::vector<std::int64_t>& v, double p) { return v.empty() ? -1 : dibs_bench::quantile(v, p / 100.0); }
 
 }  // namespace
 
@@ -243,35 +231,16 @@ int main(int argc, char** argv) {
   page->lost.store(0);
   auto* samples = reinterpret_cast<sample*>(static_cast<char*>(mem) + 4096);
 
-  int start[2], ready[2];
-  if (::pipe(start) != 0 || ::pipe(ready) != 0) die("pipe");
-  std::vector<pid_t> kids;
-  for (int p = 0; p < procs; ++p) {
-    const pid_t pid = ::fork();
-    if (pid < 0) die("fork");
-    if (pid == 0) {
-      ::close(start[1]);
-      ::close(ready[0]);
-      std::_Exit(child(p, impl, dir, cycles, page, samples + static_cast<std::size_t>(p) * static_cast<std::size_t>(cycles),
-                       ready[1], start[0]));
-    }
-    kids.push_back(pid);
-  }
-  ::close(start[0]);
-  ::close(ready[1]);
-  for (int p = 0; p < procs; ++p) {  // every child has opened its lock and the counter
-    char c;
-    if (::read(ready[0], &c, 1) != 1) die("read ready pipe");
-  }
-  ::close(ready[0]);
-  const std::int64_t t0 = mono_ns();
-  ::close(start[1]);
   bool kids_ok = true;
-  for (const pid_t k : kids) {
-    int st = 0;
-    if (::waitpid(k, &st, 0) != k || !WIFEXITED(st) || WEXITSTATUS(st) != 0) kids_ok = false;
+  double seconds = 0;
+  try {
+    seconds = dibs_bench::run_procs(procs, [&](int p, dibs_bench::gate& g) {
+      child(p, impl, dir, cycles, page, samples + static_cast<std::size_t>(p) * static_cast<std::size_t>(cycles), g);
+    });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "store_lock_contended: %s\n", e.what());
+    kids_ok = false;
   }
-  const std::int64_t t1 = mono_ns();
 
   unsigned long long counter = 0;
   {
@@ -301,7 +270,6 @@ int main(int argc, char** argv) {
     passed_over_8 += passed > 8;
     for (std::size_t k = request_of[a] + 1; k <= n_samples; k += k & (~k + 1)) ++tree[k];
   }
-  const double seconds = static_cast<double>(t1 - t0) / 1e9;
   const unsigned long long expected = n_samples;
   const long long lost = page->lost.load();
   const bool ok = kids_ok && counter == expected && lost == 0;

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -64,7 +65,7 @@ TEST_CASE("postgres_store passes the queue checks: priorities, schedules, backof
     CHECK(claims.purge(0ms, [](std::string_view) { return true; }) >= 1);
     REQUIRE(s.create("a-lock", "host h\npid 7\n"));
     const std::string cols = "coalesce(state, '-') || ' ' || attempts || ' ' || priority || ' ' || "
-                             "coalesce(not_before::text, '-')";
+                             "coalesce(not_before::text, '-') || ' ' || claimable";
     const auto before = pg::sql(fmt::format("SELECT string_agg(encode(key, 'hex') || ' ' || {}, ', ' ORDER BY key) FROM \"{}\"", cols, t));
     pg::sql(fmt::format("UPDATE \"{}\" SET synced = -1", t));
     CHECK(pg::sql(fmt::format("SELECT count(*) FROM \"{}\" WHERE synced IS DISTINCT FROM version", t)) == "0");
@@ -83,7 +84,7 @@ TEST_CASE("records are rows a person can query, in a table dibs made and marked 
   CHECK(pg::sql(fmt::format("SELECT convert_from(value, 'UTF8') FROM {} WHERE key = convert_to('<m1/x@example.com>', "
                             "'UTF8')",
                             t)) == "hello");
-  CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 2");
+  CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 3");
   // A second store on the same table (another process's) checks and keeps it.
   auto again = pg_open(t);
   CHECK(again.read("<m1/x@example.com>")->value == "hello");
@@ -990,14 +991,16 @@ TEST_CASE("a table of schema 1 is migrated in place by the first opener while ol
   for (const auto& [k, n] : taken) twice += n != 1;
   CHECK(twice == 0);
   CHECK(old_before + old_after + by_new == items);
-  CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 2");
+  CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 3");
   // Every record completed once, and the columns say what the records say.
   CHECK(pg::sql(fmt::format("SELECT count(*) FROM \"{}\" WHERE state = 'completed' AND attempts = 1 AND "
                             "position('state completed'::bytea IN value) > 0",
                             t)) == std::to_string(items));
   CHECK(pg::sql(fmt::format("SELECT string_agg(convert_from(key, 'UTF8') || ':' || coalesce(state, '-') || ':' || "
-                            "attempts, ' ' ORDER BY key) FROM \"{}\" WHERE key >= 'x'",
-                            t)) == "x-erased:-:0 x-failed:failed:5 x-lock:-:0 x-new:offered:0 x-released:released:2");
+                            "attempts || ':' || claimable, ' ' ORDER BY key) FROM \"{}\" WHERE key >= 'x'",
+                            t)) == "x-erased:-:0:false x-failed:failed:5:false x-lock:-:0:false x-new:offered:0:true "
+                                   "x-released:released:2:true");
+  CHECK(pg::sql(fmt::format("SELECT count(*) FROM \"{}\" WHERE claimable", t)) == "2");
   // Schema 1 code opening it now finds another comment (it refuses it);
   // the new code opens it again without migrating anything.
   auto again = pg_open(t);
@@ -1015,15 +1018,281 @@ TEST_CASE("a table of schema 1 is migrated in place by the first opener while ol
 TEST_CASE("a table of a newer schema than this dibs knows is refused by name, and left as it was") {
   const auto t = pg::fresh_table("newer");
   pg_open(t);
-  pg::sql(fmt::format("COMMENT ON TABLE \"{}\" IS 'dibs-store 3'", t));
+  pg::sql(fmt::format("COMMENT ON TABLE \"{}\" IS 'dibs-store 4'", t));
   try {
     pg_open(t);
-    FAIL("a table of schema 3 was opened");
+    FAIL("a table of schema 4 was opened");
   } catch (const std::system_error& e) {
     CHECK(e.code() == dibs::errc::corrupt_record);
-    CHECK_THAT(e.what(), Contains("table '" + t + "'") && Contains("'dibs-store 3'") && Contains("newer dibs"));
+    CHECK_THAT(e.what(), Contains("table '" + t + "'") && Contains("'dibs-store 4'") && Contains("newer dibs"));
   }
+  CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 4");
+}
+
+namespace {
+
+// A worker of dibs of queue schema 2, as far as the table sees it: the DDL
+// and statements postgres_store of schema 2 made and prepared (copied from
+// it, so the test needs no build of the old code): the queue columns
+// written with the record, a BEFORE trigger for other writers, an index
+// whose condition names `state`. Its statements are prepared when it is
+// made, as an old worker's are when it opens the store.
+struct schema_2_worker {
+  static std::string sync_sql(const std::string& t) {
+    return fmt::format(
+        "CREATE OR REPLACE FUNCTION \"{0}_queue_sync\"() RETURNS trigger LANGUAGE plpgsql AS $$"
+        "DECLARE head text; BEGIN "
+        "NEW.synced := NEW.version; NEW.state := NULL; NEW.attempts := 0; NEW.priority := 0; NEW.not_before := NULL; "
+        "IF NEW.value IS NULL THEN "
+        "IF NEW.version = 0 THEN NEW.state := 'offered'; END IF; "
+        "ELSIF substring(NEW.value FROM 1 FOR 13) = 'dibs-claim 1\n'::bytea THEN "
+        "head := encode(NEW.value, 'escape'); "
+        "NEW.state := substring(split_part(head, E'\\n', 2) FROM '^state ([a-z]{{1,20}})$'); "
+        "NEW.attempts := coalesce(substring(split_part(head, E'\\n', 3) FROM '^attempts ([0-9]{{1,9}})$')::integer, 0); "
+        "NEW.priority := coalesce(substring(head FROM E'(?:^|\\n)priority (-?[0-9]{{1,18}})(?:\\n|$)')::bigint, 0); "
+        "NEW.not_before := substring(head FROM E'(?:^|\\n)not_before ([0-9]{{1,18}})(?:\\n|$)')::bigint; "
+        "END IF; RETURN NEW; END$$; "
+        "CREATE OR REPLACE TRIGGER \"{0}_queue_sync\" BEFORE INSERT OR UPDATE ON \"{0}\" FOR EACH ROW "
+        "WHEN (NEW.synced IS DISTINCT FROM NEW.version OR (NEW.value IS NULL AND NEW.state IS DISTINCT FROM "
+        "CASE WHEN NEW.version = 0 THEN 'offered' END)) EXECUTE FUNCTION \"{0}_queue_sync\"()",
+        t);
+  }
+
+  static void create_table(const std::string& t) {
+    pg::sql(fmt::format("BEGIN; CREATE TABLE IF NOT EXISTS \"{0}\" (key bytea PRIMARY KEY, value bytea, "
+                        "version bigint NOT NULL DEFAULT 0, written timestamptz NOT NULL DEFAULT clock_timestamp(), "
+                        "state text, attempts integer NOT NULL DEFAULT 0, priority bigint NOT NULL DEFAULT 0, "
+                        "not_before bigint, synced bigint); {1}; "
+                        "COMMENT ON TABLE \"{0}\" IS 'dibs-store 2'; "
+                        "CREATE OR REPLACE FUNCTION \"{0}_notify\"() RETURNS trigger LANGUAGE plpgsql AS "
+                        "$$BEGIN PERFORM pg_notify('dibs_{0}', encode(NEW.key, 'hex')); RETURN NULL; END$$; "
+                        "CREATE OR REPLACE TRIGGER \"{0}_erased\" AFTER UPDATE ON \"{0}\" FOR EACH ROW "
+                        "WHEN (NEW.value IS NULL AND OLD.value IS NOT NULL) EXECUTE FUNCTION \"{0}_notify\"(); "
+                        "CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" (priority DESC, key) WHERE "
+                        "state IN ('offered', 'released'); COMMIT",
+                        t, sync_sql(t)));
+  }
+
+  std::unique_ptr<PGconn, decltype(&::PQfinish)> c{::PQconnectdb(pg::conninfo().c_str()), ::PQfinish};
+
+  explicit schema_2_worker(const std::string& t) {
+    REQUIRE(::PQstatus(c.get()) == CONNECTION_OK);
+    prepare("dibs_take",
+            fmt::format("UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || E'\\n' || 'state processing' || "
+                        "E'\\n' || 'attempts ' || (r.attempts + 1) || E'\\n' || CASE WHEN r.priority <> 0 THEN "
+                        "'priority ' || r.priority || E'\\n' ELSE '' END, 'UTF8') || $3::bytea, version = r.version + "
+                        "1, written = clock_timestamp(), state = 'processing', attempts = r.attempts + 1, not_before = "
+                        "NULL, synced = r.version + 1 WHERE r.key = ANY (ARRAY(SELECT key FROM \"{0}\" WHERE (state "
+                        "IN ('offered', 'released')) AND (not_before IS NULL OR not_before <= floor(extract(epoch "
+                        "FROM clock_timestamp()) * 1000)::bigint) AND key >= $1::bytea AND ($2::bytea = ''::bytea OR "
+                        "key < $2::bytea) AND substring(key FROM 1 FOR length($1::bytea)) = $1::bytea ORDER BY "
+                        "priority DESC, key LIMIT $4::integer FOR UPDATE SKIP LOCKED)) RETURNING r.key, r.value, "
+                        "r.version, r.priority",
+                        t));
+    prepare("dibs_replace", fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = "
+                                        "clock_timestamp(), state = $4, attempts = $5::integer, priority = $6::bigint, "
+                                        "not_before = $7::bigint, synced = version + 1 WHERE key = $1 AND version = "
+                                        "$2::bigint AND value IS NOT NULL RETURNING version",
+                                        t));
+    prepare("dibs_create",
+            fmt::format("INSERT INTO \"{0}\" AS r (key, value, version, written, state, attempts, priority, "
+                        "not_before, synced) VALUES ($1, $2, 1, clock_timestamp(), $3, $4::integer, $5::bigint, "
+                        "$6::bigint, 1) ON CONFLICT (key) DO UPDATE SET value = excluded.value, version = r.version + "
+                        "1, written = clock_timestamp(), state = excluded.state, attempts = excluded.attempts, "
+                        "priority = excluded.priority, not_before = excluded.not_before, synced = r.version + 1 "
+                        "WHERE r.value IS NULL RETURNING version",
+                        t));
+  }
+  void prepare(const char* name, const std::string& sql) {
+    std::unique_ptr<PGresult, decltype(&::PQclear)> r{::PQprepare(c.get(), name, sql.c_str(), 0, nullptr), ::PQclear};
+    REQUIRE(::PQresultStatus(r.get()) == PGRES_COMMAND_OK);
+  }
+  // Runs a prepared statement (text parameters, nullopt: NULL; binary results).
+  std::unique_ptr<PGresult, decltype(&::PQclear)> run(const char* name, std::vector<std::optional<std::string>> params) {
+    std::vector<const char*> v;
+    for (auto& p : params) v.push_back(p ? p->c_str() : nullptr);
+    std::unique_ptr<PGresult, decltype(&::PQclear)> r{
+        ::PQexecPrepared(c.get(), name, static_cast<int>(v.size()), v.data(), nullptr, nullptr, 1), ::PQclear};
+    if (::PQresultStatus(r.get()) != PGRES_TUPLES_OK)
+      throw std::runtime_error(std::string(name) + ": " + ::PQresultErrorMessage(r.get()));
+    return r;
+  }
+  // Offers `key` as marker_claim of schema 2 did. Returns: false if it has a record.
+  bool offer(const std::string& key) {
+    return ::PQntuples(run("dibs_create", {key, "dibs-claim 1\nstate offered\nattempts 0\nchanged 0\n", "offered", "0",
+                                           "0", std::nullopt})
+                           .get()) == 1;
+  }
+  // Claims the next item whose key starts with "job-" and completes it.
+  // Returns: its key, "" if none.
+  std::string take_and_complete() {
+    const auto got = run("dibs_take", {"job-", "job.", "changed 0\nnonce 0123456789abcdef\nhost old-worker\npid 1\n", "1"});
+    if (::PQntuples(got.get()) == 0) return "";
+    const std::string key(::PQgetvalue(got.get(), 0, 0), static_cast<std::size_t>(::PQgetlength(got.get(), 0, 0)));
+    const auto version = schema_1_worker::int8(got.get(), 2);
+    const auto done = run("dibs_replace", {key, std::to_string(version),
+                                           "dibs-claim 1\nstate completed\nattempts 1\nchanged 0\nnonce "
+                                           "fedcba9876543210\ntoken " + std::to_string(version) + "\n",
+                                           "completed", "1", "0", std::nullopt});
+    if (::PQntuples(done.get()) != 1) throw std::runtime_error("an old worker's claim of " + key + " was taken over");
+    return key;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a table of schema 2 is migrated to 3 by the first opener while workers of schema 2 claim and offer: each item taken once") {
+  const auto t = pg::fresh_table("migrate2");
+  schema_2_worker::create_table(t);
+  constexpr int items = 1500, late = 200;
+  // Offered by an application's INSERT (the BEFORE trigger fills the
+  // columns), plus one row of each other kind.
+  pg::sql(fmt::format("INSERT INTO \"{0}\" (key, value, version) SELECT convert_to('job-' || lpad(g::text, 5, '0'), "
+                      "'UTF8'), convert_to('dibs-claim 1' || chr(10) || 'state offered' || chr(10) || 'attempts 0' || "
+                      "chr(10) || 'changed 0' || chr(10), 'UTF8'), 1 FROM generate_series(1, {1}) g; "
+                      "INSERT INTO \"{0}\" (key, value, version) VALUES "
+                      "('x-released', convert_to('dibs-claim 1' || chr(10) || 'state released' || chr(10) || "
+                      "'attempts 2' || chr(10) || 'priority 4' || chr(10), 'UTF8'), 4), "
+                      "('x-failed', convert_to('dibs-claim 1' || chr(10) || 'state failed' || chr(10) || "
+                      "'attempts 5' || chr(10), 'UTF8'), 9), "
+                      "('x-lock', convert_to('host h' || chr(10) || 'pid 7' || chr(10), 'UTF8'), 3), "
+                      "('x-new', NULL, 0), ('x-erased', NULL, 6)",
+                      t, items));
+  REQUIRE(pg::sql(fmt::format("SELECT count(*) FROM \"{}\" WHERE state = 'offered'", t)) == std::to_string(items + 1));
+  std::mutex m;
+  std::map<std::string, int> taken;  // key: how many times a worker took it
+  std::atomic<bool> migrated{false};
+  std::atomic<int> old_before{0}, old_after{0}, by_new{0}, failures{0};
+  auto note = [&](const std::string& key) {
+    std::lock_guard g{m};
+    ++taken[key];
+  };
+  std::vector<std::unique_ptr<schema_2_worker>> olds;
+  for (int i = 0; i < 3; ++i) olds.push_back(std::make_unique<schema_2_worker>(t));  // opened before the migration
+  std::vector<std::thread> threads;
+  for (auto& w : olds)
+    threads.emplace_back([&, w = w.get()] {
+      try {
+        for (;;) {
+          const std::string k = w->take_and_complete();
+          if (k.empty()) {
+            if ((migrated && by_new.load() > 0) || failures > 0) return;
+            std::this_thread::sleep_for(1ms);
+            continue;
+          }
+          note(k);
+          ++(migrated ? old_after : old_before);
+        }
+      } catch (const std::exception& e) {
+        UNSCOPED_INFO(e.what());
+        ++failures;
+      }
+    });
+  while (old_before < 100 && failures == 0) std::this_thread::sleep_for(1ms);
+  // Items an old worker offers after the migration: its INSERT sets the
+  // columns of schema 2 but not `claimable`, which the trigger sets.
+  schema_2_worker offerer{t};
+  std::vector<std::thread> news;
+  for (int i = 0; i < 3; ++i)
+    news.emplace_back([&] {
+      try {
+        auto s = pg_open(t);
+        if (!migrated.exchange(true))
+          for (int k = 0; k < late; ++k)
+            if (!offerer.offer(fmt::format("job-late-{:03}", k))) ++failures;
+        dibs::marker_claim<dibs::postgres_store> claims{s, {.renew = false}};
+        while (auto c = claims.claim_next("job-")) {
+          note(c->key());
+          c->complete();
+          ++by_new;
+        }
+      } catch (const std::exception& e) {
+        UNSCOPED_INFO(e.what());
+        ++failures;
+      }
+    });
+  for (auto& th : news) th.join();
+  for (auto& th : threads) th.join();
+  REQUIRE(failures == 0);
+  CHECK(old_before >= 100);
+  CHECK(old_after > 0);  // old workers went on claiming after the migration
+  CHECK(by_new > 0);
+  CHECK(static_cast<int>(taken.size()) == items + late);
+  int twice = 0;
+  for (const auto& [k, n] : taken) twice += n != 1;
+  CHECK(twice == 0);
+  CHECK(old_before + old_after + by_new == items + late);
   CHECK(pg::sql(fmt::format("SELECT obj_description('{}'::regclass, 'pg_class')", t)) == "dibs-store 3");
+  CHECK(pg::sql(fmt::format("SELECT count(*) FROM pg_trigger WHERE tgrelid = '{}'::regclass AND tgname LIKE "
+                            "'%queue_sync'",
+                            t)) == "0");
+  // Every record completed once, and the columns say what the records say.
+  CHECK(pg::sql(fmt::format("SELECT count(*) FROM \"{}\" WHERE state = 'completed' AND attempts = 1 AND NOT claimable "
+                            "AND synced = version AND position('state completed'::bytea IN value) > 0",
+                            t)) == std::to_string(items + late));
+  CHECK(pg::sql(fmt::format("SELECT string_agg(convert_from(key, 'UTF8') || ':' || coalesce(state, '-') || ':' || "
+                            "attempts || ':' || priority || ':' || claimable, ' ' ORDER BY key) FROM \"{}\" "
+                            "WHERE key >= 'x'",
+                            t)) == "x-erased:-:0:0:false x-failed:failed:5:0:false x-lock:-:0:0:false "
+                                   "x-new:offered:0:0:true x-released:released:2:4:true");
+  auto again = pg_open(t);
+  dibs::marker_claim<dibs::postgres_store> claims{again, {.renew = false}};
+  auto r = claims.claim_next("x-");
+  REQUIRE(r);
+  CHECK(r->key() == "x-released");  // priority 4 first
+  CHECK(r->attempts() == 3);
+  auto r2 = claims.claim_next("x-");
+  REQUIRE(r2);
+  CHECK(r2->key() == "x-new");
+  CHECK_FALSE(claims.claim_next("x-"));
+}
+
+TEST_CASE("completing a claim on PostgreSQL changes no indexed column: a HOT update, and the trigger leaves dibs's rows alone") {
+  const auto t = pg::fresh_table("hot");
+  auto s = pg_open(t);
+  dibs::marker_claim<dibs::postgres_store> claims{s, {.renew = false}};
+  constexpr int items = 200;
+  for (int i = 0; i < items; ++i)
+    REQUIRE(claims.offer(fmt::format("job-{:03}", i), {.priority = i % 3}));
+  const auto counts = [&] {
+    return pg::sql(fmt::format("SELECT n_tup_upd || ' ' || n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = "
+                               "'{}'::regclass",
+                               t));
+  };
+  const auto updates = [&](const std::string& c) { return std::stol(c.substr(0, c.find(' '))); };
+  const auto hot = [&](const std::string& c) { return std::stol(c.substr(c.find(' ') + 1)); };
+  // The store's session reports its statistics after a statement, at most
+  // once a second (else 10 s after it went idle): one more read to send them.
+  const auto settled = [&](long want) {
+    std::string c = counts();
+    for (int i = 0; i < 50 && updates(c) < want; ++i) {
+      std::this_thread::sleep_for(200ms);
+      (void)s.read("job-000");
+      c = counts();
+    }
+    return c;
+  };
+  int done = 0;
+  std::vector<dibs::marker_claim<dibs::postgres_store>::claim> held;
+  while (auto c = claims.claim_next("job-")) held.push_back(std::move(*c));
+  REQUIRE(held.size() == items);
+  const auto taken = settled(items);
+  for (auto& c : held) {
+    c.complete();
+    ++done;
+  }
+  const auto after = settled(2 * items);
+  INFO("after taking: " << taken << ", after completing: " << after);
+  // Every update was dibs's own: the trigger's WHEN held none of them up
+  // for an UPDATE of its own (it would count one more each).
+  CHECK(updates(taken) == items);
+  CHECK(updates(after) == 2 * items);
+  // Taking leaves the queue index (not HOT); completing changes neither
+  // `claimable` nor the priority nor the key: HOT, but for rows whose
+  // page had no room left for the new version.
+  CHECK(hot(after) - hot(taken) >= items * 9 / 10);
+  CHECK(pg::sql(fmt::format("SELECT count(*) FROM \"{}\" WHERE state = 'completed' AND NOT claimable", t)) ==
+        std::to_string(items));
 }
 
 namespace {

@@ -14,19 +14,19 @@
 //   version bigint NOT NULL      grows with every change, also across erase
 //                                and re-create (rows are never deleted by dibs)
 //   written timestamptz          the server's clock at the last change
-//   state, attempts, priority, not_before, synced
+//   state, attempts, priority, not_before, synced, claimable
 //                                marker_claim's queue: what the record says,
 //                                written with it (by a trigger for writers
 //                                other than this dibs), so they never
 //                                disagree with it; a partial index
 //                                <table>_queue over the claimable rows
 //
-// and marked with the comment 'dibs-store 2' (the schema version); a table
+// and marked with the comment 'dibs-store 3' (the schema version); a table
 // of another shape under that name is refused, naming it, and so is one of
-// a newer schema. A table of schema 1 (without the queue columns) is
-// migrated in place by the first process that opens it, in one transaction
-// under an advisory lock, while workers of either version go on (see
-// migrate() and docs/stores.md).
+// a newer schema. A table of schema 1 (without the queue columns) or 2
+// (without `claimable`) is migrated in place by the first process that
+// opens it, in one transaction under an advisory lock, while workers of
+// the older version go on (see migrate() and docs/stores.md).
 //
 // Every operation is one prepared autocommit statement (create_or_read on a
 // row without a record: two, see there). Failures:
@@ -168,7 +168,8 @@ public:
     validate_key(key, "dibs::postgres_store::create");
     validate_value(key, value);
     const queue_row q{value};
-    const auto r = run(stmt::create, {key, value, q.state(), q.attempts(), q.priority(), q.not_before()}, t, true, "create");
+    const auto r = run(stmt::create, {key, value, q.state(), q.attempts(), q.priority(), q.not_before(), q.claimable()},
+                       t, true, "create");
     if (::PQntuples(r.get()) == 0) return std::nullopt;
     return integer(r.get(), 0, 0);
   }
@@ -186,8 +187,9 @@ public:
     validate_key(key, "dibs::postgres_store::create_or_read");
     validate_value(key, value);
     const queue_row q{value};
-    const auto r = run(stmt::create_or_read, {key, value, q.state(), q.attempts(), q.priority(), q.not_before()}, t,
-                       true, "create");
+    const auto r = run(stmt::create_or_read,
+                       {key, value, q.state(), q.attempts(), q.priority(), q.not_before(), q.claimable()}, t, true,
+                       "create");
     if (::PQntuples(r.get()) == 0) return {};
     if (integer(r.get(), 0, 2) == 1) return {integer(r.get(), 0, 0), std::nullopt};
     if (::PQgetisnull(r.get(), 0, 1)) return {create(key, value, t), std::nullopt};
@@ -204,7 +206,8 @@ public:
     if (expected > static_cast<dibs::version>(INT64_MAX)) return std::nullopt;
     const std::string v = std::to_string(expected);
     const queue_row q{value};
-    const auto r = run(stmt::replace, {key, v, value, q.state(), q.attempts(), q.priority(), q.not_before()}, t, true,
+    const auto r = run(stmt::replace,
+                       {key, v, value, q.state(), q.attempts(), q.priority(), q.not_before(), q.claimable()}, t, true,
                        "replace");
     if (::PQntuples(r.get()) == 0) return std::nullopt;
     return integer(r.get(), 0, 0);
@@ -353,11 +356,12 @@ private:
   enum class stmt { read, read_aged, create, create_or_read, replace, erase, keys, take, take_all, processing };
   static constexpr std::chrono::milliseconds min_statement{250};
   using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
-  static constexpr std::string_view schema_comment = "dibs-store 2";
+  static constexpr std::string_view schema_comment = "dibs-store 3";
   // A parameter of run() that is SQL NULL (by its address).
   static constexpr char null_text[] = "";
   static constexpr std::string_view null{null_text, 0};
   static constexpr std::string_view schema_1_comment = "dibs-store 1";
+  static constexpr std::string_view schema_2_comment = "dibs-store 2";
 
   // Requires: listen_m_ held. Opens the LISTEN connection (again).
   // Returns: false if that failed (the waiter then polls).
@@ -450,40 +454,59 @@ private:
     check(r.get(), c, what);
   }
 
-  // The queue columns of schema 2: what marker_claim's record says (its
-  // state and attempts on lines 2 and 3; its priority and not_before
-  // lines), for the claim statement and its index. This dibs writes them
-  // with the record, in the same statement (queue_row); `synced` is the
-  // version they were written for. Any other writer (dibs of schema 1 still
-  // running, an application's own INSERT) leaves `synced` behind the version
-  // (or a record erased under a claimable state), and the trigger
-  // <table>_queue_sync computes them from the record: they never disagree
-  // with what marker_claim reads. (Generated columns would do that too, but
-  // the server prepares their expressions again at every statement, which
-  // cost more than the claim itself.)
+  // The queue columns: what marker_claim's record says (its state and
+  // attempts on lines 2 and 3; its priority and not_before lines), for the
+  // claim statement and its index, and `claimable` (schema 3): the state is
+  // offered or released (or a row without a record at version 0), the
+  // condition of the partial index <table>_queue. The index names
+  // `claimable` rather than `state` so that completing a claim (processing
+  // to completed: neither claimable) changes no column an index names, and
+  // the server can write it as a HOT update, without new index entries.
+  // This dibs writes them with the record, in the same statement
+  // (queue_row); `synced` is the version they were written for. Any other
+  // writer (dibs of schema 1 or 2 still running, an application's own
+  // INSERT) leaves `synced` behind the version, or a record erased under a
+  // claimable state, or `claimable` apart from `state`, and the trigger
+  // <table>_queue_fix computes them from the record in the same
+  // transaction: no other session sees them disagree with what
+  // marker_claim reads. (Generated columns would do that too, but the
+  // server prepares their expressions again at every statement, which cost
+  // more than the claim itself.)
   static constexpr std::string_view queue_column_defs =
       "state text, attempts integer NOT NULL DEFAULT 0, priority bigint NOT NULL DEFAULT 0, not_before bigint, "
       "synced bigint";
+  static constexpr std::string_view claimable_def = "claimable boolean NOT NULL DEFAULT false";
 
-  // The trigger that keeps the columns of rows written by others. Its
-  // parsing is queue_row's.
-  static std::string queue_sync_sql(const std::string& t) {
+  // The trigger that corrects the columns of rows written by others. An
+  // AFTER trigger, which sets them by an UPDATE of its own: a BEFORE
+  // trigger could set them in the row being written, but the server locks
+  // every row it updates for a BEFORE trigger before it evaluates the
+  // trigger's WHEN (one more WAL record, and 2-3 us, on every update of
+  // this dibs, whose rows need nothing); an AFTER trigger's WHEN is
+  // evaluated on the row as written, for nothing. Its parsing is
+  // queue_row's. Replaces schema 2's BEFORE trigger <table>_queue_sync.
+  static std::string queue_fix_sql(const std::string& t) {
     return fmt::format(
-        "CREATE OR REPLACE FUNCTION \"{0}_queue_sync\"() RETURNS trigger LANGUAGE plpgsql AS $$"
-        "DECLARE head text; BEGIN "
-        "NEW.synced := NEW.version; NEW.state := NULL; NEW.attempts := 0; NEW.priority := 0; NEW.not_before := NULL; "
+        "CREATE OR REPLACE FUNCTION \"{0}_queue_fix\"() RETURNS trigger LANGUAGE plpgsql AS $$"
+        "DECLARE head text; st text; att integer := 0; pri bigint := 0; nb bigint; BEGIN "
         "IF NEW.value IS NULL THEN "
-        "IF NEW.version = 0 THEN NEW.state := 'offered'; END IF; "
+        "IF NEW.version = 0 THEN st := 'offered'; END IF; "
         "ELSIF substring(NEW.value FROM 1 FOR 13) = 'dibs-claim 1\n'::bytea THEN "
         "head := encode(NEW.value, 'escape'); "
-        "NEW.state := substring(split_part(head, E'\\n', 2) FROM '^state ([a-z]{{1,20}})$'); "
-        "NEW.attempts := coalesce(substring(split_part(head, E'\\n', 3) FROM '^attempts ([0-9]{{1,9}})$')::integer, 0); "
-        "NEW.priority := coalesce(substring(head FROM E'(?:^|\\n)priority (-?[0-9]{{1,18}})(?:\\n|$)')::bigint, 0); "
-        "NEW.not_before := substring(head FROM E'(?:^|\\n)not_before ([0-9]{{1,18}})(?:\\n|$)')::bigint; "
-        "END IF; RETURN NEW; END$$; "
-        "CREATE OR REPLACE TRIGGER \"{0}_queue_sync\" BEFORE INSERT OR UPDATE ON \"{0}\" FOR EACH ROW "
+        "st := substring(split_part(head, E'\\n', 2) FROM '^state ([a-z]{{1,20}})$'); "
+        "att := coalesce(substring(split_part(head, E'\\n', 3) FROM '^attempts ([0-9]{{1,9}})$')::integer, 0); "
+        "pri := coalesce(substring(head FROM E'(?:^|\\n)priority (-?[0-9]{{1,18}})(?:\\n|$)')::bigint, 0); "
+        "nb := substring(head FROM E'(?:^|\\n)not_before ([0-9]{{1,18}})(?:\\n|$)')::bigint; "
+        "END IF; "
+        "UPDATE \"{0}\" SET state = st, attempts = att, priority = pri, not_before = nb, synced = NEW.version, "
+        "claimable = coalesce(st IN ('offered', 'released'), false) WHERE key = NEW.key AND version = NEW.version; "
+        "RETURN NULL; END$$; "
+        "DROP TRIGGER IF EXISTS \"{0}_queue_sync\" ON \"{0}\"; DROP FUNCTION IF EXISTS \"{0}_queue_sync\"(); "
+        "CREATE OR REPLACE TRIGGER \"{0}_queue_fix\" AFTER INSERT OR UPDATE ON \"{0}\" FOR EACH ROW "
         "WHEN (NEW.synced IS DISTINCT FROM NEW.version OR (NEW.value IS NULL AND NEW.state IS DISTINCT FROM "
-        "CASE WHEN NEW.version = 0 THEN 'offered' END)) EXECUTE FUNCTION \"{0}_queue_sync\"()",
+        "CASE WHEN NEW.version = 0 THEN 'offered' END) OR "
+        "NEW.claimable IS DISTINCT FROM coalesce(NEW.state IN ('offered', 'released'), false)) "
+        "EXECUTE FUNCTION \"{0}_queue_fix\"()",
         t);
   }
 
@@ -496,6 +519,9 @@ private:
     std::string_view attempts() const noexcept { return attempts_; }
     std::string_view priority() const noexcept { return priority_; }
     std::string_view not_before() const noexcept { return not_before_null_ ? null : std::string_view{not_before_}; }
+    std::string_view claimable() const noexcept {
+      return !state_null_ && (state_ == "offered" || state_ == "released") ? "true" : "false";
+    }
 
     explicit queue_row(std::string_view v) {
       if (!v.starts_with("dibs-claim 1\n")) return;
@@ -547,7 +573,7 @@ private:
 
   // The rows claim_next may take: also the condition of the partial index,
   // written the same, so that the planner uses it.
-  static constexpr std::string_view claimable = "state IN ('offered', 'released')";
+  static constexpr std::string_view claimable = "claimable";
 
   // Returns: the table's comment (its schema), "" if it has none, nullopt if
   // there is no such table.
@@ -587,27 +613,28 @@ private:
       under_table_lock(c, "create the table", [&] {
         exec(c, fmt::format("CREATE TABLE IF NOT EXISTS \"{0}\" (key bytea PRIMARY KEY, value bytea, "
                             "version bigint NOT NULL DEFAULT 0, written timestamptz NOT NULL DEFAULT clock_timestamp(), "
-                            "{3}); {4}; "
+                            "{3}, {5}); {4}; "
                             "COMMENT ON TABLE \"{0}\" IS '{1}'; "
                             "CREATE OR REPLACE FUNCTION \"{0}_notify\"() RETURNS trigger LANGUAGE plpgsql AS "
                             "$$BEGIN PERFORM pg_notify('dibs_{0}', encode(NEW.key, 'hex')); RETURN NULL; END$$; "
                             "CREATE OR REPLACE TRIGGER \"{0}_erased\" AFTER UPDATE ON \"{0}\" FOR EACH ROW "
                             "WHEN (NEW.value IS NULL AND OLD.value IS NOT NULL) EXECUTE FUNCTION \"{0}_notify\"(); "
                             "CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" (priority DESC, key) WHERE {2}",
-                            t, schema_comment, claimable, queue_column_defs, queue_sync_sql(t)),
+                            t, schema_comment, claimable, queue_column_defs, queue_fix_sql(t), claimable_def),
              "create the table");
       });
       comment = table_comment(c);
     }
-    if (comment && *comment == schema_1_comment) migrate(c);
+    if (comment && (*comment == schema_1_comment || *comment == schema_2_comment)) migrate(c);
     comment = table_comment(c);
     // A newer dibs's table: what it keeps there this one cannot keep right.
-    if (comment && comment->starts_with("dibs-store ") && *comment != schema_comment && *comment != schema_1_comment) {
+    if (comment && comment->starts_with("dibs-store ") && *comment != schema_comment) {
       throw std::system_error(make_error_code(errc::corrupt_record),
                               fmt::format("dibs::postgres_store: table '{}' on {} has the schema '{}', which this "
-                                          "dibs does not know (it knows '{}' and migrates '{}'): use the newer dibs "
+                                          "dibs does not know (it knows '{}' and migrates '{}' and '{}'): use the "
+                                          "newer dibs "
                                           "that made it, or name another table (postgres_store_options::table)",
-                                          t, server_, *comment, schema_comment, schema_1_comment));
+                                          t, server_, *comment, schema_comment, schema_1_comment, schema_2_comment));
     }
     // The shape: exactly what dibs reads and writes, and its schema version.
     const result cols{
@@ -616,14 +643,14 @@ private:
                        "obj_description(to_regclass(quote_ident($1)), 'pg_class') "
                        "FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 "
                        "AND column_name IN ('key', 'value', 'version', 'written', 'state', 'attempts', 'priority', "
-                       "'not_before', 'synced')",
+                       "'not_before', 'synced', 'claimable')",
                        1, nullptr, std::array<const char*, 1>{t.c_str()}.data(), nullptr, nullptr, 0),
         ::PQclear};
     check(cols.get(), c, "check the table's shape");
     const std::string shape = ::PQgetvalue(cols.get(), 0, 0), comment_now = ::PQgetvalue(cols.get(), 0, 1);
     constexpr std::string_view want =
-        "attempts integer, key bytea, not_before bigint, priority bigint, state text, synced bigint, value bytea, "
-        "version bigint, written timestamp with time zone";
+        "attempts integer, claimable boolean, key bytea, not_before bigint, priority bigint, state text, "
+        "synced bigint, value bytea, version bigint, written timestamp with time zone";
     if (shape != want || comment_now != schema_comment)
       throw std::system_error(make_error_code(errc::corrupt_record),
                               fmt::format("dibs::postgres_store: table '{}' on {} is not a dibs store table of this "
@@ -632,38 +659,49 @@ private:
                                           t, server_, shape, comment_now, want, schema_comment));
   }
 
-  // Migrates a table of schema 1 to schema 2 in place, in one transaction
-  // under the table's advisory lock (the first process of this dibs to open
-  // it does; the others find it done). Adding the generated columns
-  // rewrites the table under an exclusive lock: workers wait for it, and
-  // then go on. A worker of schema 1 that opened before keeps working: its
-  // statements are planned again, its claim statement still reads the
-  // record (which the columns follow), so it takes nothing twice; it only
-  // ignores priorities and backoffs. One that opens after is refused by
+  // Migrates a table of schema 1 or 2 to schema 3 in place, in one
+  // transaction under the table's advisory lock (the first process of this
+  // dibs to open it does; the others find it done). The columns are added
+  // without a rewrite, but under an exclusive lock: workers wait for the
+  // transaction, and then go on. A worker of an older schema that opened
+  // before keeps working: its statements are planned again (without the
+  // index, whose condition changed: a scan), its claim statement still
+  // selects by the record (schema 1) or by `state` (schema 2), which the
+  // trigger keeps right in the writer's own transaction, and takes a row
+  // only under its row lock, so nothing is taken twice; a worker of schema
+  // 1 ignores priorities and backoffs. One that opens after is refused by
   // the comment.
   void migrate(PGconn* c) {
     const std::string& t = opts_.table;
-    under_table_lock(c, "migrate the table to schema 2", [&] {
+    under_table_lock(c, "migrate the table to schema 3", [&] {
       const auto now = table_comment(c);
-      if (!now || *now != schema_1_comment) return;  // another process did it meanwhile
+      if (!now || (*now != schema_1_comment && *now != schema_2_comment)) return;  // another process did it meanwhile
       // Behind a long transaction of the application's that holds rows of
       // the table, the exclusive lock would queue every worker up behind
       // it: give up instead, and say so.
-      exec(c, "SET LOCAL lock_timeout = '10s'", "migrate the table to schema 2");
+      exec(c, "SET LOCAL lock_timeout = '10s'", "migrate the table to schema 3");
       std::string add;
-      for (std::string_view defs = queue_column_defs; !defs.empty();) {
-        const auto comma = defs.find(", ");
-        add += fmt::format("{}ADD COLUMN {}", add.empty() ? "" : ", ", defs.substr(0, comma));
-        defs = comma == std::string_view::npos ? std::string_view{} : defs.substr(comma + 2);
-      }
+      if (*now == schema_1_comment)
+        for (std::string_view defs = queue_column_defs; !defs.empty();) {
+          const auto comma = defs.find(", ");
+          add += fmt::format("ADD COLUMN {}, ", defs.substr(0, comma));
+          defs = comma == std::string_view::npos ? std::string_view{} : defs.substr(comma + 2);
+        }
       // The columns are added empty (no rewrite), then filled by the
-      // trigger, row by row, from the records.
-      exec(c, fmt::format("ALTER TABLE \"{0}\" {1}; {2}; UPDATE \"{0}\" SET synced = -1; "
-                          "DROP INDEX IF EXISTS \"{0}_claimable\"; "
-                          "CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" (priority DESC, key) WHERE {3}; "
-                          "COMMENT ON TABLE \"{0}\" IS '{4}'",
-                          t, add, queue_sync_sql(t), claimable, schema_comment),
-           "migrate the table to schema 2 (columns state, attempts, priority, not_before, synced)");
+      // trigger, row by row, from the records (schema 1); of schema 2 only
+      // the claimable rows change.
+      exec(c, fmt::format("ALTER TABLE \"{0}\" {1}ADD COLUMN {2}; {3}; {4}; "
+                          "DROP INDEX IF EXISTS \"{0}_claimable\"; DROP INDEX IF EXISTS \"{0}_queue\"; "
+                          "CREATE INDEX \"{0}_queue\" ON \"{0}\" (priority DESC, key) WHERE {5}; "
+                          "COMMENT ON TABLE \"{0}\" IS '{6}'",
+                          t, add, claimable_def, queue_fix_sql(t),
+                          *now == schema_1_comment
+                              ? fmt::format("UPDATE \"{}\" SET synced = -1", t)
+                              : fmt::format("UPDATE \"{}\" SET claimable = true WHERE state IN ('offered', 'released')", t),
+                          claimable, schema_comment),
+           *now == schema_1_comment
+               ? "migrate the table to schema 3 (columns state, attempts, priority, not_before, synced, claimable)"
+               : "migrate the table to schema 3 (column claimable)");
     });
   }
 
@@ -676,7 +714,7 @@ private:
         "UPDATE \"{0}\" r SET value = convert_to('dibs-claim 1' || E'\\n' || 'state processing' || E'\\n' || "
         "'attempts ' || (r.attempts + 1) || E'\\n' || CASE WHEN r.priority <> 0 THEN 'priority ' || r.priority || "
         "E'\\n' ELSE '' END, 'UTF8') || $3::bytea, version = r.version + 1, written = clock_timestamp(), "
-        "state = 'processing', attempts = r.attempts + 1, not_before = NULL, synced = r.version + 1 "
+        "state = 'processing', attempts = r.attempts + 1, not_before = NULL, synced = r.version + 1, claimable = false "
         "WHERE r.key = ANY (ARRAY(SELECT key FROM \"{0}\" WHERE ({1}) AND (not_before IS NULL OR "
         "not_before <= floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) {2} "
         "ORDER BY priority DESC, key LIMIT $4::integer FOR UPDATE SKIP LOCKED)) "
@@ -695,27 +733,28 @@ private:
                                       "FROM \"{}\" WHERE key = $1",
                                       t)},
         {stmt::create, fmt::format("INSERT INTO \"{0}\" AS r (key, value, version, written, state, attempts, priority, "
-                                   "not_before, synced) VALUES ($1, $2, 1, clock_timestamp(), $3, $4::integer, "
-                                   "$5::bigint, $6::bigint, 1) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
-                                   "version = r.version + 1, written = clock_timestamp(), state = excluded.state, "
-                                   "attempts = excluded.attempts, priority = excluded.priority, "
-                                   "not_before = excluded.not_before, synced = r.version + 1 WHERE r.value IS NULL "
+                                   "not_before, synced, claimable) VALUES ($1, $2, 1, clock_timestamp(), $3, "
+                                   "$4::integer, $5::bigint, $6::bigint, 1, $7::boolean) ON CONFLICT (key) DO UPDATE "
+                                   "SET value = excluded.value, version = r.version + 1, written = clock_timestamp(), "
+                                   "state = excluded.state, attempts = excluded.attempts, priority = excluded.priority, "
+                                   "not_before = excluded.not_before, synced = r.version + 1, "
+                                   "claimable = excluded.claimable WHERE r.value IS NULL "
                                    "RETURNING version",
                                    t)},
         {stmt::create_or_read,
          fmt::format("WITH ins AS (INSERT INTO \"{0}\" (key, value, version, written, state, attempts, priority, "
-                     "not_before, synced) VALUES ($1, $2, 1, clock_timestamp(), $3, $4::integer, $5::bigint, "
-                     "$6::bigint, 1) ON CONFLICT (key) DO NOTHING RETURNING version) "
+                     "not_before, synced, claimable) VALUES ($1, $2, 1, clock_timestamp(), $3, $4::integer, "
+                     "$5::bigint, $6::bigint, 1, $7::boolean) ON CONFLICT (key) DO NOTHING RETURNING version) "
                      "SELECT version, NULL::bytea, 1::bigint FROM ins UNION ALL "
                      "SELECT version, value, 0::bigint FROM \"{0}\" WHERE key = $1 AND NOT EXISTS (SELECT FROM ins)",
                      t)},
         {stmt::replace, fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = clock_timestamp(), "
                                     "state = $4, attempts = $5::integer, priority = $6::bigint, not_before = $7::bigint, "
-                                    "synced = version + 1 "
+                                    "synced = version + 1, claimable = $8::boolean "
                                     "WHERE key = $1 AND version = $2::bigint AND value IS NOT NULL RETURNING version",
                                     t)},
         {stmt::erase, fmt::format("UPDATE \"{}\" SET value = NULL, written = clock_timestamp(), state = NULL, "
-                                  "attempts = 0, priority = 0, not_before = NULL, synced = version "
+                                  "attempts = 0, priority = 0, not_before = NULL, synced = version, claimable = false "
                                   "WHERE key = $1 AND version = $2::bigint AND value IS NOT NULL RETURNING version",
                                   t)},
         {stmt::take, take_sql(t, true)},
