@@ -64,8 +64,11 @@ int guarded(const char* role, F&& f) {
 // The counting role: `n` transactions, each reading the counter and writing
 // it back plus one; then writes to `busy_file` how many attempts failed with
 // SQLITE_BUSY ("database is locked") and were retried.
-int sql_count(const fs::path& db_path, int n, const fs::path& busy_file) {
+int sql_count(const fs::path& db_path, int n, const fs::path& busy_file, const fs::path& go) {
   dibs::sqlite::connection db{db_path};
+  // All start together (under Wine each process takes a while to start,
+  // and one that ran alone would meet no lock: the test would test nothing).
+  if (!wait_for_file(go, 60s)) return 3;
   long busy = 0;
   const auto policy = tx_policy().on_retry([&](const dibs::retry_event& e) {
     if (e.code.category() == dibs::sqlite::category() && (e.code.value() & 0xff) == SQLITE_BUSY) ++busy;
@@ -116,7 +119,7 @@ int sql_worker(const fs::path& db_path, int items, int offset) {
 }
 
 const register_role count_role{"--sql-count", [](int argc, char** argv) {
-  return argc == 3 ? guarded("--sql-count", [&] { return sql_count(argv[0], std::atoi(argv[1]), argv[2]); }) : 2;
+  return argc == 4 ? guarded("--sql-count", [&] { return sql_count(argv[0], std::atoi(argv[1]), argv[2], argv[3]); }) : 2;
 }};
 const register_role worker_role{"--sql-worker", [](int argc, char** argv) {
   return argc == 3 ? guarded("--sql-worker",
@@ -264,10 +267,14 @@ TEST_CASE("Windows sqlite: 4 processes x 150 read-modify-write transactions, ret
     db.exec("CREATE TABLE counter (v INTEGER NOT NULL); INSERT INTO counter VALUES (0)");
   }
   constexpr int procs = 4, rounds = 150;
+  const auto go = dir.path / "go";
   std::vector<std::unique_ptr<child>> kids;
   for (int p = 0; p < procs; ++p)
     kids.push_back(std::make_unique<child>(std::vector<std::wstring>{
-        L"--sql-count", db_path.wstring(), std::to_wstring(rounds), (dir.path / fmt::format("busy-{}", p)).wstring()}));
+        L"--sql-count", db_path.wstring(), std::to_wstring(rounds), (dir.path / fmt::format("busy-{}", p)).wstring(),
+        go.wstring()}));
+  std::this_thread::sleep_for(500ms);  // let them open their connections
+  std::ofstream{go} << "go\n";
   for (auto& k : kids) CHECK(k->wait(60s) == DWORD{0});
   long busy = 0;
   for (int p = 0; p < procs; ++p) {
