@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "fenced_effect.hpp"
 #include "support.hpp"
 
 #include <signal.h>
@@ -22,24 +23,6 @@
 #include <vector>
 
 namespace dibs_test {
-
-/// Writes an item's effect to `journal` unless the journal holds one with a
-/// token at least as large (fencing), through the policies' way into a store:
-/// transient failures retried, an unknown outcome read back (the token makes
-/// each write recognisable). Returns: false if the token was refused as stale.
-template <class Journal>
-bool write_fenced_effect(Journal& journal, const std::string& k, dibs::version token) {
-  const auto t = dibs::time_limit::max();
-  for (;;) {
-    auto r = dibs::detail::store_read(journal, k, t);
-    if (!r) {
-      if (dibs::detail::store_create(journal, k, std::to_string(token), t)) return true;
-    } else {
-      if (std::stoull(r->value) >= token) return false;
-      if (dibs::detail::store_replace(journal, k, r->version, std::to_string(token), t)) return true;
-    }
-  }
-}
 
 /// Effects: `kills` times, after 20-150 ms, SIGKILLs a random one of `pids`
 /// and puts start() in its place (seeded: the same schedule every run).

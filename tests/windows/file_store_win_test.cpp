@@ -6,6 +6,8 @@
 // claims.
 #include "win_support.hpp"
 
+#include "../fenced_effect.hpp"
+
 #include <dibs/lock_file.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/stores/file_store.hpp>
@@ -29,20 +31,6 @@ using namespace win_test;
 // upper-case letters (all escaped in Windows names).
 std::string item_key(int i) { return fmt::format("<Item/{:04}+%{}@Mail.Example.com>", i, i % 7); }
 
-// Writes an item's effect to `journal` unless it holds one with a token at
-// least as large (fencing). Returns: false if the token was refused as stale.
-bool write_fenced_effect(dibs::file_store& journal, const std::string& k, dibs::version token) {
-  for (;;) {
-    auto r = journal.read(k);
-    if (!r) {
-      if (journal.create(k, std::to_string(token))) return true;
-    } else {
-      if (std::stoull(r->value) >= token) return false;
-      if (journal.replace(k, r->version, std::to_string(token))) return true;
-    }
-  }
-}
-
 // The claiming role: claims every item it can, writes its effect to the
 // journal (fenced by the claim's token), completes it; exits 0 once every
 // item is completed.
@@ -57,7 +45,7 @@ int claim_worker(const fs::path& items_dir, const fs::path& journal_dir, int ite
       const std::string k = item_key((offset + j) % items);
       if (auto c = claims.try_claim(k)) {
         claimed_any = true;
-        if (!write_fenced_effect(journal, k, c->token())) return 4;
+        if (!dibs_test::write_fenced_effect(journal, k, c->token())) return 4;
         c->complete(std::to_string(c->token()));
       } else if (claims.status(k).state != dibs::claim_state::completed) {
         all_done = false;

@@ -75,12 +75,7 @@ TEST_CASE("Windows lease_mutex: a hold on behalf of a running process stays, and
 }
 
 TEST_CASE("Windows lease_mutex: on_behalf_of an id no process has is refused by name") {
-  long free_id = 0;
-  for (long id = 0x3ffffffc; id > 0x3fff0000; id -= 4)
-    if (dibs::detail::pid_absent(id)) {
-      free_id = id;
-      break;
-    }
+  const long free_id = free_process_id();
   REQUIRE(free_id != 0);
   dibs::memory_store store;
   try {

@@ -94,13 +94,7 @@ TEST_CASE("Windows proof rule: a live process under another creation time is a r
 }
 
 TEST_CASE("Windows proof rule: an id no process has is absent and gone") {
-  // Process ids are multiples of 4; one near the top of the range is free.
-  long free_id = 0;
-  for (long id = 0x3ffffffc; id > 0x3fff0000; id -= 4)
-    if (dibs::detail::pid_absent(id)) {
-      free_id = id;
-      break;
-    }
+  const long free_id = free_process_id();
   REQUIRE(free_id != 0);
   auto o = dibs::detail::this_process(30s);
   o.pid = free_id;

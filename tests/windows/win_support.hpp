@@ -103,6 +103,17 @@ struct child {
   }
 };
 
+// Returns: a process id no process has now (ids are multiples of 4; one
+// near the top of the range is free), or 0 if none was found.
+inline long free_process_id() {
+  for (long id = 0x3ffffffc; id > 0x3fff0000; id -= 4) {
+    const HANDLE h = ::OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, FALSE, static_cast<DWORD>(id));
+    if (!h && ::GetLastError() == ERROR_INVALID_PARAMETER) return id;
+    if (h) ::CloseHandle(h);
+  }
+  return 0;
+}
+
 // Returns: the number of non-empty lines of `p`.
 inline std::size_t lines(const fs::path& p) {
   std::ifstream in{p};
