@@ -4,8 +4,12 @@
 # recovered; on IMAP also every message showing $Completed.
 #
 #   cmake -DDEMO=path/to/shared_inbox -DOUT=summary.json [-DSTORE=postgres -DPG_DIR=dir]
-#         [-DSTORE=imap -DIMAP_SCRIPT=scripts/imap.sh -DIMAP_DIR=dir] -P check_shared_inbox.cmake
+#         [-DSTORE=imap -DIMAP_SCRIPT=scripts/imap.sh -DIMAP_DIR=dir]
+#         [-DRUNNER=launcher] [-DMESSAGES=N -DKILLS=K -DRATE=R] -P check_shared_inbox.cmake
 #
+# RUNNER runs the demo (scripts/wine-run.sh for the Windows build); MESSAGES,
+# KILLS and RATE replace the run's size (where processes start slowly, a
+# longer delivery lets the kills land while workers work).
 # PG_DIR: a server of scripts/pg.sh (its conninfo file). IMAP_DIR: where this
 # script starts a throwaway Dovecot with IMAP_SCRIPT for the run (and stops it).
 set(messages 1500)
@@ -33,8 +37,14 @@ elseif(STORE STREQUAL "imap")
     endif()
   endforeach()
 endif()
+foreach(v MESSAGES KILLS RATE)
+  if(DEFINED ${v})
+    string(TOLOWER ${v} lower)
+    set(${lower} ${${v}})
+  endif()
+endforeach()
 file(REMOVE ${OUT})
-execute_process(COMMAND ${DEMO} ${store_args} --workers 4 --messages ${messages} --kills ${kills} --rate ${rate} --json ${OUT}
+execute_process(COMMAND ${RUNNER} ${DEMO} ${store_args} --workers 4 --messages ${messages} --kills ${kills} --rate ${rate} --json ${OUT}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(STORE STREQUAL "imap")
   execute_process(COMMAND ${IMAP_SCRIPT} stop ${IMAP_DIR})

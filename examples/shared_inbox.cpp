@@ -39,25 +39,34 @@
 //                [--hold-us U] [--dir D] [--json FILE] [--keep]
 //
 // Workers are this program started again (by exec, with --role worker): a
-// database connection must never be carried across fork().
+// database connection must never be carried across fork(). On Windows they
+// are started with CreateProcessW and killed with TerminateProcess
+// (demo_process.hpp); the SQLite mailbox is there, PostgreSQL and IMAP are
+// built where their client libraries are (DIBS_DEMO_POSTGRES, DIBS_DEMO_IMAP).
+#ifndef DIBS_DEMO_POSTGRES
+#define DIBS_DEMO_POSTGRES 0
+#endif
+#ifndef DIBS_DEMO_IMAP
+#define DIBS_DEMO_IMAP 0
+#endif
+#if DIBS_DEMO_IMAP
 #include <dibs/imap/client.hpp>
 #include <dibs/imap/mailbox.hpp>
 #include <dibs/imap/store.hpp>
+#endif
 #include <dibs/marker_claim.hpp>
+#if DIBS_DEMO_POSTGRES
 #include <dibs/stores/postgres_store.hpp>
+#endif
 #include <dibs/retry.hpp>
 #include <dibs/shared_log.hpp>
 #include <dibs/sqlite/connection.hpp>
 #include <dibs/stores/sqlite_store.hpp>
 
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include "demo_process.hpp"
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -75,8 +84,6 @@
 #include <vector>
 
 #include <fmt/format.h>
-
-extern char** environ;
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
@@ -112,7 +119,8 @@ struct args {
       "  worker (dibs::marker_claim on the message's row), which writes an order into a\n"
       "  shared results database (dibs::transact retries lost lock races) and a line\n"
       "  into one shared log (dibs::shared_log). K times during the run a random\n"
-      "  worker is killed with SIGKILL and a new one started; its claims are recovered.\n"
+      "  worker is killed with SIGKILL (TerminateProcess on Windows) and a new one\n"
+      "  started; its claims are recovered.\n"
       "  At the end a table shows what happened, and the program exits with status 1\n"
       "  if any message was lost or done twice, or a log line lost or torn.\n"
       "\n"
@@ -181,6 +189,11 @@ args parse(int argc, char** argv) {
   }
   if (a.store != "sqlite" && a.store != "postgres" && a.store != "imap") {
     std::fprintf(stderr, "shared_inbox: --store must be sqlite, postgres or imap (got '%s')\n", a.store.c_str());
+    std::exit(2);
+  }
+  if ((a.store == "postgres" && !DIBS_DEMO_POSTGRES) || (a.store == "imap" && !DIBS_DEMO_IMAP)) {
+    std::fprintf(stderr, "shared_inbox: this build has no --store %s (it was built without its client library)\n",
+                 a.store.c_str());
     std::exit(2);
   }
   if (a.pg.empty() && std::getenv("DIBS_PG_CONNINFO")) a.pg = std::getenv("DIBS_PG_CONNINFO");
@@ -349,6 +362,7 @@ public:
   results_db open_monitor() const { return results_db{p_.mailbox, {.journal_mode = "", .synchronous = ""}}; }
 };
 
+#if DIBS_DEMO_POSTGRES
 class postgres_engine {
 public:
   using store = dibs::postgres_store;
@@ -450,6 +464,7 @@ public:
 private:
   std::string conninfo_, run_;
 };
+#endif
 
 // ---------------------------------------------------------------------------
 // The delivery process: N messages, in small batches, at R per second.
@@ -478,8 +493,7 @@ int deliver(const Engine& engine, int messages, int rate) {
 // ---------------------------------------------------------------------------
 // A worker.
 
-volatile std::sig_atomic_t stop_requested = 0;
-extern "C" void on_term(int) { stop_requested = 1; }
+using demo::stop_requested;
 
 struct order_text {
   int qty = 0;
@@ -609,6 +623,7 @@ mailbox_state inspect(const Engine& engine, int messages) {
   return st;
 }
 
+#if DIBS_DEMO_IMAP
 // ---------------------------------------------------------------------------
 // The mailbox on an IMAP server (DIBS_IMAP_HOST, _PORT, _USER, _PASSWORD):
 // the delivery process APPENDs real mails into a mailbox of the run's own
@@ -792,19 +807,10 @@ private:
   order_handler<imap_engine::results_access> handler_;
 };
 
+#endif
+
 // ---------------------------------------------------------------------------
 // The parent: starts the processes, the chaos, the progress line, and checks.
-
-pid_t start(const std::vector<std::string>& argv) {
-  std::vector<char*> av;
-  for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
-  av.push_back(nullptr);
-  pid_t pid = 0;
-  std::fflush(nullptr);
-  const int rc = ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, av.data(), environ);
-  if (rc != 0) throw std::system_error(rc, std::generic_category(), "shared_inbox: cannot start a process");
-  return pid;
-}
 
 struct figures {
   int workers = 0, messages = 0;
@@ -886,8 +892,8 @@ void print_table(const figures& f, std::FILE* out, const char* engine) {
     else std::fprintf(out, "  %-26s %10s   %s\n", what, value.c_str(), note.c_str());
   };
   auto n = [](long v) { return fmt::format("{}", v); };
-  std::fprintf(out, "dibs shared inbox on %s: %d workers, %d messages, %ld workers killed with SIGKILL\n\n", engine,
-               f.workers, f.messages, f.killed);
+  std::fprintf(out, "dibs shared inbox on %s: %d workers, %d messages, %ld workers killed with %s\n\n", engine,
+               f.workers, f.messages, f.killed, demo::kill_name);
   row("messages delivered", n(f.delivered));
   row("completed exactly once", n(f.completed - f.duplicates), f.failed ? fmt::format("{} failed", f.failed) : "");
   row("duplicate effects", n(f.duplicates), "orders written twice for one message (must be 0)");
@@ -931,16 +937,12 @@ void write_json(const figures& f, const fs::path& path) {
   if (!out) throw std::runtime_error(fmt::format("shared_inbox: cannot write '{}'", path.string()));
 }
 
-int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
-
 template <class Engine>
 int run_demo(args a) {
   fs::path dir = a.dir;
   bool made_temp = false;
   if (dir.empty()) {
-    std::string tmpl = (fs::temp_directory_path() / "dibs-inbox-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::system_error(errno, std::generic_category(), "shared_inbox: mkdtemp");
-    dir = tmpl;
+    dir = demo::make_temp_directory("dibs-inbox-");
     made_temp = true;
   } else {
     fs::create_directories(dir);
@@ -950,10 +952,10 @@ int run_demo(args a) {
   }
   const paths p{dir};
   a.dir = dir;
-  if (a.run.empty()) a.run = fmt::format("{}{}", a.store == "imap" ? "demo-" : "inbox_", ::getpid());
+  if (a.run.empty()) a.run = fmt::format("{}{}", a.store == "imap" ? "demo-" : "inbox_", demo::current_process_id());
   const Engine engine{a};
   engine.create();
-  if constexpr (std::is_same_v<Engine, imap_engine>) std::printf("%s\n", engine.where().c_str());
+  if constexpr (requires { engine.where(); }) std::printf("%s\n", engine.where().c_str());
 
   const std::string d = dir.string();
   // Every process gets the same place: the directory (the log; SQLite's
@@ -968,23 +970,31 @@ int run_demo(args a) {
                        std::to_string(a.hold_us)});
   };
   const auto t0 = steady::now();
-  const pid_t delivery = start(with_place({"shared_inbox", "--role", "deliver", "--messages", std::to_string(a.messages),
-                                           "--rate", std::to_string(a.rate)}));
-  std::vector<pid_t> workers;
+  demo::stop_signal stop{a.run};  // before the workers, which watch it
+  demo::process delivery{with_place({"shared_inbox", "--role", "deliver", "--messages", std::to_string(a.messages),
+                                     "--rate", std::to_string(a.rate)})};
+  std::vector<demo::process> workers;
+  std::vector<int> id_of;  // the worker id of workers[i]
   int next_id = 1;
-  std::map<pid_t, int> id_of;
   std::set<int> killed_ids;
-  for (int i = 0; i < a.workers; ++i) {
-    workers.push_back(start(worker_argv(next_id)));
-    id_of[workers.back()] = next_id++;
-  }
+  auto start_worker = [&](std::size_t slot) {
+    demo::process w{worker_argv(next_id)};
+    if (slot == workers.size()) {
+      workers.push_back(std::move(w));
+      id_of.push_back(next_id++);
+    } else {
+      workers[slot] = std::move(w);
+      id_of[slot] = next_id++;
+    }
+  };
+  for (int i = 0; i < a.workers; ++i) start_worker(workers.size());
 
   // Processes are started by exec, so this connection is never used across a fork.
   auto monitor = engine.open_monitor();
   figures f;
   f.workers = a.workers;
   f.messages = a.messages;
-  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  const bool tty = demo::stdout_is_terminal();
   std::mt19937 rng(std::random_device{}());
   // Kills land at random moments between 10% and 85% of the delivery time,
   // so they hit workers while work is going on.
@@ -997,31 +1007,26 @@ int run_demo(args a) {
   bool delivered_all = false;
   long completed = 0, last_completed = -1;
   auto last_progress = t0, last_change = t0;
-  int delivery_status = 0;
   for (;;) {
     std::this_thread::sleep_for(20ms);
     const auto now = steady::now();
-    if (!delivered_all && ::waitpid(delivery, &delivery_status, WNOHANG) == delivery) {
-      delivered_all = true;
-      if (exit_code(delivery_status) != 0) throw std::runtime_error("shared_inbox: the delivery process failed");
-    }
-    for (auto& w : workers) {  // a worker that died on its own is an error, and is replaced
-      int st = 0;
-      if (::waitpid(w, &st, WNOHANG) == w) {
-        ++f.worker_errors;
-        w = start(worker_argv(next_id));
-        id_of[w] = next_id++;
+    if (!delivered_all)
+      if (const auto code = delivery.try_wait()) {
+        delivered_all = true;
+        if (*code != 0) throw std::runtime_error("shared_inbox: the delivery process failed");
       }
-    }
+    for (std::size_t i = 0; i < workers.size(); ++i)  // a worker that died on its own is an error, and is replaced
+      if (workers[i].try_wait()) {
+        ++f.worker_errors;
+        start_worker(i);
+      }
     const long delivered = engine.delivered(monitor);
     completed = engine.completed(monitor);
     if (f.killed < a.kills && now >= kill_at[static_cast<std::size_t>(f.killed)]) {
       const std::size_t v = std::uniform_int_distribution<std::size_t>{0, workers.size() - 1}(rng);
-      ::kill(workers[v], SIGKILL);
-      killed_ids.insert(id_of[workers[v]]);
-      ::waitpid(workers[v], nullptr, 0);
-      workers[v] = start(worker_argv(next_id));
-      id_of[workers[v]] = next_id++;
+      workers[v].kill();
+      killed_ids.insert(id_of[v]);
+      start_worker(v);
       ++f.killed;
     }
     if (tty && now - last_progress >= 100ms) {
@@ -1041,12 +1046,9 @@ int run_demo(args a) {
   }
   f.elapsed_s = std::chrono::duration<double>(steady::now() - t0).count();
   if (tty) std::printf("\r\x1b[K");
-  for (pid_t w : workers) ::kill(w, SIGTERM);
-  for (pid_t w : workers) {
-    int st = 0;
-    ::waitpid(w, &st, 0);
-    if (exit_code(st) != 0) ++f.worker_errors;
-  }
+  stop.raise(workers);
+  for (auto& w : workers)
+    if (w.wait() != 0) ++f.worker_errors;
 
   const mailbox_state st = inspect(engine, a.messages);
   f = check(engine, p, f, killed_ids, st);
@@ -1069,7 +1071,7 @@ template <class Engine>
 int run_role(const args& a) {
   const Engine engine{a};
   if (a.role == "worker") {
-    std::signal(SIGTERM, on_term);
+    demo::watch_for_stop(a.run);
     worker<Engine> w{engine, paths{a.dir}, a.id, std::chrono::microseconds{a.hold_us}};
     return w.run();
   }
@@ -1083,8 +1085,12 @@ int run_role(const args& a) {
 int main(int argc, char** argv) {
   const args a = parse(argc, argv);
   try {
+#if DIBS_DEMO_POSTGRES
     if (a.store == "postgres") return run_role<postgres_engine>(a);
+#endif
+#if DIBS_DEMO_IMAP
     if (a.store == "imap") return run_role<imap_engine>(a);
+#endif
     return run_role<sqlite_engine>(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shared_inbox%s: %s\n", a.role.empty() ? "" : (" " + a.role).c_str(), e.what());
