@@ -989,8 +989,6 @@ int run_demo(args a) {
   };
   for (int i = 0; i < a.workers; ++i) start_worker(workers.size());
 
-  // Processes are started by exec, so this connection is never used across a fork.
-  auto monitor = engine.open_monitor();
   figures f;
   f.workers = a.workers;
   f.messages = a.messages;
@@ -1007,7 +1005,10 @@ int run_demo(args a) {
   bool delivered_all = false;
   long completed = 0, last_completed = -1;
   auto last_progress = t0, last_change = t0;
-  for (;;) {
+  // Processes are started by exec, so this connection is never used across
+  // a fork. It is closed at the end of this block, before the files are
+  // removed: Windows removes no open file.
+  for (auto monitor = engine.open_monitor();;) {
     std::this_thread::sleep_for(20ms);
     const auto now = steady::now();
     if (!delivered_all)
