@@ -8,6 +8,9 @@
 
 #include <fmt/format.h>
 
+#include <array>
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace {
@@ -44,6 +47,28 @@ TEST_CASE("Windows proof rule: this process is named by computer, boot time, id 
   CHECK_FALSE(dibs::detail::provably_dead(me));
   // The record round-trips through its text.
   CHECK(dibs::detail::parse_owner(dibs::detail::format_owner(dibs::detail::this_process(5s))) == dibs::detail::this_process(5s));
+}
+
+TEST_CASE("Windows proof rule: the boot time is one that no step of the clock moves (BootTime minus BootTimeBias)") {
+  // Windows adds every step of the clock to both BootTime and BootTimeBias.
+  // Wine's clock is never stepped, so the step is made here, in the
+  // structure NtQuerySystemInformation fills: a boot at T, read before any
+  // step and after steps of +3 hours and then -1 hour, is T every time.
+  constexpr std::int64_t boot = 134'000'000'000'000'000;  // 100 ns since 1601: in 2025
+  constexpr std::int64_t hour = 36'000'000'000;
+  auto info_after = [](std::int64_t steps) {
+    std::array<unsigned char, 48> info{};
+    const std::int64_t boot_time = boot + steps;
+    const std::uint64_t bias = static_cast<std::uint64_t>(steps);
+    std::memcpy(info.data(), &boot_time, 8);
+    std::memcpy(info.data() + 32, &bias, 8);
+    return info;
+  };
+  CHECK(dibs::detail::boot_time_of(info_after(0).data(), 48) == boot);
+  CHECK(dibs::detail::boot_time_of(info_after(3 * hour).data(), 48) == boot);
+  CHECK(dibs::detail::boot_time_of(info_after(2 * hour).data(), 48) == boot);
+  CHECK(dibs::detail::boot_time_of(info_after(-hour).data(), 48) == boot);
+  CHECK(dibs::detail::boot_time_of(info_after(0).data(), 39) == 0);  // too short to hold the bias: unknown
 }
 
 TEST_CASE("Windows proof rule: a running process is alive, and once terminated it is gone, both while a handle keeps its object and after") {

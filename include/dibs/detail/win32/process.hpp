@@ -10,7 +10,12 @@
 //     a time, not a counter that wraps (GetTickCount wraps after 49 days),
 //     and an id that tells apart machines cloned with one computer name, or
 //     Wine prefixes (each has its own wineserver, process ids and boot time)
-//     that started in the same second.
+//     that started in the same second. The boot time is BootTime minus
+//     BootTimeBias: Windows moves BootTime by every step of the clock (the
+//     time service's corrections, a user setting the time) and adds the
+//     same step to BootTimeBias, so BootTime alone would change while the
+//     machine runs and every live holder would look like one of another
+//     boot; the difference stays the time the machine really booted.
 //   - A process is named by its id and its creation time (GetProcessTimes,
 //     100 ns since 1601): Windows reuses ids, never creation times of one id.
 //   - There are no PID namespaces: an id is unique on the machine across
@@ -89,6 +94,21 @@ inline std::string machine_guid() {
 /// that two machines (or two Wine prefixes, each with its own wineserver
 /// and process ids) that booted in the same second never look alike. A pid
 /// or a creation time means something only within one boot.
+/// Returns: the boot time in `info`, a SYSTEM_TIMEOFDAY_INFORMATION of
+/// `got` bytes, that no step of the clock moves (BootTime - BootTimeBias);
+/// 0 if `info` is too short to hold it.
+inline std::int64_t boot_time_of(const unsigned char* info, std::size_t got) {
+  // The layout: BootTime, CurrentTime, TimeZoneBias (8 bytes each),
+  // TimeZoneId, Reserved (4 each), BootTimeBias, SleepTimeBias (8 each).
+  constexpr std::size_t bias_at = 32;
+  if (got < bias_at + 8) return 0;
+  std::int64_t boot = 0;
+  std::uint64_t bias = 0;
+  std::memcpy(&boot, info, sizeof boot);
+  std::memcpy(&bias, info + bias_at, sizeof bias);
+  return static_cast<std::int64_t>(static_cast<std::uint64_t>(boot) - bias);
+}
+
 inline std::string boot_id() {
   using query_fn = LONG(WINAPI*)(int, void*, ULONG, ULONG*);
   const HMODULE ntdll = ::GetModuleHandleW(L"ntdll.dll");
@@ -97,13 +117,11 @@ inline std::string boot_id() {
   // signature of NtQuerySystemInformation is restored here.
   const auto query = reinterpret_cast<query_fn>(reinterpret_cast<void*>(::GetProcAddress(ntdll, "NtQuerySystemInformation")));
   if (!query) return {};
-  // SYSTEM_TIMEOFDAY_INFORMATION (class 3): BootTime is its first field,
-  // 100 ns since 1601.
+  // SYSTEM_TIMEOFDAY_INFORMATION (class 3), 100 ns since 1601.
   unsigned char info[48] = {};
   ULONG got = 0;
-  if (query(3, info, sizeof info, &got) != 0 || got < 8) return {};
-  std::int64_t boot = 0;
-  std::memcpy(&boot, info, sizeof boot);
+  if (query(3, info, sizeof info, &got) != 0) return {};
+  const std::int64_t boot = boot_time_of(info, got);
   const std::string machine = machine_guid();
   if (boot <= 0 || machine.empty()) return {};
   return fmt::format("{}-{}", machine, boot);
