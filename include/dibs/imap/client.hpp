@@ -973,7 +973,7 @@ private:
       const bool late = e == std::errc::timed_out;
       timed_out = timed_out || late;
       fmt::format_to(std::back_inserter(tried), "{}{}: {}", tried.empty() ? "" : ", ", detail::address_text(a),
-                     late ? std::string("no answer in time") : e.message());
+                     late ? std::string("no answer in time") : dibs::detail::socket_error_text(e));
     }
     ::freeaddrinfo(found);
     if (fd_ != dibs::detail::no_socket) return;

@@ -43,6 +43,9 @@ inline std::error_code last_socket_error() noexcept { return {errno, std::generi
 /// Returns: the last socket call's error as text, for messages.
 inline std::string last_socket_error_text() { return std::strerror(errno); }
 
+/// Returns: `ec` (from connect_socket()) as text, for messages.
+inline std::string socket_error_text(const std::error_code& ec) { return ec.message(); }
+
 /// Returns: true if `host` is an IPv4 or IPv6 address (not a name).
 inline bool is_ip_address(const std::string& host) noexcept {
   unsigned char buf[sizeof(in6_addr)];

@@ -67,6 +67,12 @@ inline std::string last_socket_error_text() {
   return fmt::format("{} (WSA {})", std::system_category().message(e), e);
 }
 
+/// Returns: `ec` (from connect_socket()) as text, with its WSA code, for messages.
+inline std::string socket_error_text(const std::error_code& ec) {
+  if (ec.category() != std::system_category()) return ec.message();
+  return fmt::format("{} (WSA {})", ec.message(), ec.value());
+}
+
 /// Returns: true if `host` is an IPv4 or IPv6 address (not a name).
 inline bool is_ip_address(const std::string& host) noexcept {
   unsigned char buf[sizeof(IN6_ADDR)];
