@@ -21,4 +21,12 @@ if [ ! -f "$prefix/system.reg" ]; then
     fi
   ) 9> "$prefix.lock"
 fi
+# The Dovecot of the ctest fixture `imap` (scripts/imap.sh): its host, port,
+# user and password, as environment variables the Windows program reads.
+if [ -n "${DIBS_IMAP_DIR:-}" ] && [ -f "$DIBS_IMAP_DIR/env" ]; then
+  set -a
+  # shellcheck disable=SC1091
+  . "$DIBS_IMAP_DIR/env"
+  set +a
+fi
 exec wine "$@"

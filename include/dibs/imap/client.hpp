@@ -55,18 +55,36 @@
 // A session is used by one thread at a time. After fork() the child's copy
 // never writes to the parent's connection, nor uses its TLS state (it frees
 // it without SSL_shutdown): it connects anew.
+//
+// On Windows the same code runs over Winsock (detail/win32/socket.hpp; link
+// ws2_32, as dibs::imap does): a refused or reset connection is a WSA code
+// in std::system_category(), transient as ECONNREFUSED is on Linux. TLS is
+// compiled in only with DIBS_IMAP_OPENSSL=1 (dibs::imap sets it where CMake
+// finds an OpenSSL for the target); without it, options::tls other than
+// tls_mode::none is std::errc::not_supported (not transient), naming why,
+// before anything is sent. docs/windows.md says what was verified.
 #pragma once
 
+// DIBS_IMAP_OPENSSL: 1 compiles TLS in (OpenSSL; link OpenSSL::SSL), 0
+// leaves it out (plain IMAP only; tls_mode::starttls and implicit are then
+// refused with errc::not_supported, naming why). Unset: 1 on POSIX; 0 on
+// Windows, where the target dibs::imap sets it to 1 if CMake found an
+// OpenSSL for the target (Debian ships none for mingw-w64).
+#ifndef DIBS_IMAP_OPENSSL
 #ifdef _WIN32
-#error "dibs/imap/client.hpp is not ported to Windows yet; docs/windows.md lists the headers that are"
+#define DIBS_IMAP_OPENSSL 0
+#else
+#define DIBS_IMAP_OPENSSL 1
+#endif
 #endif
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+// The socket calls (connect with a deadline, waiting, send, recv, close,
+// name resolution, their errors): POSIX or Winsock.
+#ifdef _WIN32
+#include <dibs/detail/win32/socket.hpp>
+#else
+#include <dibs/detail/posix/socket.hpp>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -89,9 +107,11 @@
 #include <vector>
 
 #include <fmt/format.h>
+#if DIBS_IMAP_OPENSSL
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#endif
 
 #include <dibs/error.hpp>
 
@@ -302,24 +322,23 @@ inline std::vector<value> parse_items(std::string_view s, std::size_t& pos) {
   return out;
 }
 
+#if DIBS_IMAP_OPENSSL
 // OpenSSL's own socket BIO writes with write(2), which raises SIGPIPE when
-// the server has gone; this one sends with MSG_NOSIGNAL, as the plain path
-// does. Its data is the descriptor; it never closes it.
-inline int tls_bio_fd(BIO* b) noexcept { return static_cast<int>(reinterpret_cast<std::intptr_t>(BIO_get_data(b))); }
+// the server has gone; this one sends as the plain path does (POSIX:
+// MSG_NOSIGNAL; Windows: send()). Its data is the socket; it never closes it.
+inline dibs::detail::socket_handle tls_bio_socket(BIO* b) noexcept {
+  return static_cast<dibs::detail::socket_handle>(reinterpret_cast<std::intptr_t>(BIO_get_data(b)));
+}
 inline int tls_bio_write(BIO* b, const char* data, int len) {
   BIO_clear_retry_flags(b);
-  ssize_t n;
-  while ((n = ::send(tls_bio_fd(b), data, static_cast<std::size_t>(len), MSG_NOSIGNAL)) < 0 && errno == EINTR) {
-  }
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) BIO_set_retry_write(b);
+  const auto n = dibs::detail::send_socket(tls_bio_socket(b), data, static_cast<std::size_t>(len));
+  if (n < 0 && dibs::detail::socket_would_block()) BIO_set_retry_write(b);
   return static_cast<int>(n);
 }
 inline int tls_bio_read(BIO* b, char* data, int len) {
   BIO_clear_retry_flags(b);
-  ssize_t n;
-  while ((n = ::recv(tls_bio_fd(b), data, static_cast<std::size_t>(len), 0)) < 0 && errno == EINTR) {
-  }
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) BIO_set_retry_read(b);
+  const auto n = dibs::detail::recv_socket(tls_bio_socket(b), data, static_cast<std::size_t>(len));
+  if (n < 0 && dibs::detail::socket_would_block()) BIO_set_retry_read(b);
   return static_cast<int>(n);
 }
 inline long tls_bio_ctrl(BIO*, int cmd, long, void*) { return cmd == BIO_CTRL_FLUSH ? 1 : 0; }
@@ -359,11 +378,9 @@ inline std::string tls_errors() {
   }
   return out;
 }
+#endif  // DIBS_IMAP_OPENSSL
 
-inline bool is_ip_address(const std::string& host) noexcept {
-  unsigned char buf[sizeof(in6_addr)];
-  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
-}
+using dibs::detail::is_ip_address;
 
 // Resolves host and port for TCP by `until`. getaddrinfo() cannot be
 // given a deadline, so a name (not an address) is resolved on a thread of
@@ -415,7 +432,7 @@ inline std::optional<int> resolve(const std::string& host, const std::string& po
 // Returns: the address `a` as text ("127.0.0.1", "::1"), for messages.
 inline std::string address_text(const addrinfo* a) {
   char host[NI_MAXHOST] = "?";
-  (void)::getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof host, nullptr, 0, NI_NUMERICHOST);
+  (void)::getnameinfo(a->ai_addr, static_cast<socklen_t>(a->ai_addrlen), host, sizeof host, nullptr, 0, NI_NUMERICHOST);
   return host;
 }
 
@@ -605,9 +622,15 @@ public:
   }
   /// Returns: true if the connection is open (a command after a failure
   /// reconnects by itself).
-  bool connected() const noexcept { return fd_ >= 0 && pid_ == ::getpid(); }
+  bool connected() const noexcept { return fd_ != dibs::detail::no_socket && pid_ == dibs::detail::socket_owner(); }
   /// Returns: true if the connection is open and protected by TLS.
-  bool encrypted() const noexcept { return connected() && ssl_ != nullptr; }
+  bool encrypted() const noexcept {
+#if DIBS_IMAP_OPENSSL
+    return connected() && ssl_ != nullptr;
+#else
+    return false;
+#endif
+  }
 
   /// Sends `commands` (each without tag; literals written "{n+}\r\n..."
   /// through quote()) in one go and returns their replies in order. Throws:
@@ -745,7 +768,7 @@ public:
   /// returns true.
   bool idle(std::chrono::milliseconds wait) {
     if (!has("IDLE")) {
-      ::poll(nullptr, 0, static_cast<int>(wait.count()));
+      std::this_thread::sleep_for(wait);
       return true;
     }
     read_ahead();
@@ -777,15 +800,18 @@ public:
 
   /// Closes the connection (logging out politely if it is open).
   void close() noexcept {
-    if (fd_ >= 0 && pid_ == ::getpid()) {
+    if (connected()) {
       const std::string bye = fmt::format("d{} LOGOUT\r\n", ++tag_);
+#if DIBS_IMAP_OPENSSL
       if (ssl_) {  // the socket is non-blocking: neither call waits
         ERR_clear_error();
         (void)SSL_write(ssl_, bye.data(), static_cast<int>(bye.size()));
         (void)SSL_shutdown(ssl_);
         ERR_clear_error();
-      } else {
-        (void)::send(fd_, bye.data(), bye.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      } else
+#endif
+      {
+        dibs::detail::send_socket_nowait(fd_, bye.data(), bye.size());
       }
     }
     drop();
@@ -795,10 +821,12 @@ public:
   /// The TLS state is freed without a word to the server (no SSL_shutdown):
   /// in a child after fork() it is the parent's connection.
   void drop() noexcept {
+#if DIBS_IMAP_OPENSSL
     if (ssl_) SSL_free(ssl_);
     ssl_ = nullptr;
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
+#endif
+    if (fd_ != dibs::detail::no_socket) dibs::detail::close_socket(fd_);
+    fd_ = dibs::detail::no_socket;
     in_.clear();
     early_.clear();
     ahead_.clear();  // their replies never come
@@ -839,7 +867,18 @@ private:
 
   void connect() {
     drop();
-    pid_ = ::getpid();
+#if !DIBS_IMAP_OPENSSL
+    if (opts_.tls != tls_mode::none)
+      throw std::system_error(
+          std::make_error_code(std::errc::not_supported),
+          fmt::format("dibs::imap: {}:{}: TLS (options::tls = {}) is not in this build: dibs::imap was built "
+                      "without OpenSSL (DIBS_IMAP_OPENSSL is 0; on Windows, CMake found no OpenSSL for the "
+                      "target). Build with an OpenSSL for this platform, or use tls_mode::none only for a "
+                      "server on loopback or a network you trust. Nothing was sent",
+                      opts_.host, opts_.port, opts_.tls == tls_mode::starttls ? "starttls" : "implicit"));
+#endif
+    dibs::detail::socket_startup();
+    pid_ = dibs::detail::socket_owner();
     caps_.clear();
     const auto until = std::chrono::steady_clock::now() + opts_.timeout;
     // Every reply while connecting (greeting, STARTTLS, LOGIN) shares the
@@ -920,48 +959,30 @@ private:
     if (*rc != 0)
       throw std::system_error(make_error_code(errc::connection_lost),
                               fmt::format("dibs::imap: cannot find server {}:{}: {}", opts_.host, opts_.port,
-                                          ::gai_strerror(*rc)));
+                                          dibs::detail::resolve_error_text(*rc)));
     std::size_t left = 0;
     for (const addrinfo* a = found; a; a = a->ai_next) ++left;
-    int err = 0;
+    std::error_code err;
     bool timed_out = false;
     std::string tried;
-    for (const addrinfo* a = found; a && fd_ < 0; a = a->ai_next, --left) {
+    for (const addrinfo* a = found; a && fd_ == dibs::detail::no_socket; a = a->ai_next, --left) {
       const auto share = (until - std::chrono::steady_clock::now()) / static_cast<int>(left);
-      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-      int e = fd < 0 ? errno : 0;
-      if (fd >= 0 && ::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-        e = errno;
-        if (e == EINPROGRESS) {
-          const auto ms = std::chrono::ceil<std::chrono::milliseconds>(share).count();
-          pollfd p{fd, POLLOUT, 0};
-          int ready = 0;
-          while (ms > 0 && (ready = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(ms, INT_MAX)))) < 0 &&
-                 errno == EINTR) {
-          }
-          socklen_t len = sizeof e;
-          if (ready <= 0) e = ETIMEDOUT;
-          else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
-        }
-      }
-      if (fd >= 0 && e == 0) {
-        fd_ = fd;
-        break;
-      }
-      if (fd >= 0) ::close(fd);
+      const auto e = dibs::detail::connect_socket(a, share, fd_);
+      if (!e) break;
       err = e;
-      timed_out = timed_out || e == ETIMEDOUT;
+      const bool late = e == std::errc::timed_out;
+      timed_out = timed_out || late;
       fmt::format_to(std::back_inserter(tried), "{}{}: {}", tried.empty() ? "" : ", ", detail::address_text(a),
-                     e == ETIMEDOUT ? "no answer in time" : std::strerror(e));
+                     late ? std::string("no answer in time") : dibs::detail::socket_error_text(e));
     }
     ::freeaddrinfo(found);
-    if (fd_ >= 0) return;
+    if (fd_ != dibs::detail::no_socket) return;
     if (timed_out)
       throw std::system_error(make_error_code(errc::timed_out),
                               fmt::format("dibs::imap: cannot connect to {}:{} within {} ms (options::timeout): {}; "
                                           "is the IMAP server running and accepting connections?",
                                           opts_.host, opts_.port, opts_.timeout.count(), tried));
-    throw std::system_error(std::error_code(err, std::generic_category()),
+    throw std::system_error(err,
                             fmt::format("dibs::imap: cannot connect to {}:{} ({}); is the IMAP server running?",
                                         opts_.host, opts_.port, tried));
   }
@@ -984,6 +1005,7 @@ private:
       if (detail::istarts_with(u, "CAPABILITY")) set_caps(u);
   }
 
+#if DIBS_IMAP_OPENSSL
   // TLS on the connected socket (implicit: at once; starttls: after the
   // server's OK), the server's certificate verified against the CA file or
   // the system's store, and that it names the host. The socket is
@@ -1019,7 +1041,7 @@ private:
       if (rc == 1) return;
       const int err = SSL_get_error(ssl_, rc);
       if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
-        if (!wait_io(err, until))
+        if (!wait_io(err == SSL_ERROR_WANT_WRITE, until))
           fail(errc::timed_out, fmt::format("the TLS handshake did not finish within {} ms", opts_.timeout.count()));
         continue;
       }
@@ -1044,7 +1066,7 @@ private:
                              ? "; is this a port with TLS from the first byte (usually 993)?"
                              : ""));
       fail(errc::connection_lost, fmt::format("the connection broke during the TLS handshake{}{}",
-                                              why.empty() ? "" : ": ", why.empty() ? std::strerror(errno) : why));
+                                              why.empty() ? "" : ": ", why.empty() ? dibs::detail::last_socket_error_text() : why));
     }
   }
 
@@ -1072,18 +1094,6 @@ private:
     return ctx;
   }
 
-  // Waits until the socket is ready for what OpenSSL wants (`err`:
-  // SSL_ERROR_WANT_READ or _WRITE). Returns: false if `until` passed first.
-  bool wait_io(int err, std::chrono::steady_clock::time_point until) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd_, static_cast<short>(err == SSL_ERROR_WANT_WRITE ? POLLOUT : POLLIN), 0};
-    int rc;
-    while ((rc = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), INT_MAX)))) < 0 && errno == EINTR) {
-    }
-    return rc != 0;  // ready, or an error that the next SSL_ call reports
-  }
-
   // Reads what the server sent over TLS into in_. Returns: false if nothing
   // came by `until`. What OpenSSL has already decrypted (SSL_pending) is
   // taken first: SSL_read comes before every poll().
@@ -1098,12 +1108,12 @@ private:
       }
       const int err = SSL_get_error(ssl_, n);
       if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
-        if (!wait_io(err, until)) return false;
+        if (!wait_io(err == SSL_ERROR_WANT_WRITE, until)) return false;
         continue;
       }
       if (err == SSL_ERROR_ZERO_RETURN) fail(errc::connection_lost, "the server closed the connection");
       const auto why = detail::tls_errors();
-      fail(errc::connection_lost, fmt::format("reading failed: {}", why.empty() ? std::strerror(errno) : why));
+      fail(errc::connection_lost, fmt::format("reading failed: {}", why.empty() ? dibs::detail::last_socket_error_text() : why));
     }
   }
 
@@ -1118,27 +1128,41 @@ private:
       }
       const int err = SSL_get_error(ssl_, n);
       if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
-        if (!wait_io(err, until))
+        if (!wait_io(err == SSL_ERROR_WANT_WRITE, until))
           fail(errc::timed_out, fmt::format("sending did not finish within {} ms", opts_.timeout.count()));
         continue;
       }
       const auto why = detail::tls_errors();
-      fail(errc::connection_lost, fmt::format("sending failed: {}", why.empty() ? std::strerror(errno) : why));
+      fail(errc::connection_lost, fmt::format("sending failed: {}", why.empty() ? dibs::detail::last_socket_error_text() : why));
     }
+  }
+
+#else
+  // Without OpenSSL, connect() refuses TLS before it connects: never reached.
+  void handshake(std::chrono::steady_clock::time_point) {}
+  bool tls_read(std::chrono::steady_clock::time_point) { return false; }
+  void tls_send(const std::string&) {}
+#endif  // DIBS_IMAP_OPENSSL
+
+  // Waits until the socket can be written (`write`) or read. Returns:
+  // false if `until` passed first.
+  bool wait_io(bool write, std::chrono::steady_clock::time_point until) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    return dibs::detail::wait_socket(fd_, write, left) != 0;  // ready, or an error that the next call reports
   }
 
   void send(const std::string& data) {
     if (ssl_) return tls_send(data);
     const auto until = deadline();
     for (std::size_t done = 0; done < data.size();) {
-      const auto n = ::send(fd_, data.data() + done, data.size() - done, MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {  // the server reads slower than we write
-        if (!wait_io(SSL_ERROR_WANT_WRITE, until))
+      const auto n = dibs::detail::send_socket(fd_, data.data() + done, data.size() - done);
+      if (n < 0 && dibs::detail::socket_would_block()) {  // the server reads slower than we write
+        if (!wait_io(true, until))
           fail(errc::timed_out, fmt::format("sending did not finish within {} ms", opts_.timeout.count()));
         continue;
       }
-      if (n < 0) fail(errc::connection_lost, fmt::format("sending failed: {}", std::strerror(errno)));
+      if (n < 0) fail(errc::connection_lost, fmt::format("sending failed: {}", dibs::detail::last_socket_error_text()));
       done += static_cast<std::size_t>(n);
     }
   }
@@ -1146,11 +1170,7 @@ private:
   bool readable(std::chrono::milliseconds wait) {
     if (!in_.empty()) return true;
     if (ssl_) return tls_read(std::chrono::steady_clock::now() + wait);
-    pollfd p{fd_, POLLIN, 0};
-    int rc;
-    while ((rc = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, wait.count())))) < 0 && errno == EINTR) {
-    }
-    return rc > 0;
+    return dibs::detail::wait_socket(fd_, false, wait) > 0;
   }
 
   void fill(std::chrono::steady_clock::time_point until) {
@@ -1163,11 +1183,11 @@ private:
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
       if (left.count() <= 0 || !readable(left))
         fail(errc::timed_out, fmt::format("no reply within {} ms", opts_.timeout.count()));
-      ssize_t n;
-      while ((n = ::recv(fd_, buf, sizeof buf, 0)) < 0 && errno == EINTR) {
-      }
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;  // woken for nothing: wait again
-      if (n <= 0) fail(errc::connection_lost, n == 0 ? "the server closed the connection" : std::strerror(errno));
+      const auto n = dibs::detail::recv_socket(fd_, buf, sizeof buf);
+      if (n < 0 && dibs::detail::socket_would_block()) continue;  // woken for nothing: wait again
+      if (n <= 0)
+        fail(errc::connection_lost,
+             n == 0 ? std::string("the server closed the connection") : dibs::detail::last_socket_error_text());
       in_.append(buf, static_cast<std::size_t>(n));
       return;
     }
@@ -1291,7 +1311,8 @@ private:
   }
 
   options opts_;
-  int fd_ = -1;
+  dibs::detail::socket_handle fd_ = dibs::detail::no_socket;
+#if DIBS_IMAP_OPENSSL
   SSL_CTX* ctx_ = nullptr;  // made at the first TLS connection, kept for the next
 
   void free_context() noexcept {
@@ -1299,9 +1320,13 @@ private:
     ctx_ = nullptr;
   }
   SSL* ssl_ = nullptr;      // the connection's TLS state (null: plain)
+#else
+  void free_context() noexcept {}
+  static constexpr std::nullptr_t ssl_ = nullptr;  // no TLS in this build: always plain
+#endif
   // While connecting: when the whole of it must be done.
   std::optional<std::chrono::steady_clock::time_point> connecting_until_;
-  pid_t pid_ = 0;
+  dibs::detail::socket_pid pid_ = 0;
   std::uint64_t tag_ = 0;
   std::string in_;
   std::vector<std::string> early_;  // untagged lines read while a literal waited for "+", for the next collect()

@@ -44,9 +44,6 @@
 // (given by `server`) beside the store's.
 #pragma once
 
-#ifdef _WIN32
-#error "dibs/imap/mailbox.hpp is not ported to Windows yet; docs/windows.md lists the headers that are"
-#endif
 
 #include <algorithm>
 #include <chrono>

@@ -69,14 +69,13 @@
 // crash left behind): transient, and EIO (not transient) at other times; a write whose reply was lost:
 // errc::outcome_unknown (the policies read back); a refused login: not
 // transient, naming user and server; the folder deleted and re-created
-// under the store (a new UIDVALIDITY): ESTALE (generic_category), not
-// transient: every record in it is gone. Thread-safe (one connection, used
+// under the store (a new UIDVALIDITY): ESTALE (generic_category; on
+// Windows, whose C library has no ESTALE, WSAESTALE in system_category:
+// imap_store::stale_folder() is the code on either), not transient: every
+// record in it is gone. Thread-safe (one connection, used
 // by one thread at a time); open a new store in a child after fork().
 #pragma once
 
-#ifdef _WIN32
-#error "dibs/imap/store.hpp is not ported to Windows yet; docs/windows.md lists the headers that are"
-#endif
 
 #include <algorithm>
 #include <charconv>
@@ -196,7 +195,11 @@ inline std::int64_t parse_date(std::string_view d) {
   t.tm_min = mi;
   t.tm_sec = sec;
   const std::int64_t offset = (zone / 100 * 3600 + zone % 100 * 60) * (sign == '-' ? -1 : 1);
+#ifdef _WIN32
+  return static_cast<std::int64_t>(::_mkgmtime(&t)) - offset;
+#else
   return static_cast<std::int64_t>(::timegm(&t)) - offset;
+#endif
 }
 
 // Tells a server's internal error while it recovers from a crash from one
@@ -251,6 +254,17 @@ inline std::string uid_set(const std::vector<std::uint32_t>& uids) {
   return s;
 }
 
+// The code of a folder deleted and re-created under an open store (a new
+// UIDVALIDITY): ESTALE; Windows's C library has none, so there Winsock's
+// WSAESTALE ("stale handle"), the same meaning. Neither is transient.
+inline std::error_code stale_folder() noexcept {
+#ifdef _WIN32
+  return {WSAESTALE, std::system_category()};
+#else
+  return {ESTALE, std::generic_category()};
+#endif
+}
+
 }  // namespace imap::detail
 
 /// What an imap_store is called, where it keeps its records, and how it
@@ -275,6 +289,11 @@ public:
   /// that way, and never set: a keyword is a flag any mail client can
   /// clear, so the replay's start is a record of its own (see compaction).
   static constexpr std::string_view base_keyword = "$DibsBase";
+
+  /// Returns: the code thrown when the folder was deleted and re-created
+  /// under this store (a new UIDVALIDITY): ESTALE in generic_category, or
+  /// on Windows (no ESTALE there) WSAESTALE in system_category.
+  static std::error_code stale_folder() noexcept { return imap::detail::stale_folder(); }
 
   /// Connects, logs in, creates the folder if absent, selects it and reads
   /// the records in it. Throws: std::system_error naming server, user and
@@ -471,7 +490,7 @@ private:
     }
     if (uid_validity_ != 0 && validity != uid_validity_) {
       session_.drop();
-      throw std::system_error(std::error_code(ESTALE, std::generic_category()),
+      throw std::system_error(imap::detail::stale_folder(),
                               fmt::format("dibs::imap_store: {} was deleted and re-created (UIDVALIDITY {} -> {}): "
                                           "every record in it is gone, and claims held in it are void; open a new "
                                           "store to start over",
@@ -806,7 +825,7 @@ private:
       sync({});
       if (!mirror_.count(uid)) sync({});
     } catch (const std::system_error& e) {
-      if (e.code() == std::error_code(ESTALE, std::generic_category()) ||
+      if (e.code() == imap::detail::stale_folder() ||
           e.code() == make_error_code(errc::corrupt_record))
         throw;
       throw std::system_error(make_error_code(errc::outcome_unknown), e.what());
@@ -879,7 +898,7 @@ private:
       owe_expunge(old);
       (void)run({}, true);
     } catch (const std::system_error& e) {
-      if (e.code() == std::error_code(ESTALE, std::generic_category())) throw;
+      if (e.code() == imap::detail::stale_folder()) throw;
     }
   }
 
