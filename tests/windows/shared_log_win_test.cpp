@@ -70,9 +70,16 @@ std::vector<std::string> whole_lines(const std::string& text, bool* torn_tail = 
 // The writer role: appends records 0, 1, ... `count`-1 of writer `id` to the
 // log (rotating at `rotate_size`, 0: never), and after each append that
 // returned writes its number to `ack` (its own file): a record listed
-// there was acknowledged.
-int write_records(const fs::path& log_path, const fs::path& ack_path, long id, long count, std::uint64_t rotate_size) {
+// there was acknowledged. With a `gate` (not "-"), it starts appending once
+// that file exists, so that writers started one after another (Wine starts
+// a process in up to 3 s) append at the same time.
+int write_records(const fs::path& log_path, const fs::path& ack_path, long id, long count, std::uint64_t rotate_size,
+                  const fs::path& gate) {
   dibs::shared_log log{log_path, {.rotate_size = rotate_size}};
+  if (gate != "-") {
+    std::ofstream{gate.string() + "-" + std::to_string(id)} << "ready\n";
+    if (!wait_for_file(gate, 60s)) return 3;
+  }
   std::ofstream ack{ack_path, std::ios::app | std::ios::binary};
   for (long seq = 0; seq < count; ++seq) {
     log.append(record_text(id, seq));
@@ -82,8 +89,9 @@ int write_records(const fs::path& log_path, const fs::path& ack_path, long id, l
   return 0;
 }
 const register_role write_role{"--log-write", [](int argc, char** argv) {
-  if (argc != 5) return 2;
-  return write_records(argv[0], argv[1], std::atol(argv[2]), std::atol(argv[3]), std::strtoull(argv[4], nullptr, 10));
+  if (argc != 6) return 2;
+  return write_records(argv[0], argv[1], std::atol(argv[2]), std::atol(argv[3]), std::strtoull(argv[4], nullptr, 10),
+                       argv[5]);
 }};
 
 // The torn-holder role: appends "before", then plays a holder that dies in
@@ -192,7 +200,7 @@ TEST_CASE("Windows shared_log: 4 writer processes, 14 TerminateProcess kills, no
     current[static_cast<std::size_t>(slot)] = id;
     started[static_cast<std::size_t>(slot)] = std::chrono::steady_clock::now();
     running[static_cast<std::size_t>(slot)] = std::make_unique<child>(std::vector<std::wstring>{
-        L"--log-write", log_path.wstring(), ack_file(dir, id).wstring(), std::to_wstring(id), L"1000000", L"0"});
+        L"--log-write", log_path.wstring(), ack_file(dir, id).wstring(), std::to_wstring(id), L"1000000", L"0", L"-"});
   };
   for (int s = 0; s < writers; ++s) start(s);
   int kills = 0;
@@ -229,16 +237,19 @@ TEST_CASE("Windows shared_log: rotation by size under 4 writer processes loses n
   temp_dir dir;
   const auto log_path = dir.path / "rot.log";
   constexpr int writers = 4;
-  constexpr long per_writer = 150;
+  constexpr long per_writer = 300;
   constexpr std::uint64_t rotate_size = 4096;
+  const auto gate = dir.path / "gate";
   std::vector<std::unique_ptr<child>> procs;
   std::vector<long> ids;
   for (long id = 1; id <= writers; ++id) {
     ids.push_back(id);
     procs.push_back(std::make_unique<child>(std::vector<std::wstring>{
         L"--log-write", log_path.wstring(), ack_file(dir, id).wstring(), std::to_wstring(id),
-        std::to_wstring(per_writer), std::to_wstring(rotate_size)}));
+        std::to_wstring(per_writer), std::to_wstring(rotate_size), gate.wstring()}));
   }
+  for (long id : ids) REQUIRE(wait_for_file(gate.string() + "-" + std::to_string(id), 30s));
+  std::ofstream{gate} << "go\n";
   for (auto& p : procs) CHECK(p->wait(120s) == DWORD{0});
   // Oldest first: the highest number, down to .1, then the log.
   std::vector<fs::path> files;
