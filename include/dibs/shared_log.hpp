@@ -58,12 +58,25 @@
 // group, and owner where allowed) when it is created, so every user who may
 // write the log may take its lock.
 //
+// On Windows (docs/windows.md): the same promises, by other means: every
+// record is written by its own writer in one WriteFile (FILE_APPEND_DATA)
+// under LockFileEx on one byte of the lock file, which Windows releases when
+// a process ends however it ends; the record being written is noted in the
+// lock file first, so the next holder cuts what a terminated one left
+// half-written; rotation renames with MoveFileExW (every file is opened
+// sharing deletes, so it works while other writers hold the log open) and
+// writers open the log again when the generation in the lock file moved.
+// Records are not combined; slot_capacity and `mode` do not apply there.
+// detail/shared_log/locked_log.hpp is that policy; its Win32 calls are in
+// detail/win32/log_file.hpp.
+//
 // The parts, in include/dibs/detail/shared_log/: shared_state.hpp (the lock
 // file's layout), lock_file.hpp (setting it up and mapping it),
 // log_file.hpp (the resolved path and the descriptor), append.hpp (a
 // writer's slot and its wait), holder.hpp (the batch the lock holder
-// writes), recovery.hpp (a dead holder's batch), rotation.hpp; system calls
-// in include/dibs/detail/posix/.
+// writes), recovery.hpp (a dead holder's batch), rotation.hpp, log_names.hpp
+// (the rotated files' and the lock file's names, on every platform); system
+// calls in include/dibs/detail/posix/.
 #pragma once
 
 #include <chrono>

@@ -386,3 +386,24 @@ TEST_CASE("Windows shared_log: a missing directory, a directory as the log, a re
   CHECK(m4.find(".other.log.dibs-lock") != std::string::npos);
   CHECK(m4.find("not a dibs shared_log lock file") != std::string::npos);
 }
+
+TEST_CASE("Windows shared_log: per_record and per_batch durability (FlushFileBuffers) with rotations, every record once and in order") {
+  temp_dir dir;
+  const auto log_path = dir.path / "durable.log";
+  {
+    dibs::shared_log per_record{log_path, {.rotate_size = 500, .sync = dibs::durability::per_record}};
+    dibs::shared_log per_batch{log_path, {.rotate_size = 500, .sync = dibs::durability::per_batch, .batch_records = 3}};
+    for (long seq = 0; seq < 40; ++seq) (seq % 2 ? per_batch : per_record).append(record_text(1, seq));
+    per_batch.flush();  // its log was rotated since its last record: flushed through a handle opened now
+    per_record.flush();
+  }
+  std::uint64_t n = 1;
+  while (fs::exists(log_path.string() + "." + std::to_string(n))) ++n;
+  CHECK(n > 3);
+  std::vector<long> seqs;
+  for (std::uint64_t k = n - 1; k >= 1; --k)
+    for (const auto& line : whole_lines(slurp(log_path.string() + "." + std::to_string(k)))) seqs.push_back(parse_record(line).second);
+  for (const auto& line : whole_lines(slurp(log_path))) seqs.push_back(parse_record(line).second);
+  REQUIRE(seqs.size() == 40);
+  for (long k = 0; k < 40; ++k) CHECK(seqs[static_cast<std::size_t>(k)] == k);
+}

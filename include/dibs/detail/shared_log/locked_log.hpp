@@ -170,9 +170,9 @@ public:
     // even that fails, the state keeps the record pending and the next
     // holder cuts it off.
     const bool cut = error == 0 || win32_log::cut(path_, id_, start) == 0;
-    if (error == 0 && sync && !::FlushFileBuffers(log_.get())) {
-      error = ::GetLastError();
-      failure = locked_log_failure::sync;
+    if (error == 0 && sync) {
+      error = win32_log::flush(log_.get());
+      if (error) failure = locked_log_failure::sync;
     }
     if (cut) {
       st.pending_start = -1;
@@ -200,14 +200,8 @@ public:
     locked_log_state st{};
     DWORD e = 0;
     const bool current = win32_log::read_state(lock_.get(), &st, sizeof st, e) == sizeof st && st.generation == generation_;
-    if (current && generation_ != 0) {
-      if (!::FlushFileBuffers(log_.get())) throw path_error(::GetLastError(), "dibs::shared_log: cannot flush log", path_);
-      return;
-    }
-    unique_handle h{::CreateFileW(win32_path(path_).c_str(), GENERIC_WRITE, win32_log::share_all, nullptr, OPEN_EXISTING,
-                                  FILE_ATTRIBUTE_NORMAL, nullptr)};
-    if (!h) throw path_error(::GetLastError(), "dibs::shared_log: cannot open log to flush it", path_);
-    if (!::FlushFileBuffers(h.get())) throw path_error(::GetLastError(), "dibs::shared_log: cannot flush log", path_);
+    const DWORD f = current && generation_ != 0 ? win32_log::flush(log_.get()) : win32_log::flush_path(path_);
+    if (f) throw path_error(f, "dibs::shared_log: cannot flush log", path_);
   }
 
   // Returns: what a writer that timed out says of the holder it waited on
@@ -308,7 +302,7 @@ private:
   // is one rename, never over a file, and the next rotation finishes what
   // a killed one left.
   void rotate(locked_log_state& st) {
-    if (settings_.sync) (void)::FlushFileBuffers(log_.get());
+    if (settings_.sync) (void)win32_log::flush(log_.get());
     // First: every writer opens the log again before its next record.
     ++st.generation;
     if (const DWORD e = win32_log::write_state(lock_.get(), &st, sizeof st))

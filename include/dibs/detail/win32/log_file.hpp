@@ -138,6 +138,18 @@ inline std::int64_t size_of(HANDLE h) noexcept {
 /// handle is open for appending only). Returns: 0 or the error.
 inline DWORD append(HANDLE h, const char* data, std::size_t size) noexcept { return write_all(h, data, size); }
 
+/// Effects: forces the file behind `h` to stable storage. Returns: 0 or the error.
+inline DWORD flush(HANDLE h) noexcept { return ::FlushFileBuffers(h) ? 0 : ::GetLastError(); }
+
+/// Effects: forces the file now at `path` to stable storage, through a
+/// handle opened for it. Returns: 0 or the error.
+inline DWORD flush_path(const std::filesystem::path& path) noexcept {
+  unique_handle h{::CreateFileW(win32_path(path).c_str(), GENERIC_WRITE, share_all, nullptr, OPEN_EXISTING,
+                                FILE_ATTRIBUTE_NORMAL, nullptr)};
+  if (!h) return ::GetLastError();
+  return flush(h.get());
+}
+
 /// Effects: cuts the file at `path` to `size` bytes, if it is still the
 /// file `id` and longer than that. Returns: 0 (also if it is another file
 /// now, or gone), or the error.
