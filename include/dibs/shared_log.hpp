@@ -58,19 +58,26 @@
 // group, and owner where allowed) when it is created, so every user who may
 // write the log may take its lock.
 //
+// On Windows (docs/windows.md): the same promises, by other means: every
+// record is written by its own writer in one WriteFile (FILE_APPEND_DATA)
+// under LockFileEx on one byte of the lock file, which Windows releases when
+// a process ends however it ends; the record being written is noted in the
+// lock file first, so the next holder cuts what a terminated one left
+// half-written; rotation renames with MoveFileExW (every file is opened
+// sharing deletes, so it works while other writers hold the log open) and
+// writers open the log again when the generation in the lock file moved.
+// Records are not combined; slot_capacity and `mode` do not apply there.
+// detail/shared_log/locked_log.hpp is that policy; its Win32 calls are in
+// detail/win32/log_file.hpp.
+//
 // The parts, in include/dibs/detail/shared_log/: shared_state.hpp (the lock
 // file's layout), lock_file.hpp (setting it up and mapping it),
 // log_file.hpp (the resolved path and the descriptor), append.hpp (a
 // writer's slot and its wait), holder.hpp (the batch the lock holder
-// writes), recovery.hpp (a dead holder's batch), rotation.hpp; system calls
-// in include/dibs/detail/posix/.
+// writes), recovery.hpp (a dead holder's batch), rotation.hpp, log_names.hpp
+// (the rotated files' and the lock file's names, on every platform); system
+// calls in include/dibs/detail/posix/.
 #pragma once
-
-#ifdef _WIN32
-#error "dibs/shared_log.hpp is not ported to Windows yet; docs/windows.md lists the headers that are"
-#endif
-
-#include <sys/types.h>
 
 #include <chrono>
 #include <cstddef>
@@ -88,14 +95,21 @@
 
 #include <fmt/format.h>
 
+#ifdef _WIN32
+#include <dibs/detail/shared_log/locked_log.hpp>
+#include <dibs/detail/shared_log/log_names.hpp>
+#else
+#include <sys/types.h>
+
 #include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/shared_log/append.hpp>
 #include <dibs/detail/shared_log/holder.hpp>
 #include <dibs/detail/shared_log/lock_file.hpp>
 #include <dibs/detail/shared_log/log_file.hpp>
 #include <dibs/detail/shared_log/shared_state.hpp>
-#include <dibs/error.hpp>
 #include <dibs/file_mutex.hpp>
+#endif
+#include <dibs/error.hpp>
 
 namespace dibs {
 
@@ -133,17 +147,21 @@ struct shared_log_options {
   /// the process that creates it (as open(2) does): for a log that a group
   /// shares, use 0664 with umask 002, or create the log beforehand. The lock
   /// file follows whatever the log got, whatever its own creator's umask.
-  mode_t mode = 0644;
+  /// Ignored on Windows: a new file gets the security its directory passes on.
+  detail::file_mode mode = 0644;
 };
 
 /// An append-only log shared by many processes on one host.
 /// One object may be used by many threads (appends are serialised per object).
 class shared_log {
 public:
+#ifndef _WIN32
   /// Records up to this size (newline included) are queued in the lock file
   /// and may be written together with others; larger ones are written by
-  /// their own writer under the lock.
+  /// their own writer under the lock. (On Windows every record is written by
+  /// its own writer.)
   static constexpr std::size_t slot_capacity = sizeof(detail::log_slot::data);
+#endif
 
   /// Effects: resolves `path` (see path()), opens (creating if needed) the
   /// log with `opts.mode` (less the umask) and its lock file lock_path(),
@@ -152,12 +170,18 @@ public:
   /// directory, no permission, a log file with more than one hard link, a
   /// lock file that is not a shared_log's); std::invalid_argument for a bad
   /// option.
+#ifdef _WIN32
+  explicit shared_log(std::filesystem::path path, shared_log_options opts = {})
+      : opts_(checked(opts)),
+        log_(path, {opts_.rotate_size, opts_.keep, opts_.sync != durability::none, opts_.lock_timeout}) {}
+#else
   explicit shared_log(std::filesystem::path path, shared_log_options opts = {})
       : opts_(checked(opts)),
         log_(path, opts_.mode, opts_.sync != durability::none),
         state_(log_),
         holder_(log_, *state_, {opts_.rotate_size, opts_.keep, opts_.sync != durability::none}),
         queue_(*state_, holder_, opts_.lock_timeout) {}
+#endif
 
   // Not movable: one object is meant to be shared by the threads of a
   // process (appends are serialised on its own mutex, which cannot move
@@ -196,11 +220,19 @@ public:
   void append(std::string_view record, std::stop_token st) {
     const char* what = "cannot append to log";
     if (auto ec = append_record(record, what, st)) {
+#ifdef _WIN32
+      const std::string hint = ec == make_error_code(errc::timed_out) ? log_.holder_hint()
+                               : ec.category() != std::system_category()
+                                   ? std::string{}
+                                   : std::string(detail::win32_hint(static_cast<DWORD>(ec.value())));
+      throw std::system_error(ec, fmt::format("dibs::shared_log: {} '{}'{}", what, detail::path_text(log_.path()), hint));
+#else
       const std::string hint = ec == make_error_code(errc::timed_out) ? detail::log_holder_hint(*state_)
                                : ec.category() != std::system_category() ? std::string{}
                                : ec.value() == EMLINK ? " (the log file was given a second name, a hard link: remove it)"
                                                       : std::string(detail::errno_hint(ec.value()));
       throw std::system_error(ec, fmt::format("dibs::shared_log: {} '{}'{}", what, log_.path().string(), hint));
+#endif
     }
   }
 
@@ -223,7 +255,11 @@ public:
   /// rotated file first when the rotating writer's durability is not none).
   void flush() {
     std::lock_guard self{self_};
+#ifdef _WIN32
+    log_.sync();
+#else
     log_.sync(holder_.current());
+#endif
     unsynced_ = 0;
   }
 
@@ -239,6 +275,8 @@ public:
   /// (for `/var/log/batch.log`: `/var/log/.batch.log.dibs-lock`): hidden, and
   /// matched by no glob of the log's files such as `batch.log*`. dibs 0.1.0
   /// used `<path>.lock`, which new writers ignore (docs/guide-shared-log.md).
+  /// On Windows the dot does not hide it (Windows hides files by an
+  /// attribute); it is still matched by no `batch.log*`.
   std::filesystem::path lock_path() const { return detail::log_lock_path(log_.path()); }
 
 private:
@@ -260,22 +298,33 @@ private:
     const bool sync = opts_.sync == durability::per_record ||
                       (opts_.sync == durability::per_batch && unsynced_ + 1 >= opts_.batch_records);
     std::error_code ec;
+#ifdef _WIN32
+    (void)total;
+    ec = log_.append(record, newline, sync, what, stop);
+    const char* in_file_not_on_disk = detail::describe_locked_log_failure(detail::locked_log_failure::sync);
+#else
     std::optional<unsigned> i;
     if (total <= slot_capacity) i = queue_.claim_slot();
     ec = i ? queue_.append_queued(*i, record, newline, sync, what, stop)
            : queue_.append_own(record, newline, sync, what, stop);
+    const char* in_file_not_on_disk = detail::describe_log_failure(detail::log_failure::sync);
+#endif
     if (!ec)
       unsynced_ = sync ? 0 : unsynced_ + 1;
-    else if (what == detail::describe_log_failure(detail::log_failure::sync))  // in the file, not yet on disk
+    else if (what == in_file_not_on_disk)  // in the file, not yet on disk
       ++unsynced_;
     return ec;
   }
 
   shared_log_options opts_;
+#ifdef _WIN32
+  detail::locked_log log_;          // the log, its lock file, and the writing under the lock
+#else
   detail::log_file log_;            // the log file, and this writer's descriptor of it
   detail::mapped_log_state state_;  // the lock file: mutex, queued records, the batch being written
   detail::log_holder holder_;       // what this writer does while it holds the lock
   detail::log_queue queue_;         // this writer's records queued in the lock file, and the wait for them
+#endif
   std::size_t unsynced_ = 0;        // records appended since the last fdatasync (durability::per_batch)
   std::mutex self_;                 // serialises the appends of this object's threads
 };

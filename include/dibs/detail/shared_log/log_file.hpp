@@ -23,23 +23,9 @@
 #include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/posix/directory.hpp>
 #include <dibs/detail/posix/file_ops.hpp>
+#include <dibs/detail/shared_log/log_names.hpp>
 
 namespace dibs::detail {
-
-// Returns: the path of rotated file n of the log at `log`, `log + "." + n`.
-inline std::filesystem::path rotated_log_path(const std::filesystem::path& log, std::uint64_t n) {
-  return log.string() + "." + std::to_string(n);
-}
-
-// Returns: the path of the lock file of the log at `log`, `.<name>.dibs-lock` beside it.
-inline std::filesystem::path log_lock_path(const std::filesystem::path& log) {
-  // Appended piece by piece: `"." + std::string&&` trips GCC 12's bogus
-  // -Wrestrict at -O3 (GCC bug 105651) in programs built with -Werror.
-  std::string name = ".";
-  name += log.filename().native();
-  name += ".dibs-lock";
-  return log.parent_path() / name;
-}
 
 class log_file {
 public:
