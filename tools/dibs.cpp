@@ -191,7 +191,7 @@ milliseconds parse_duration(const std::string& what, const std::string& s) {
 }
 
 // Sizes: a bare number of bytes, or with K, M, G (powers of 1024).
-std::uint64_t parse_size(const std::string& what, const std::string& s) {
+[[maybe_unused]] std::uint64_t parse_size(const std::string& what, const std::string& s) {  // for log
   std::size_t end = 0;
   unsigned long long n = 0;
   try {
