@@ -144,6 +144,27 @@ std::filesystem::path native_path(const std::string& s) {
 #endif
 }
 
+// Returns: the first `size` bytes of the file `path` ("" if it cannot be
+// read), opened as dot_lock's waiters open it: on Windows sharing reads,
+// writes and deletes, since its holder keeps it open for deletion.
+std::string read_head(const std::filesystem::path& path, std::size_t size) {
+  std::string text(size, '\0');
+#if defined(_WIN32)
+  const HANDLE h = ::CreateFileW(path.c_str(), GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
+                                 nullptr, OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL, nullptr);
+  DWORD n = 0;
+  if (h == INVALID_HANDLE_VALUE) return {};
+  if (!::ReadFile(h, text.data(), static_cast<DWORD>(size), &n, nullptr)) n = 0;
+  ::CloseHandle(h);
+  text.resize(n);
+#else
+  std::ifstream in{path, std::ios::binary};
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+#endif
+  return text;
+}
+
 // Returns: the exit code for a library error, and a hint of what to do.
 std::pair<int, const char*> classify(const std::system_error& e) {
   const auto& c = e.code();
@@ -297,9 +318,8 @@ struct dot_kind {
   std::string conflict(bool waited) {
     // The first line of a lock file is its holder's pid (dotlockfile -p and
     // dibs write it; 0 or nothing from the others).
-    std::string first;
-    std::ifstream in{native_path(a.path)};
-    std::getline(in, first);
+    std::string first = read_head(native_path(a.path), 32);
+    first = first.substr(0, first.find('\n'));
     while (!first.empty() && (first.back() == '\n' || first.back() == '\r')) first.pop_back();
     const bool pid = !first.empty() && first != "0" && first.find_first_not_of("0123456789") == std::string::npos;
     return fmt::format("dibs lock: '{}' is held (its lock file exists{}){}; wait longer (-w, -r), or look at who made "
@@ -719,13 +739,7 @@ bool is_store_spec(const std::string& t) {
 // first line is a pid, or "0", or nothing; dibs's has its holder's record
 // after it. Returns: the exit code if `a.target` is one, else nullopt.
 std::optional<int> dot_status(const status_args& a) {
-  std::string text;
-  {
-    std::ifstream in{native_path(a.target), std::ios::binary};
-    char buf[4096];
-    in.read(buf, sizeof buf);
-    text.assign(buf, static_cast<std::size_t>(in.gcount()));
-  }
+  const std::string text = read_head(native_path(a.target), 4096);
   const auto nl = text.find('\n');
   const std::string first = text.substr(0, nl);
   if (first.empty() || first.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;

@@ -201,7 +201,7 @@ const win_test::register_role hold_role{"--dibs-hold", [](int, char** argv) {
 
 }  // namespace
 
-TEST_CASE("dibs.exe lock: COMMAND's exit code, conflict, usage and not-found codes as on Linux", "[dibs_exe]") {
+TEST_CASE("dibs.exe lock: exit codes as on Linux (COMMAND's own and conflict and usage and not found)", "[dibs_exe]") {
   temp_dir d;
   const std::string lk = u8(d.path / "a.lock");
   CHECK(run_dibs(cat({"lock", lk, "--"}, self({"--dibs-exit", "7"})), d.path) == 7);
@@ -251,7 +251,7 @@ TEST_CASE("dibs.exe lock: COMMAND's exit code, conflict, usage and not-found cod
   CHECK(!fs::exists(ran));
 }
 
-TEST_CASE("dibs.exe lock: COMMAND's arguments arrive as given (spaces, quotes, backslashes), with DIBS_TOKEN",
+TEST_CASE("dibs.exe lock: COMMAND's arguments arrive as given (spaces and quotes and backslashes) with DIBS_TOKEN",
           "[dibs_exe]") {
   temp_dir d;
   const fs::path got = d.path / "argv.txt";
@@ -312,7 +312,7 @@ TEST_CASE("dibs.exe lock: 4 processes counting under each lock lose no increment
   CHECK(count_under({"--dot", "-s", "20ms"}, d, d.path / "dot.lock") == 160);
 }
 
-TEST_CASE("dibs.exe lock: COMMAND ends when dibs is killed; the lock is free again", "[dibs_exe]") {
+TEST_CASE("dibs.exe lock: COMMAND ends when dibs is killed and the lock is free again", "[dibs_exe]") {
   temp_dir d;
   const fs::path pid_file = d.path / "pid";
   const std::string lk = u8(d.path / "a.lock");
@@ -339,7 +339,7 @@ TEST_CASE("dibs.exe lock: COMMAND ends when dibs is killed; the lock is free aga
   }
 }
 
-TEST_CASE("dibs.exe claim: two processes claim one key, exactly one runs; exit codes as on Linux", "[dibs_exe]") {
+TEST_CASE("dibs.exe claim: two processes claim one key and exactly one runs (exit codes as on Linux)", "[dibs_exe]") {
   temp_dir d;
   const std::string store = "dir:" + u8(d.path);
   fs::create_directories(d.path / "runs");
@@ -369,7 +369,7 @@ TEST_CASE("dibs.exe claim: two processes claim one key, exactly one runs; exit c
   CHECK(out.find("\"key\": \"job-2\", \"state\": \"failed\"") != std::string::npos);
 }
 
-TEST_CASE("dibs.exe retry: a COMMAND failing twice then succeeding; exit codes", "[dibs_exe]") {
+TEST_CASE("dibs.exe retry: a COMMAND failing twice then succeeding (exit codes)", "[dibs_exe]") {
   temp_dir d;
   const fs::path runs = d.path / "runs";
   CHECK(run_dibs(cat({"retry", "--initial", "10ms", "--"}, self({"--dibs-fail-until", u8(runs), "3", "75"})), d.path) == 0);
@@ -387,7 +387,7 @@ TEST_CASE("dibs.exe retry: a COMMAND failing twice then succeeding; exit codes",
   CHECK(run_dibs({"retry", "-a", "0", "--", "x"}, d.path) == 64);
 }
 
-TEST_CASE("dibs.exe status: a lock's holder, free, gone, a presence lock", "[dibs_exe]") {
+TEST_CASE("dibs.exe status: a lock's holder (held or free) and a presence lock", "[dibs_exe]") {
   temp_dir d;
   const fs::path lk = d.path / "a.lock";
   std::string out, err;
@@ -409,7 +409,9 @@ TEST_CASE("dibs.exe status: a lock's holder, free, gone, a presence lock", "[dib
   {
     dibs::dot_lock held{d.path / "d.lock"};
     REQUIRE(held.try_lock());
-    REQUIRE(run_dibs({"status", u8(d.path / "d.lock")}, d.path, &out) == 0);
+    const int code = run_dibs({"status", u8(d.path / "d.lock")}, d.path, &out, &err);
+    INFO(err);
+    REQUIRE(code == 0);
     CHECK(out.find("held: a presence lock (dibs lock --dot) of pid " + std::to_string(::GetCurrentProcessId())) !=
           std::string::npos);
     held.unlock();
