@@ -1,6 +1,18 @@
 // dibs: the command for shell scripts. lock, log, claim, retry and status
 // over the dibs library (docs/guide-shell.md has the whole story; exit codes
 // are listed once, in exit_codes below, and printed by `dibs --help`).
+// The system calls are in tools/platform/{posix,win32}.hpp (docs/windows.md
+// says what differs on Windows).
+#if defined(_WIN32)
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#include <shellapi.h>
+#else
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -13,6 +25,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+extern char** environ;
+#endif
+
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -22,6 +37,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <iostream>
@@ -43,7 +59,12 @@
 #include <dibs/lease_mutex.hpp>
 #include <dibs/lock_file.hpp>
 #include <dibs/marker_claim.hpp>
+// `dibs log` on Windows waits for shared_log's port (docs/windows.md): its
+// one #if is DIBS_TOOL_LOG.
+#if !defined(_WIN32)
+#define DIBS_TOOL_LOG 1
 #include <dibs/shared_log.hpp>
+#endif
 #ifdef DIBS_TOOL_SQLITE
 #include <dibs/stores/sqlite_store.hpp>
 #endif
@@ -51,7 +72,6 @@
 #include <dibs/stores/postgres_store.hpp>
 #endif
 
-extern char** environ;
 
 namespace {
 
@@ -114,9 +134,52 @@ struct failure {
 
 [[noreturn]] void fail(int code, std::string msg) { throw failure{code, std::move(msg)}; }
 
+// Returns: the file `s` names (UTF-8, as dibs keeps its arguments; on
+// Windows a std::string would be read in the ANSI code page).
+std::filesystem::path native_path(const std::string& s) {
+#if defined(_WIN32)
+  return std::filesystem::path{std::u8string(s.begin(), s.end())};
+#else
+  return s;
+#endif
+}
+
+// Returns: the first `size` bytes of the file `path` ("" if it cannot be
+// read), opened as dot_lock's waiters open it: on Windows sharing reads,
+// writes and deletes, since its holder keeps it open for deletion.
+std::string read_head(const std::filesystem::path& path, std::size_t size) {
+  std::string text(size, '\0');
+#if defined(_WIN32)
+  const HANDLE h = ::CreateFileW(path.c_str(), GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
+                                 nullptr, OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL, nullptr);
+  DWORD n = 0;
+  if (h == INVALID_HANDLE_VALUE) return {};
+  if (!::ReadFile(h, text.data(), static_cast<DWORD>(size), &n, nullptr)) n = 0;
+  ::CloseHandle(h);
+  text.resize(n);
+#else
+  std::ifstream in{path, std::ios::binary};
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+#endif
+  return text;
+}
+
 // Returns: the exit code for a library error, and a hint of what to do.
 std::pair<int, const char*> classify(const std::system_error& e) {
   const auto& c = e.code();
+#if defined(_WIN32)
+  // GetLastError() codes: the C library's errno names do not match them.
+  if (c.category() == std::system_category()) switch (c.value()) {
+      case ERROR_FILE_NOT_FOUND:
+      case ERROR_PATH_NOT_FOUND:
+      case ERROR_INVALID_DRIVE:
+      case ERROR_BAD_NETPATH: return {ex::noinput, nullptr};
+      case ERROR_ACCESS_DENIED:
+      case ERROR_WRITE_PROTECT: return {ex::noperm, "is it writable by this user?"};
+      default: break;
+    }
+#endif
   if (c == dibs::errc::corrupt_record)
     return {ex::dataerr, "it is not a dibs record: is the path right, or was the file made by another tool?"};
   if (c == dibs::errc::invalid_argument || c == std::errc::invalid_argument) return {ex::usage, "see --help"};
@@ -149,7 +212,7 @@ milliseconds parse_duration(const std::string& what, const std::string& s) {
 }
 
 // Sizes: a bare number of bytes, or with K, M, G (powers of 1024).
-std::uint64_t parse_size(const std::string& what, const std::string& s) {
+[[maybe_unused]] std::uint64_t parse_size(const std::string& what, const std::string& s) {  // for log
   std::size_t end = 0;
   unsigned long long n = 0;
   try {
@@ -163,154 +226,6 @@ std::uint64_t parse_size(const std::string& what, const std::string& s) {
                                                                             : 0;
   if (end == 0 || scale == 0 || s[0] == '-') fail(ex::usage, fmt::format("{}: '{}' is not a size; write e.g. 1048576, 512K, 10M or 1G", what, s));
   return n * scale;
-}
-
-// ---------------------------------------------------------------------------
-// Running COMMAND as a child, forwarding signals, with an optional tick.
-
-int status_code(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return ex::software;
-}
-
-// Signals dibs forwards to its COMMAND (and SIGCHLD, to learn its end): all
-// blocked and read from a signalfd, so nothing races with the wait.
-sigset_t forwarded_set() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&set, s);
-  return set;
-}
-
-// The mask dibs was started with, for COMMAND.
-sigset_t original_mask;
-bool signals_blocked = false;
-
-// Blocks the forwarded signals in this thread and in every thread started
-// after it (a library's renewal thread must not take SIGCHLD away from the
-// signalfd): call it before anything that may start a thread.
-void block_forwarded() {
-  if (signals_blocked) return;
-  const sigset_t set = forwarded_set();
-  if (::pthread_sigmask(SIG_BLOCK, &set, &original_mask) != 0) fail(ex::software, "dibs: pthread_sigmask failed");
-  signals_blocked = true;
-}
-
-// Signals dibs forwards to its COMMAND (and SIGCHLD, to learn its end): all
-// blocked and read from a signalfd, so nothing races with the wait.
-class signal_gate {
-public:
-  signal_gate() {
-    block_forwarded();
-    const sigset_t set = forwarded_set();
-    fd_ = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
-    if (fd_ < 0) fail(ex::software, fmt::format("dibs: signalfd failed: {}", std::strerror(errno)));
-  }
-  ~signal_gate() { ::close(fd_); }
-  signal_gate(const signal_gate&) = delete;
-  signal_gate& operator=(const signal_gate&) = delete;
-  int fd() const { return fd_; }
-  // For a forked child, before exec: the mask dibs was started with.
-  void restore_in_child() const { ::sigprocmask(SIG_SETMASK, &original_mask, nullptr); }
-  // Returns: the next pending signal, or 0.
-  int next() const {
-    signalfd_siginfo si{};
-    if (::read(fd_, &si, sizeof si) != static_cast<ssize_t>(sizeof si)) return 0;
-    return static_cast<int>(si.ssi_signo);
-  }
-
-private:
-  int fd_ = -1;
-};
-
-// argv/envp for execvpe, built before fork (a child of a process with
-// threads may not allocate).
-struct exec_args {
-  std::vector<std::string> argv_s, env_s;
-  std::vector<char*> argv, envp;
-  exec_args(const std::vector<std::string>& cmd, const std::vector<std::pair<std::string, std::string>>& set,
-            const std::vector<std::string>& unset = {}) : argv_s(cmd) {
-    for (char** e = environ; *e; ++e) {
-      std::string_view kv{*e};
-      const auto name = kv.substr(0, kv.find('='));
-      bool drop = false;
-      for (const auto& [k, v] : set) drop = drop || name == k;
-      for (const auto& k : unset) drop = drop || name == k;
-      if (!drop) env_s.emplace_back(kv);
-    }
-    for (const auto& [k, v] : set) env_s.push_back(k + "=" + v);
-    for (auto& s : argv_s) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    for (auto& s : env_s) envp.push_back(s.data());
-    envp.push_back(nullptr);
-  }
-};
-
-// In a forked child: exec COMMAND, or say why not and _exit 126/127.
-[[noreturn]] void exec_or_die(exec_args& a) {
-  ::execvpe(a.argv[0], a.argv.data(), a.envp.data());
-  const int e = errno;
-  const char* hint = e != ENOENT        ? ""
-                     : a.argv[0][0] == '-' ? " (options of dibs go before its PATH, STORE or TARGET: from there on "
-                                             "every argument is data, and COMMAND begins after them)"
-                                           : " (is it on PATH?)";
-  const std::string msg = fmt::format("dibs: cannot run '{}': {}{}\n", a.argv[0], std::strerror(e), hint);
-  (void)!::write(2, msg.data(), msg.size());
-  ::_exit(e == ENOENT ? ex::not_found : ex::cannot_exec);
-}
-
-// Waits for `pid`, forwarding signals to it; calls `tick` every `period`
-// (if set) and `on_fd` when `extra_fd` is readable. Returns: its wait status.
-template <class Tick, class OnFd>
-int supervise(const signal_gate& g, pid_t pid, std::optional<milliseconds> period, Tick&& tick, int extra_fd, OnFd&& on_fd) {
-  auto next_tick = steady::now() + period.value_or(milliseconds{0});
-  for (;;) {
-    pollfd fds[2] = {{g.fd(), POLLIN, 0}, {extra_fd, POLLIN, 0}};
-    int timeout = -1;
-    if (period) {
-      const auto left = std::chrono::duration_cast<milliseconds>(next_tick - steady::now()).count();
-      timeout = static_cast<int>(std::max<long long>(0, left));
-    }
-    const int n = ::poll(fds, extra_fd >= 0 ? 2 : 1, timeout);
-    if (n < 0 && errno != EINTR) fail(ex::software, fmt::format("dibs: poll failed: {}", std::strerror(errno)));
-    if (n > 0 && (fds[0].revents & POLLIN)) {
-      for (int s; (s = g.next()) != 0;) {
-        if (s != SIGCHLD) {
-          ::kill(pid, s);
-          continue;
-        }
-      }
-      int status = 0;
-      const pid_t r = ::waitpid(pid, &status, WNOHANG);
-      if (r == pid) return status;
-    }
-    if (n > 0 && extra_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) {
-      if (!on_fd()) extra_fd = -1;
-    }
-    if (period && steady::now() >= next_tick) {
-      tick();
-      next_tick = steady::now() + *period;
-    }
-  }
-}
-
-// Runs COMMAND to its end, forwarding signals. `pdeath`: the signal COMMAND
-// gets if dibs dies first (0: none).
-int run_command(exec_args& a, int pdeath, std::optional<milliseconds> period = {}, std::function<void()> tick = {}) {
-  signal_gate g;
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) fail(ex::software, fmt::format("dibs: fork failed: {}", std::strerror(errno)));
-  if (pid == 0) {
-    if (pdeath != 0) {
-      ::prctl(PR_SET_PDEATHSIG, pdeath);
-      if (::getppid() != parent) ::_exit(128 + pdeath);  // dibs died before prctl
-    }
-    g.restore_in_child();
-    exec_or_die(a);
-  }
-  return status_code(supervise(g, pid, period, [&] { if (tick) tick(); }, -1, [] { return false; }));
 }
 
 // ---------------------------------------------------------------------------
@@ -334,6 +249,7 @@ struct lock_args {
   bool verbose = false;
   std::string command_string;  // -c STRING: run by $SHELL -c (as flock(1)), or sh
   bool has_command_string = false;
+  bool shell = false;     // COMMAND is shell_command(STRING) of -c STRING
   int fd = -1;            // --fd N, or the descriptor form 'dibs lock --kernel N'
   // lockfile(1)'s and dotlockfile's, for --dot
   int retries = -2;       // -r N; -1: forever; -2: not given
@@ -341,12 +257,6 @@ struct lock_args {
   std::string stale;      // -l: a lock file older than this is stale (unless its holder lives and touches it)
   bool pid = false;       // -p: the pid is always recorded; accepted for dotlockfile's scripts
 };
-
-// The shell flock(1) runs a -c STRING with: $SHELL, or /bin/sh.
-std::vector<std::string> shell_command(const std::string& s) {
-  const char* sh = std::getenv("SHELL");
-  return {sh && *sh ? sh : "/bin/sh", "-c", s};
-}
 
 // --verbose, as flock(1) says it (on standard output).
 void say_took(const lock_args& a, steady::time_point start) {
@@ -373,12 +283,12 @@ std::string conflict_message(const std::string& path, const std::optional<dibs::
 // holds it, token() is the fencing token if the lock has one, unlock().
 struct lease_kind {
   const lock_args& a;
-  int lost_fd;
+  std::function<void()> on_lost;  // from the library's renewal thread
   std::optional<dibs::lock_file> lk;
-  void open(pid_t behalf) {
+  void open(dibs::detail::process_id behalf) {
     const milliseconds lease = parse_duration("--lease", a.lease);
     if (lease < milliseconds{300}) fail(ex::usage, "dibs lock: --lease must be at least 300ms");
-    lk.emplace(a.path, dibs::lease_options{.lease = lease, .on_lost = [fd = lost_fd] { (void)!::write(fd, "x", 1); },
+    lk.emplace(native_path(a.path), dibs::lease_options{.lease = lease, .on_lost = on_lost,
                                            .on_behalf_of = behalf});
   }
   bool try_for(milliseconds d) { return d.count() == 0 ? lk->try_lock() : lk->try_lock_for(d); }
@@ -397,23 +307,19 @@ struct lease_kind {
 struct dot_kind {
   const lock_args& a;
   std::optional<dibs::dot_lock> lk;
-  void open(pid_t behalf) {
+  void open(dibs::detail::process_id behalf) {
     dibs::dot_lock_options o;
     if (!a.stale.empty()) o.stale_after = parse_duration("dibs lock -l", a.stale);
     if (o.stale_after < milliseconds{3}) fail(ex::usage, "dibs lock: -l must be at least 3ms");
     o.on_behalf_of = behalf;
-    lk.emplace(a.path, o);
+    lk.emplace(native_path(a.path), o);
   }
   bool try_for(milliseconds d) { return d.count() == 0 ? lk->try_lock() : lk->try_lock_for(d); }
   std::string conflict(bool waited) {
     // The first line of a lock file is its holder's pid (dotlockfile -p and
     // dibs write it; 0 or nothing from the others).
-    std::string first;
-    if (std::FILE* f = std::fopen(a.path.c_str(), "r")) {
-      char buf[32] = {};
-      if (std::fgets(buf, sizeof buf, f)) first = buf;
-      std::fclose(f);
-    }
+    std::string first = read_head(native_path(a.path), 32);
+    first = first.substr(0, first.find('\n'));
     while (!first.empty() && (first.back() == '\n' || first.back() == '\r')) first.pop_back();
     const bool pid = !first.empty() && first != "0" && first.find_first_not_of("0123456789") == std::string::npos;
     return fmt::format("dibs lock: '{}' is held (its lock file exists{}){}; wait longer (-w, -r), or look at who made "
@@ -425,276 +331,11 @@ struct dot_kind {
   void unlock() { lk->unlock(); }
 };
 
-// What the waiting child learns from dibs: go, with or without a token.
-struct go_message {
-  dibs::version token = 0;
-  std::uint8_t has_token = 0;
-};
-
-// The lease lock and the presence lock, held on behalf of COMMAND
-// (lease_options::on_behalf_of, dot_lock_options::on_behalf_of): dibs forks
-// the child that becomes COMMAND, takes the lock naming the child's pid and
-// start time, then lets the child exec. dibs renews the lease (touches the
-// lock file) while COMMAND runs and removes the record when it has ended. If
-// dibs is killed, COMMAND keeps the lock until it exits (then the next taker
-// breaks it on proof at once: the pid is gone), or for one lease after dibs's
-// last renewal, whichever comes first. With -o the lock names dibs itself,
-// as flock -o leaves COMMAND without the lock: if dibs is killed, the lock
-// is free at once, though COMMAND runs on.
-template <class Kind>
-int lock_for_child(const lock_args& a, std::optional<milliseconds> wait, Kind& kind, int lost_read) {
-  const auto started = steady::now();
-  // The go message goes to the child through a socket pair, so that a send
-  // to a child that has died meanwhile fails with EPIPE instead of raising
-  // SIGPIPE (whose disposition COMMAND would inherit if dibs ignored it).
-  int go[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) != 0) fail(ex::software, "dibs lock: socketpair failed");
-  signal_gate g;  // before the renewal thread starts: it must not take the forwarded signals
-  const pid_t pid = ::fork();
-  if (pid < 0) fail(ex::software, fmt::format("dibs lock: fork failed: {}", std::strerror(errno)));
-  if (pid == 0) {
-    ::close(go[1]);
-    g.restore_in_child();
-    go_message m;
-    ssize_t n;
-    while ((n = ::read(go[0], &m, sizeof m)) < 0 && errno == EINTR) {
-    }
-    if (n != static_cast<ssize_t>(sizeof m)) ::_exit(ex::software);  // dibs did not get the lock (or died)
-    if (m.has_token)
-      ::setenv("DIBS_TOKEN", std::to_string(m.token).c_str(), 1);
-    else
-      ::unsetenv("DIBS_TOKEN");
-    exec_args ea{a.command, {}};
-    exec_or_die(ea);
-  }
-  ::close(go[0]);
-  // Ends the child that waits for `go`: nothing runs.
-  auto abandon = [&] {
-    ::close(go[1]);
-    int st = 0;
-    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-  };
-  // Waits up to `d` for a signal: one meant for COMMAND ends the wait
-  // (forwarded to the waiting child, it ends dibs as it would COMMAND).
-  // Returns: the exit status to end with, if it ended.
-  auto signalled = [&](milliseconds d) -> std::optional<int> {
-    pollfd p{g.fd(), POLLIN, 0};
-    if (d.count() > 0 && ::poll(&p, 1, static_cast<int>(d.count())) <= 0) return std::nullopt;
-    for (int s; (s = g.next()) != 0;) {
-      int st = 0;
-      if (s == SIGCHLD) {
-        // The waiting child was ended from outside: nothing to run, nothing to lock for.
-        if (::waitpid(pid, &st, WNOHANG) == pid) return status_code(st);
-        continue;
-      }
-      ::kill(pid, s);
-      while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-      }
-      return status_code(st);
-    }
-    return std::nullopt;
-  };
-  try {
-    kind.open(a.close ? 0 : pid);
-    bool got = false;
-    if (a.nonblock || (wait && wait->count() == 0) || a.retries == 0) {
-      got = kind.try_for(milliseconds{0});
-    } else {
-      const auto until = wait ? steady::now() + *wait : steady::time_point::max();
-      const milliseconds pause = a.sleep.empty() ? milliseconds{1000} : parse_duration("dibs lock -s", a.sleep);
-      for (int tries = 0; !got;) {
-        const auto left = std::chrono::duration_cast<milliseconds>(until - steady::now());
-        if (left <= milliseconds{0}) break;
-        if (a.retries == -2) {
-          // Waits in slices, so that a signal ends the wait.
-          got = kind.try_for(std::clamp(left, milliseconds{1}, milliseconds{100}));
-          if (const auto st = got ? std::nullopt : signalled(milliseconds{0})) return *st;
-        } else {
-          // lockfile(1)'s way: a try, then a pause, -r times more (-1: forever).
-          got = kind.try_for(milliseconds{0});
-          if (got || (a.retries >= 0 && tries++ >= a.retries)) break;
-          for (auto end = std::min(until, steady::now() + pause); steady::now() < end;) {
-            const auto slice = std::chrono::duration_cast<milliseconds>(end - steady::now());
-            if (const auto st = signalled(std::max(slice, milliseconds{1}))) return *st;
-          }
-        }
-      }
-    }
-    if (!got) {
-      const std::string msg = kind.conflict(!a.nonblock && (wait || a.retries >= 0));
-      abandon();
-      std::cerr << msg << '\n';
-      return a.conflict_code;
-    }
-  } catch (...) {
-    abandon();
-    throw;
-  }
-  say_took(a, started);
-  say_executing(a);
-  const auto token = kind.token();
-  const go_message m{token.value_or(0), token ? std::uint8_t{1} : std::uint8_t{0}};
-  (void)::send(go[1], &m, sizeof m, MSG_NOSIGNAL);  // if the child is gone, supervise reaps it below
-  ::close(go[1]);
-  const int status = supervise(g, pid, std::nullopt, [] {}, lost_read, [&] {
-    char c;
-    if (::read(lost_read, &c, 1) != 1) return true;
-    std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}): it was taken over or its lease ran out "
-                             "unrenewed; stopping COMMAND with SIGTERM\n",
-                             a.path, token.value_or(0));
-    ::kill(pid, SIGTERM);
-    return false;
-  });
-  try {
-    kind.unlock();
-  } catch (const std::system_error& e) {
-    std::cerr << "dibs lock: could not remove the lock record of '" << a.path << "': " << e.what()
-              << " (it is stale now: the next taker breaks it)\n";
-  }
-  return status_code(status);
-}
-
-int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
-  // A lost lease is told to the main thread through `lost` (from the
-  // library's renewal thread), so that only the thread that reaps COMMAND
-  // ever signals it.
-  int lost[2];
-  if (::pipe2(lost, O_CLOEXEC | O_NONBLOCK) != 0) fail(ex::software, "dibs lock: pipe failed");
-  lease_kind k{a, lost[1], {}};
-  return lock_for_child(a, wait, k, lost[0]);
-}
-
-int lock_dot(const lock_args& a, std::optional<milliseconds> wait) {
-  dot_kind k{a, {}};
-  return lock_for_child(a, wait, k, -1);
-}
-
-// -w for a blocking flock(2), as flock(1) does it: a timer whose signal
-// interrupts the call.
-volatile sig_atomic_t flock_timed_out = 0;
-extern "C" void on_flock_timer(int) { flock_timed_out = 1; }
-
-// Takes flock(2) `op` on `fd`, waiting as -n and -w say.
-// Returns: false if another holds it (-n) or the wait ran out (-w).
-bool flock_fd(const lock_args& a, int fd, int op, std::optional<milliseconds> wait) {
-  if (a.nonblock || (wait && wait->count() == 0)) op |= LOCK_NB;
-  const bool timed = wait && !(op & LOCK_NB);
-  struct sigaction old_action {};
-  // The clock decides too: where the handler runs late (a sanitizer defers
-  // it), the flock has returned EINTR with the flag not yet set, and must
-  // not be started again once the time is up.
-  const auto deadline = std::chrono::steady_clock::now() + wait.value_or(milliseconds{0});
-  if (timed) {
-    struct sigaction sa {};
-    sa.sa_handler = on_flock_timer;  // no SA_RESTART: the flock returns EINTR
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGALRM, &sa, &old_action);
-    flock_timed_out = 0;
-    itimerval t{};
-    t.it_value.tv_sec = wait->count() / 1000;
-    t.it_value.tv_usec = (wait->count() % 1000) * 1000;
-    ::setitimer(ITIMER_REAL, &t, nullptr);
-  }
-  int e = 0;
-  while (::flock(fd, op) != 0) {
-    e = errno;
-    if (e == EINTR && !flock_timed_out && !(timed && std::chrono::steady_clock::now() >= deadline)) continue;
-    break;
-  }
-  if (timed) {
-    itimerval off{};
-    ::setitimer(ITIMER_REAL, &off, nullptr);
-    ::sigaction(SIGALRM, &old_action, nullptr);
-  }
-  if (e == 0) return true;
-  if (e == EWOULDBLOCK || e == EINTR) return false;
-  // As flock(1): EX_DATAERR for a descriptor that is not open (or cannot be locked).
-  fail(e == ENOLCK || e == ENOMEM ? ex::software : ex::dataerr,
-       fmt::format("dibs lock: descriptor {}: {}{}", fd, std::strerror(e),
-                   e == EBADF ? " (open it in the calling shell first, e.g. 'exec 9>/var/lock/app; dibs lock --kernel 9')"
-                              : ""));
-}
-
-// Runs COMMAND holding the kernel lock on `lock_fd` (a descriptor COMMAND
-// inherits unless -o: `inherit`, or -1). -F: dibs becomes COMMAND.
-int run_kernel_command(const lock_args& a, int inherit) {
-  std::vector<std::pair<std::string, std::string>> set;
-  std::vector<std::string> unset{"DIBS_TOKEN"};
-  if (inherit >= 0 && !a.close)
-    set.emplace_back("DIBS_LOCK_FD", std::to_string(inherit));
-  else
-    unset.push_back("DIBS_LOCK_FD");
-  exec_args ea{a.command, set, unset};
-  say_executing(a);
-  if (a.no_fork) exec_or_die(ea);  // the lock stays with the inherited descriptor
-  signal_gate g;
-  const pid_t pid = ::fork();
-  if (pid < 0) fail(ex::software, "dibs lock: fork failed");
-  if (pid == 0) {
-    if (a.close && inherit >= 0) ::close(inherit);
-    g.restore_in_child();
-    exec_or_die(ea);
-  }
-  return status_code(supervise(g, pid, std::nullopt, [] {}, -1, [] { return false; }));
-}
-
-// The kernel lock (--kernel): flock(2), which flock(1) sees. As flock(1) does
-// by default, COMMAND inherits a descriptor of the locked file: if dibs is
-// killed, the lock stays with COMMAND (and whatever it passes the descriptor
-// on to) until they end. dibs unlocks when COMMAND ends. The descriptor form
-// (FD instead of PATH) locks the calling shell's own descriptor, which keeps
-// the lock after dibs ends, as with flock(1).
-int lock_kernel(const lock_args& a, std::optional<milliseconds> wait) {
-  const auto started = steady::now();
-  const int op = a.unlock ? LOCK_UN : a.shared ? LOCK_SH : LOCK_EX;
-  if (a.fd >= 0) {
-    if (!flock_fd(a, a.fd, op, wait)) {
-      std::cerr << fmt::format("dibs lock: descriptor {} is locked by another process (a kernel lock{})\n", a.fd,
-                               !a.nonblock && wait ? ", --wait ran out" : "");
-      return a.conflict_code;
-    }
-    say_took(a, started);
-    if (a.command.empty()) return ex::ok;
-    return run_kernel_command(a, a.fd);
-  }
-  dibs::file_mutex m{a.path};
-  bool got = false;
-  if (a.shared)
-    got = a.nonblock || (wait && wait->count() == 0) ? m.try_lock_shared()
-          : wait                                     ? m.try_lock_shared_for(*wait)
-                                                     : (m.lock_shared(), true);
-  else
-    got = a.nonblock || (wait && wait->count() == 0) ? m.try_lock()
-          : wait                                     ? m.try_lock_for(*wait)
-                                                     : (m.lock(), true);
-  if (!got) {
-    std::cerr << fmt::format("dibs lock: '{}' is locked by another process (a kernel lock{}); see who with 'fuser -v {}'\n",
-                             a.path, !a.nonblock && wait ? ", --wait ran out" : "", a.path);
-    return a.conflict_code;
-  }
-  say_took(a, started);
-  int inherited = -1;
-  if (!a.close) {
-    inherited = ::fcntl(m.native_handle(), F_DUPFD, 3);  // no FD_CLOEXEC: COMMAND keeps it
-    if (inherited < 0) fail(ex::software, fmt::format("dibs lock: dup failed: {}", std::strerror(errno)));
-  }
-  int code = 0;
-  {
-    // The child gets `inherited` (unless -o); dibs's copy goes, so that only
-    // COMMAND's and the lock's own descriptor hold the lock.
-    const int inherit = inherited;
-    struct closer {
-      int fd;
-      ~closer() {
-        if (fd >= 0) ::close(fd);
-      }
-    } c{inherit};
-    code = run_kernel_command(a, inherit);
-  }
-  a.shared ? m.unlock_shared() : m.unlock();
-  return code;
-}
+#if defined(_WIN32)
+#include "platform/win32.hpp"
+#else
+#include "platform/posix.hpp"
+#endif
 
 // Says which form to use where the lease or presence lock cannot mean what
 // a flock(1) option means.
@@ -729,6 +370,7 @@ int cmd_lock(lock_args& a) {
   if (a.retries < -2) fail(ex::usage, "dibs lock -r: retries must be -1 (forever) or more");
   if (a.retries == -2 && !a.sleep.empty()) a.retries = -1;  // lockfile(1): retry forever unless -r says
   if (!a.kernel) refuse_unless_kernel(a);
+  refuse_unported(a);
   if (a.command.empty() && a.fd < 0)
     fail(ex::usage, fmt::format("dibs lock: no COMMAND to run; write: dibs lock {} -- COMMAND [ARGS...]", a.path));
   if (a.unlock && a.fd < 0)
@@ -752,6 +394,7 @@ struct log_args {
   bool from_stdin = false;  // no argument after PATH
 };
 
+#if defined(DIBS_TOOL_LOG)
 int cmd_log(log_args& a) {
   dibs::shared_log_options o;
   o.rotate_size = parse_size("dibs log --rotate-size", a.rotate_size);
@@ -779,6 +422,12 @@ int cmd_log(log_args& a) {
   if (std::cin.bad()) fail(ex::ioerr, "dibs log: cannot read standard input");
   return ex::ok;
 }
+#else
+int cmd_log(log_args&) {
+  fail(ex::usage, "dibs log: not ported to Windows yet (dibs::shared_log is being ported); docs/windows.md says what "
+                  "dibs.exe has");
+}
+#endif
 
 // ---------------------------------------------------------------------------
 // Stores by URL-like name.
@@ -814,16 +463,16 @@ int with_store(const std::string& spec, F&& f) {
   };
   if (scheme == "dir") {
     if (rest.empty()) fail(ex::usage, "dibs: store 'dir:' names no directory; write dir:/path/to/dir");
-    dibs::file_store s{rest};
+    dibs::file_store s{native_path(rest)};
     return f(s);
   }
 #ifdef DIBS_TOOL_SQLITE
   if (scheme == "sqlite") {
     const std::string table = split_table("dibs_records");
     if (rest.empty()) fail(ex::usage, "dibs: store 'sqlite:' names no file; write sqlite:/path/file.db");
-    if (!std::filesystem::is_directory(std::filesystem::absolute(rest).parent_path()))
+    if (!std::filesystem::is_directory(std::filesystem::absolute(native_path(rest)).parent_path()))
       fail(ex::noinput, fmt::format("dibs: store '{}': the directory of '{}' does not exist (create it first)", spec, rest));
-    dibs::sqlite_store s{rest, dibs::sqlite_store_options{.table = table}};
+    dibs::sqlite_store s{native_path(rest), dibs::sqlite_store_options{.table = table}};
     return f(s);
   }
 #endif
@@ -943,7 +592,7 @@ int cmd_claim(claim_args& a) {
     // If dibs dies, its claim is recovered by the next worker at once (its
     // pid is gone): COMMAND is stopped then too, so that it does not go on
     // beside the next worker's run. The token tells the two apart anyway.
-    const int code = run_command(ea, SIGKILL);
+    const int code = run_command(ea, true);
     if (code == 0) {
       try {
         c->complete(fmt::format("exit 0, token {}", c->token()));
@@ -1005,7 +654,7 @@ int cmd_retry(retry_args& a) {
   dibs::exponential_backoff::duration previous{0};
   exec_args ea{a.command, {}};
   for (std::uint32_t n = 0;; ++n) {
-    const int code = run_command(ea, 0);
+    const int code = run_command(ea, false);
     const bool transient = std::find(a.codes.begin(), a.codes.end(), code) != a.codes.end();
     if (!transient) return code;
     if (n + 1 >= a.attempts) {
@@ -1025,21 +674,7 @@ int cmd_retry(retry_args& a) {
     if (a.verbose)
       std::cerr << fmt::format("dibs retry: attempt {} exited {}; next in {} ms\n", n + 1, code,
                                std::chrono::duration_cast<milliseconds>(delay).count());
-    // Sleep, but a signal meant for COMMAND ends the wait: dibs ends as the
-    // signal would have ended COMMAND.
-    {
-      signal_gate g;
-      pollfd p{g.fd(), POLLIN, 0};
-      const auto until = steady::now() + delay;
-      for (;;) {
-        const auto left = std::chrono::duration_cast<milliseconds>(until - steady::now()).count();
-        if (left <= 0) break;
-        if (::poll(&p, 1, static_cast<int>(left) + 1) > 0) {
-          const int s = g.next();
-          if (s != 0 && s != SIGCHLD) return 128 + s;
-        }
-      }
-    }
+    if (const auto st = sleep_unless_signalled(delay)) return *st;
     if (end && steady::now() >= *end) {
       if (a.verbose) std::cerr << "dibs retry: giving up: the deadline passed\n";
       return code;
@@ -1082,7 +717,7 @@ std::string clock_time(std::chrono::system_clock::time_point t) {
   const time_t at = std::chrono::system_clock::to_time_t(t);
   const time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   std::tm a{}, b{};
-  if (!::localtime_r(&at, &a) || !::localtime_r(&now, &b)) return fmt::format("unix {}", at);
+  if (!dibs::detail::local_time(at, a) || !dibs::detail::local_time(now, b)) return fmt::format("unix {}", at);
   char out[32];
   const bool today = a.tm_year == b.tm_year && a.tm_yday == b.tm_yday;
   return std::strftime(out, sizeof out, today ? "%H:%M:%S" : "%Y-%m-%d %H:%M:%S", &a) ? out : "?";
@@ -1104,12 +739,7 @@ bool is_store_spec(const std::string& t) {
 // first line is a pid, or "0", or nothing; dibs's has its holder's record
 // after it. Returns: the exit code if `a.target` is one, else nullopt.
 std::optional<int> dot_status(const status_args& a) {
-  std::string text;
-  if (std::FILE* f = std::fopen(a.target.c_str(), "r")) {
-    char buf[4096];
-    text.assign(buf, std::fread(buf, 1, sizeof buf, f));
-    std::fclose(f);
-  }
+  const std::string text = read_head(native_path(a.target), 4096);
   const auto nl = text.find('\n');
   const std::string first = text.substr(0, nl);
   if (first.empty() || first.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
@@ -1167,14 +797,15 @@ int cmd_status(status_args& a) {
       return ex::ok;
     });
   }
-  if (!std::filesystem::exists(a.target))
+  const auto target = native_path(a.target);
+  if (!std::filesystem::exists(target))
     fail(ex::noinput, fmt::format("dibs status: '{}' does not exist (a lock file, or a store such as dir:/path)", a.target));
-  if (std::filesystem::is_regular_file(a.target) && std::filesystem::file_size(a.target) == 0)
+  if (std::filesystem::is_regular_file(target) && std::filesystem::file_size(target) == 0)
     fail(ex::dataerr, fmt::format("dibs status: '{}' is an empty file, not a dibs lease lock (a --kernel or flock(1) "
                                   "lock file?); the kernel does not say who holds those: try 'fuser -v {}'",
                                   a.target, a.target));
   if (const auto code = dot_status(a)) return *code;
-  dibs::lock_file lk{a.target};
+  dibs::lock_file lk{target};
   const auto h = lk.holder();  // reads the record; takes nothing
   // What the next taker would do: take a free lock, or one whose holder is
   // provably gone, at once (the library's proof rule: h->gone); break an
@@ -1356,6 +987,15 @@ they look like (a key '--next=x', a log line '--help').)";
 }  // namespace
 
 int main(int argc, char** argv) {
+#if defined(_WIN32)
+  // The arguments as UTF-8 (argv is in the ANSI code page).
+  std::vector<std::string> utf8_args = utf8_arguments();
+  std::vector<char*> utf8_argv;
+  for (auto& x : utf8_args) utf8_argv.push_back(x.data());
+  utf8_argv.push_back(nullptr);
+  argc = static_cast<int>(utf8_args.size());
+  argv = utf8_argv.data();
+#endif
   program_argv = argv;
 
   CLI::App app{"dibs: locks, a shared log, exactly-once claims and retries for shell scripts", "dibs"};
@@ -1581,6 +1221,7 @@ Examples:
                                         "quote it: dibs lock {} {} 'COMMAND ARGS...'",
                                         opt, la.path, opt));
           la.command = shell_command(data.take());
+          la.shell = true;
         }
       }
       if (la.command.empty()) la.command = data.rest();
@@ -1588,6 +1229,7 @@ Examples:
         if (!la.command.empty())
           fail(ex::usage, "dibs lock: -c STRING and a COMMAND after PATH: give one of them");
         la.command = shell_command(la.command_string);
+        la.shell = true;
       }
       // flock(1)'s descriptor form: a number and nothing after it.
       int fd = -1;
