@@ -59,12 +59,7 @@ extern char** environ;
 #include <dibs/lease_mutex.hpp>
 #include <dibs/lock_file.hpp>
 #include <dibs/marker_claim.hpp>
-// `dibs log` on Windows waits for shared_log's port (docs/windows.md): its
-// one #if is DIBS_TOOL_LOG.
-#if !defined(_WIN32)
-#define DIBS_TOOL_LOG 1
 #include <dibs/shared_log.hpp>
-#endif
 #ifdef DIBS_TOOL_SQLITE
 #include <dibs/stores/sqlite_store.hpp>
 #endif
@@ -212,7 +207,7 @@ milliseconds parse_duration(const std::string& what, const std::string& s) {
 }
 
 // Sizes: a bare number of bytes, or with K, M, G (powers of 1024).
-[[maybe_unused]] std::uint64_t parse_size(const std::string& what, const std::string& s) {  // for log
+std::uint64_t parse_size(const std::string& what, const std::string& s) {
   std::size_t end = 0;
   unsigned long long n = 0;
   try {
@@ -394,7 +389,6 @@ struct log_args {
   bool from_stdin = false;  // no argument after PATH
 };
 
-#if defined(DIBS_TOOL_LOG)
 int cmd_log(log_args& a) {
   dibs::shared_log_options o;
   o.rotate_size = parse_size("dibs log --rotate-size", a.rotate_size);
@@ -422,12 +416,6 @@ int cmd_log(log_args& a) {
   if (std::cin.bad()) fail(ex::ioerr, "dibs log: cannot read standard input");
   return ex::ok;
 }
-#else
-int cmd_log(log_args&) {
-  fail(ex::usage, "dibs log: not ported to Windows yet (dibs::shared_log is being ported); docs/windows.md says what "
-                  "dibs.exe has");
-}
-#endif
 
 // ---------------------------------------------------------------------------
 // Stores by URL-like name.
