@@ -2,11 +2,11 @@
 // libpq, P processes at once (benchmarks/run_pg_benchmarks.sh runs them on
 // a server of scripts/pg.sh; docs/BENCHMARKS.md has the figures).
 //
-//   pg_claims --bench claim   --way <dibs|hand|floor> --procs P --items M
+//   pg_claims --bench claim   --way <dibs|hand|floor|shape> --procs P --items M
 //       each process claims and completes its own M/P keys: marker_claim<
 //       postgres_store> try_claim + complete, against the two statements
 //       (INSERT ... ON CONFLICT ... RETURNING, UPDATE ... WHERE version)
-//   pg_claims --bench next    --way <dibs|hand|floor> --procs P --items M
+//   pg_claims --bench next    --way <dibs|hand|floor|shape> --procs P --items M
 //       M queued items, P workers take them without knowing keys: claim_next
 //       + complete, against the usual SKIP LOCKED loop over a partial index
 //
@@ -16,6 +16,9 @@
 // record (head, changed, nonce, token, owner lines: about 250 bytes) and
 // the queue columns, made by the client for every write. What dibs costs
 // beyond it is its own; what hand costs less is the row.
+// `shape`: the floor writing short values ("state processing", "state
+// completed") instead of the records: what dibs's table costs apart from
+// the record's size.
 //   pg_claims --bench handoff --way <notify|poll> --items N
 //       two processes pass one lease_mutex<postgres_store> back and forth N
 //       times, each holding it 30 ms; the time from one's unlock to the
@@ -133,8 +136,10 @@ struct hand_queue {
 
 // Records of dibs's shape (marker_claim's encode): the processing record
 // with the owner lines, the completed one with the token; a new nonce and
-// time in each, as dibs makes them.
+// time in each, as dibs makes them. Short values for the `shape` way.
+bool short_rows = false;
 std::string floor_record(bool processing, long attempts, long token) {
+  if (short_rows) return processing ? "state processing" : "state completed";
   std::string v = processing ? "dibs-claim 1\nstate processing\nattempts " : "dibs-claim 1\nstate completed\nattempts ";
   dibs::detail::append_number(v, attempts);
   v += "\nchanged ";
@@ -246,12 +251,16 @@ int main(int argc, char** argv) {
     else if (a == "--procs") procs = std::atoi(argv[i + 1]);
     else if (a == "--items") items = std::atol(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: pg_claims --bench <claim|next|handoff> --way <dibs|hand|floor> (handoff: <notify|poll>) [--procs P] [--items M]\n");
+      std::fprintf(stderr, "usage: pg_claims --bench <claim|next|handoff> --way <dibs|hand|floor|shape> (handoff: <notify|poll>) [--procs P] [--items M]\n");
       return 2;
     }
   }
   try {
     if (procs < 1 || procs > 64 || items < 1 || items > 200'000) return 2;
+    if (way == "shape") {
+      short_rows = true;
+      way = "floor";
+    }
     auto* sh = dibs_bench::shared_new<shared>();
     const std::string table = fmt::format("bench_{}_{}_{}", bench, way, ::getpid());
     pg admin;
@@ -377,7 +386,7 @@ int main(int argc, char** argv) {
     admin.exec(fmt::format("DROP TABLE {}", table));
     std::printf("{\"bench\": \"%s\", \"way\": \"%s\", \"procs\": %d, \"items\": %ld, \"seconds\": %.4f, "
                 "\"items_per_s\": %.0f%s}\n",
-                bench.c_str(), way.c_str(), procs, items, secs, static_cast<double>(total) / secs, extra.c_str());
+                bench.c_str(), short_rows ? "shape" : way.c_str(), procs, items, secs, static_cast<double>(total) / secs, extra.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pg_claims: %s\n", e.what());

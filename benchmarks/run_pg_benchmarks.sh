@@ -8,13 +8,14 @@
 #
 #   benchmarks/run_pg_benchmarks.sh [--quick] [--no-build] [--before PG_CLAIMS] [--only claim|next]
 #
-# --before: a pg_claims binary built from an earlier commit, run as a third
-# way ("before") interleaved with the two, for a before/after within one
+# --before: a pg_claims binary built from an earlier commit, run as one more
+# way ("before") interleaved with the others, for a before/after within one
 # run on a noisy machine. --only: that benchmark alone (no handoff).
 # A --before binary without the floor way (built before it) still works: it
 # is only ever run as dibs.
 # Environment: BUILD_DIR (default <repo>/build/bench-pg), OUT (default
-# $BUILD_DIR/results), RUNS (default 5: runs of each way, interleaved).
+# $BUILD_DIR/results), RUNS (default 5: runs of each way, interleaved),
+# WAYS (default 'hand floor dibs'; pg_claims's `shape` may be added).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BUILD_DIR=${BUILD_DIR:-$ROOT/build/bench-pg}
@@ -34,13 +35,13 @@ while (($#)); do
       [[ $benches == claim || $benches == next ]] || { echo "run_pg_benchmarks.sh: --only takes claim or next, not $benches" >&2; exit 2; }
       shift
       ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "run_pg_benchmarks.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
 done
-ways='hand floor dibs'
-if [[ -n $before ]]; then ways='hand floor dibs before'; fi
+ways=${WAYS:-hand floor dibs}
+if [[ -n $before ]]; then ways="$ways before"; fi
 [[ $build == 1 ]] && bench_build "$BUILD_DIR" pg_claims
 mkdir -p "$OUT"
 bench_server pg --durable
@@ -82,6 +83,7 @@ for bench in $benches; do
     pair dibs hand
     pair floor hand
     pair dibs floor
+    if [[ " $ways " == *' shape '* ]]; then pair shape hand; fi
     if [[ -n $before ]]; then
       pair before hand
       pair dibs before
