@@ -6,11 +6,14 @@
 # times each; prints the medians, the ratios of the medians and the medians
 # of the per-round ratios (docs/BENCHMARKS.md has the figures).
 #
-#   benchmarks/run_pg_benchmarks.sh [--quick] [--no-build] [--before PG_CLAIMS] [--only claim|next]
+#   benchmarks/run_pg_benchmarks.sh [--quick] [--no-build] [--before PG_CLAIMS] [--only claim|next] [--fsync-off]
 #
 # --before: a pg_claims binary built from an earlier commit, run as one more
 # way ("before") interleaved with the others, for a before/after within one
 # run on a noisy machine. --only: that benchmark alone (no handoff).
+# --fsync-off: the server without --durable (fsync off): the statements'
+# work and the round trips without the disk's commits, which on a shared
+# disk vary tenfold within minutes.
 # A --before binary without the floor way (built before it) still works: it
 # is only ever run as dibs.
 # Environment: BUILD_DIR (default <repo>/build/bench-pg), OUT (default
@@ -20,11 +23,12 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BUILD_DIR=${BUILD_DIR:-$ROOT/build/bench-pg}
 OUT=${OUT:-$BUILD_DIR/results}
-quick=0 build=1 before='' benches='claim next'
+quick=0 build=1 before='' benches='claim next' durable=--durable
 while (($#)); do
   case $1 in
     --quick) quick=1 ;;
     --no-build) build=0 ;;
+    --fsync-off) durable='' ;;
     --before)
       before=${2:?--before needs a pg_claims binary}
       [[ -x $before ]] || { echo "run_pg_benchmarks.sh: --before $before: not an executable" >&2; exit 2; }
@@ -35,7 +39,7 @@ while (($#)); do
       [[ $benches == claim || $benches == next ]] || { echo "run_pg_benchmarks.sh: --only takes claim or next, not $benches" >&2; exit 2; }
       shift
       ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "run_pg_benchmarks.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -44,7 +48,7 @@ ways=${WAYS:-hand floor dibs}
 if [[ -n $before ]]; then ways="$ways before"; fi
 [[ $build == 1 ]] && bench_build "$BUILD_DIR" pg_claims
 mkdir -p "$OUT"
-bench_server pg --durable
+bench_server pg $durable
 B=$BUILD_DIR/benchmarks/pg_claims
 runs=${RUNS:-5} items1=1000 items8=4000 handoffs=300
 [[ $quick == 1 ]] && runs=1 items1=200 items8=500 handoffs=50
