@@ -190,7 +190,8 @@ struct floor_claims {
   }
   bool claim_and_complete(const std::string& k) {
     if (::PQntuples(run_mixed(db.c.get(), "claim", {{k, 1}, {floor_record(true, 1, 0), 1}}).get()) != 1) return false;
-    return ::PQntuples(run_mixed(db.c.get(), "complete", {{k, 1}, {"1", 0}, {floor_record(false, 1, 1), 1}}).get()) == 1;
+    const auto done = run_mixed(db.c.get(), "complete", {{k, 1}, {"1", 0}, {floor_record(false, 1, 1), 1}});
+    return ::PQntuples(done.get()) == 1;
   }
 };
 
@@ -215,9 +216,9 @@ struct floor_queue {
     if (::PQntuples(r.get()) == 0) return false;
     // The key comes back as text (bytea's hex form): sent back as text.
     const std::string key = ::PQgetvalue(r.get(), 0, 0), version = ::PQgetvalue(r.get(), 0, 1);
-    if (::PQntuples(run_mixed(db.c.get(), "done", {{key, 0}, {version, 0}, {floor_record(false, 1, std::stol(version)), 1}})
-                        .get()) != 1)
-      throw std::runtime_error("floor: a taken item was not completed");
+    const auto done =
+        run_mixed(db.c.get(), "done", {{key, 0}, {version, 0}, {floor_record(false, 1, std::stol(version)), 1}});
+    if (::PQntuples(done.get()) != 1) throw std::runtime_error("floor: a taken item was not completed");
     return true;
   }
 };
@@ -251,7 +252,8 @@ int main(int argc, char** argv) {
     else if (a == "--procs") procs = std::atoi(argv[i + 1]);
     else if (a == "--items") items = std::atol(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: pg_claims --bench <claim|next|handoff> --way <dibs|hand|floor|shape> (handoff: <notify|poll>) [--procs P] [--items M]\n");
+      std::fprintf(stderr, "usage: pg_claims --bench <claim|next|handoff> --way <dibs|hand|floor|shape> "
+                           "(handoff: <notify|poll>) [--procs P] [--items M]\n");
       return 2;
     }
   }
@@ -386,7 +388,8 @@ int main(int argc, char** argv) {
     admin.exec(fmt::format("DROP TABLE {}", table));
     std::printf("{\"bench\": \"%s\", \"way\": \"%s\", \"procs\": %d, \"items\": %ld, \"seconds\": %.4f, "
                 "\"items_per_s\": %.0f%s}\n",
-                bench.c_str(), short_rows ? "shape" : way.c_str(), procs, items, secs, static_cast<double>(total) / secs, extra.c_str());
+                bench.c_str(), short_rows ? "shape" : way.c_str(), procs, items, secs,
+                static_cast<double>(total) / secs, extra.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pg_claims: %s\n", e.what());

@@ -1425,7 +1425,7 @@ TEST_CASE("try_claim on PostgreSQL: one statement for a fresh key and one for a 
   CHECK(pg::sql(fmt::format("SELECT count(*) FROM {} WHERE position('state completed'::bytea IN value) > 0", t)) == "42");
 }
 
-TEST_CASE("take_claimable on PostgreSQL returns each record byte for byte as the table holds it: attempts 1 to 11, "
+TEST_CASE("take_claimable on PostgreSQL: each record byte for byte as the table holds it, attempts 1 to 11, "
           "priorities of every sign") {
   // The take statement returns the attempts and the priority, not the
   // value it wrote; the client makes the value's head from them.
