@@ -2,13 +2,23 @@
 // libpq, P processes at once (benchmarks/run_pg_benchmarks.sh runs them on
 // a server of scripts/pg.sh; docs/BENCHMARKS.md has the figures).
 //
-//   pg_claims --bench claim   --way <dibs|hand> --procs P --items M
+//   pg_claims --bench claim   --way <dibs|hand|floor|shape> --procs P --items M
 //       each process claims and completes its own M/P keys: marker_claim<
 //       postgres_store> try_claim + complete, against the two statements
 //       (INSERT ... ON CONFLICT ... RETURNING, UPDATE ... WHERE version)
-//   pg_claims --bench next    --way <dibs|hand> --procs P --items M
+//   pg_claims --bench next    --way <dibs|hand|floor|shape> --procs P --items M
 //       M queued items, P workers take them without knowing keys: claim_next
 //       + complete, against the usual SKIP LOCKED loop over a partial index
+//
+// `floor`: the hand-written statements, but on dibs's own table (made by
+// postgres_store: its columns, indexes and triggers; for `next` the items
+// offered by dibs) and writing rows of dibs's size and shape: the owner
+// record (head, changed, nonce, token, owner lines: about 250 bytes) and
+// the queue columns, made by the client for every write. What dibs costs
+// beyond it is its own; what hand costs less is the row.
+// `shape`: the floor writing short values ("state processing", "state
+// completed") instead of the records: what dibs's table costs apart from
+// the record's size.
 //   pg_claims --bench handoff --way <notify|poll> --items N
 //       two processes pass one lease_mutex<postgres_store> back and forth N
 //       times, each holding it 30 ms; the time from one's unlock to the
@@ -124,6 +134,95 @@ struct hand_queue {
   }
 };
 
+// Records of dibs's shape (marker_claim's encode): the processing record
+// with the owner lines, the completed one with the token; a new nonce and
+// time in each, as dibs makes them. Short values for the `shape` way.
+bool short_rows = false;
+std::string floor_record(bool processing, long attempts, long token) {
+  if (short_rows) return processing ? "state processing" : "state completed";
+  std::string v = processing ? "dibs-claim 1\nstate processing\nattempts " : "dibs-claim 1\nstate completed\nattempts ";
+  dibs::detail::append_number(v, attempts);
+  v += "\nchanged ";
+  dibs::detail::append_number(v, dibs::detail::wall_ms());
+  v += '\n';
+  dibs::detail::append_nonce(v);
+  if (token) {
+    v += "token ";
+    dibs::detail::append_number(v, token);
+    v += '\n';
+  }
+  if (processing) v += dibs::detail::this_process_lines(std::chrono::milliseconds{60'000});
+  return v;
+}
+
+// Runs prepared statement `name` with parameters bytes (format 1) or text
+// (format 0). Returns: its result.
+std::unique_ptr<PGresult, decltype(&::PQclear)> run_mixed(PGconn* c, const char* name,
+                                                          std::initializer_list<std::pair<std::string_view, int>> ps) {
+  std::vector<const char*> v;
+  std::vector<int> len, fmt;
+  for (const auto& [p, f] : ps) {
+    v.push_back(p.data());
+    len.push_back(static_cast<int>(p.size()));
+    fmt.push_back(f);
+  }
+  std::unique_ptr<PGresult, decltype(&::PQclear)> r{
+      ::PQexecPrepared(c, name, static_cast<int>(v.size()), v.data(), len.data(), fmt.data(), 0), ::PQclear};
+  const auto st = ::PQresultStatus(r.get());
+  if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) throw std::runtime_error(::PQresultErrorMessage(r.get()));
+  return r;
+}
+
+// The floor of `claim`: hand_claims's two statements on dibs's table,
+// writing what dibs writes (the record and every queue column).
+struct floor_claims {
+  pg db;
+  explicit floor_claims(const std::string& table) {
+    db.prepare("claim", fmt::format("INSERT INTO \"{}\" (key, value, version, written, state, attempts, priority, "
+                                    "not_before, synced, claimable) VALUES ($1, $2, 1, clock_timestamp(), 'processing', "
+                                    "1, 0, NULL, 1, false) ON CONFLICT (key) DO NOTHING RETURNING version",
+                                    table));
+    db.prepare("complete", fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = clock_timestamp(), "
+                                       "state = 'completed', attempts = 1, priority = 0, not_before = NULL, "
+                                       "synced = version + 1, claimable = false "
+                                       "WHERE key = $1 AND version = $2::bigint RETURNING version",
+                                       table));
+  }
+  bool claim_and_complete(const std::string& k) {
+    if (::PQntuples(run_mixed(db.c.get(), "claim", {{k, 1}, {floor_record(true, 1, 0), 1}}).get()) != 1) return false;
+    const auto done = run_mixed(db.c.get(), "complete", {{k, 1}, {"1", 0}, {floor_record(false, 1, 1), 1}});
+    return ::PQntuples(done.get()) == 1;
+  }
+};
+
+// The floor of `next`: hand_queue's loop on dibs's table (its partial
+// index over claimable rows, by priority and key), writing dibs's rows.
+struct floor_queue {
+  pg db;
+  explicit floor_queue(const std::string& table) {
+    db.prepare("take", fmt::format("UPDATE \"{0}\" SET value = $1, version = version + 1, written = clock_timestamp(), "
+                                   "state = 'processing', attempts = attempts + 1, not_before = NULL, "
+                                   "synced = version + 1, claimable = false WHERE key = "
+                                   "(SELECT key FROM \"{0}\" WHERE claimable ORDER BY priority DESC, key LIMIT 1 "
+                                   "FOR UPDATE SKIP LOCKED) RETURNING key, version",
+                                   table));
+    db.prepare("done", fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = clock_timestamp(), "
+                                   "state = 'completed', synced = version + 1, claimable = false "
+                                   "WHERE key = $1 AND version = $2::bigint RETURNING version",
+                                   table));
+  }
+  bool next() {
+    const auto r = run_mixed(db.c.get(), "take", {{floor_record(true, 1, 0), 1}});
+    if (::PQntuples(r.get()) == 0) return false;
+    // The key comes back as text (bytea's hex form): sent back as text.
+    const std::string key = ::PQgetvalue(r.get(), 0, 0), version = ::PQgetvalue(r.get(), 0, 1);
+    const auto done =
+        run_mixed(db.c.get(), "done", {{key, 0}, {version, 0}, {floor_record(false, 1, std::stol(version)), 1}});
+    if (::PQntuples(done.get()) != 1) throw std::runtime_error("floor: a taken item was not completed");
+    return true;
+  }
+};
+
 // The store without wait_for_change: lease_mutex then polls.
 struct polling_store {
   dibs::postgres_store& s;
@@ -153,12 +252,17 @@ int main(int argc, char** argv) {
     else if (a == "--procs") procs = std::atoi(argv[i + 1]);
     else if (a == "--items") items = std::atol(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: pg_claims --bench <claim|next|handoff> --way W [--procs P] [--items M]\n");
+      std::fprintf(stderr, "usage: pg_claims --bench <claim|next|handoff> --way <dibs|hand|floor|shape> "
+                           "(handoff: <notify|poll>) [--procs P] [--items M]\n");
       return 2;
     }
   }
   try {
     if (procs < 1 || procs > 64 || items < 1 || items > 200'000) return 2;
+    if (way == "shape") {
+      short_rows = true;
+      way = "floor";
+    }
     auto* sh = dibs_bench::shared_new<shared>();
     const std::string table = fmt::format("bench_{}_{}_{}", bench, way, ::getpid());
     pg admin;
@@ -166,7 +270,7 @@ int main(int argc, char** argv) {
     double secs = 0;
     std::string extra;
     if (bench == "claim") {
-      if (way == "dibs") dibs::postgres_store{conninfo(), {.table = table}};  // the same table both ways
+      if (way == "dibs" || way == "floor") dibs::postgres_store{conninfo(), {.table = table}};  // the same table
       else admin.exec(fmt::format("CREATE TABLE {} (key text PRIMARY KEY, value text, version bigint NOT NULL DEFAULT 0)", table));
       secs = dibs_bench::run_procs(procs, [&](int p, dibs_bench::gate& g) {
         long won = 0;
@@ -180,6 +284,10 @@ int main(int argc, char** argv) {
               c->complete();
               ++won;
             }
+        } else if (way == "floor") {
+          floor_claims f{table};
+          g.wait();
+          for (long k = first; k < last; ++k) won += f.claim_and_complete(key_of(k));
         } else {
           hand_claims h{table};
           g.wait();
@@ -188,7 +296,7 @@ int main(int argc, char** argv) {
         sh->done[p] = won;
       });
     } else if (bench == "next") {
-      if (way == "dibs") {
+      if (way == "dibs" || way == "floor") {
         dibs::postgres_store store{conninfo(), {.table = table}};
         dibs::marker_claim<dibs::postgres_store> claims{store};
         for (long k = 0; k < items; ++k) (void)claims.offer(key_of(k));
@@ -209,6 +317,10 @@ int main(int argc, char** argv) {
             c->complete();
             ++won;
           }
+        } else if (way == "floor") {
+          floor_queue q{table};
+          g.wait();
+          while (q.next()) ++won;
         } else {
           hand_queue q{table};
           g.wait();
@@ -265,7 +377,7 @@ int main(int argc, char** argv) {
     if (bench != "handoff") {
       for (int p = 0; p < procs; ++p) total += sh->done[p];
       const std::string check = bench == "claim" ? "SELECT count(*) FROM {} WHERE value LIKE '%completed%'"
-                                : way == "dibs"  ? "SELECT count(*) FROM {} WHERE position('state completed'::bytea IN value) > 0"
+                                : way != "hand"  ? "SELECT count(*) FROM {} WHERE position('state completed'::bytea IN value) > 0"
                                                  : "SELECT count(*) FROM {} WHERE state = 'completed'";
       const long completed = std::stol(admin.first(fmt::format(fmt::runtime(check), table)));
       if (total != items || completed != items) {
@@ -276,7 +388,8 @@ int main(int argc, char** argv) {
     admin.exec(fmt::format("DROP TABLE {}", table));
     std::printf("{\"bench\": \"%s\", \"way\": \"%s\", \"procs\": %d, \"items\": %ld, \"seconds\": %.4f, "
                 "\"items_per_s\": %.0f%s}\n",
-                bench.c_str(), way.c_str(), procs, items, secs, static_cast<double>(total) / secs, extra.c_str());
+                bench.c_str(), short_rows ? "shape" : way.c_str(), procs, items, secs,
+                static_cast<double>(total) / secs, extra.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pg_claims: %s\n", e.what());

@@ -1424,3 +1424,38 @@ TEST_CASE("try_claim on PostgreSQL: one statement for a fresh key and one for a 
   app->complete();
   CHECK(pg::sql(fmt::format("SELECT count(*) FROM {} WHERE position('state completed'::bytea IN value) > 0", t)) == "42");
 }
+
+TEST_CASE("take_claimable on PostgreSQL: each record byte for byte as the table holds it, attempts 1 to 11, "
+          "priorities of every sign") {
+  // The take statement returns the attempts and the priority, not the
+  // value it wrote; the client makes the value's head from them.
+  const auto t = pg::fresh_table("takehead");
+  auto s = pg_open(t);
+  const std::int32_t prios[] = {0, 7, -3, INT32_MAX, INT32_MIN};
+  dibs::marker_claim<dibs::postgres_store> claims{s, {.renew = false}};
+  for (int i = 0; i < 5; ++i) REQUIRE(claims.offer(fmt::format("p{}", i), {.priority = prios[i]}));
+  const std::string rest = "changed 1\nnonce 0123456789abcdef\n";
+  int checked = 0;
+  for (int attempt = 1; attempt <= 11; ++attempt) {
+    const auto taken = s.take_claimable(attempt % 2 ? "p" : "", rest, 5);  // with a prefix and without
+    REQUIRE(taken.size() == 5);
+    CHECK(taken.front().first == "p3");  // INT32_MAX first
+    CHECK(taken.back().first == "p4");
+    for (const auto& [key, rec] : taken) {
+      const auto stored = s.read(key);
+      REQUIRE(stored);
+      CHECK(rec.value == stored->value);
+      CHECK(rec.version == stored->version);
+      const auto prio = prios[key[1] - '0'];
+      std::string head = fmt::format("dibs-claim 1\nstate processing\nattempts {}\n", attempt);
+      if (prio != 0) head += fmt::format("priority {}\n", prio);
+      CHECK(rec.value == head + rest);
+      ++checked;
+      // Given back, claimable again, its priority kept.
+      std::string released = fmt::format("dibs-claim 1\nstate released\nattempts {}\n", attempt);
+      if (prio != 0) released += fmt::format("priority {}\n", prio);
+      REQUIRE(s.replace(key, rec.version, released + "changed 2\n"));
+    }
+  }
+  CHECK(checked == 55);
+}
