@@ -46,6 +46,7 @@ extern char** environ;
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -325,6 +326,35 @@ struct dot_kind {
   std::optional<dibs::version> token() { return std::nullopt; }
   void unlock() { lk->unlock(); }
 };
+
+// Takes `kind`'s lock the way the options say: one try (-n, -w 0, -r 0);
+// tries in slices of up to 100 ms until -w runs out (the default); or
+// lockfile(1)'s way, a try and then a pause (-s), -r times more (-1:
+// forever). `stopped(d)` waits up to `d` for a request to stop (a signal
+// meant for COMMAND, Ctrl+C) and returns the exit code to end with if one
+// came; the platforms differ only there.
+// Returns: whether the lock was taken, or the exit code to end with.
+template <class Kind, class Stopped>
+std::variant<bool, int> acquire(const lock_args& a, std::optional<milliseconds> wait, Kind& kind, Stopped&& stopped) {
+  if (a.nonblock || (wait && wait->count() == 0) || a.retries == 0) return kind.try_for(milliseconds{0});
+  const auto until = wait ? steady::now() + *wait : steady::time_point::max();
+  const milliseconds pause = a.sleep.empty() ? milliseconds{1000} : parse_duration("dibs lock -s", a.sleep);
+  for (int tries = 0;;) {
+    const auto left = std::chrono::duration_cast<milliseconds>(until - steady::now());
+    if (left <= milliseconds{0}) return false;
+    if (a.retries == -2) {
+      if (kind.try_for(std::clamp(left, milliseconds{1}, milliseconds{100}))) return true;
+      if (const std::optional<int> code = stopped(milliseconds{0})) return *code;
+    } else {
+      if (kind.try_for(milliseconds{0})) return true;
+      if (a.retries >= 0 && tries++ >= a.retries) return false;
+      for (auto end = std::min(until, steady::now() + pause); steady::now() < end;) {
+        const auto slice = std::chrono::duration_cast<milliseconds>(end - steady::now());
+        if (const std::optional<int> code = stopped(std::max(slice, milliseconds{1}))) return *code;
+      }
+    }
+  }
+}
 
 #if defined(_WIN32)
 #include "platform/win32.hpp"

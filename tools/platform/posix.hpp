@@ -227,31 +227,9 @@ int lock_for_child(const lock_args& a, std::optional<milliseconds> wait, Kind& k
   };
   try {
     kind.open(a.close ? 0 : pid);
-    bool got = false;
-    if (a.nonblock || (wait && wait->count() == 0) || a.retries == 0) {
-      got = kind.try_for(milliseconds{0});
-    } else {
-      const auto until = wait ? steady::now() + *wait : steady::time_point::max();
-      const milliseconds pause = a.sleep.empty() ? milliseconds{1000} : parse_duration("dibs lock -s", a.sleep);
-      for (int tries = 0; !got;) {
-        const auto left = std::chrono::duration_cast<milliseconds>(until - steady::now());
-        if (left <= milliseconds{0}) break;
-        if (a.retries == -2) {
-          // Waits in slices, so that a signal ends the wait.
-          got = kind.try_for(std::clamp(left, milliseconds{1}, milliseconds{100}));
-          if (const auto st = got ? std::nullopt : signalled(milliseconds{0})) return *st;
-        } else {
-          // lockfile(1)'s way: a try, then a pause, -r times more (-1: forever).
-          got = kind.try_for(milliseconds{0});
-          if (got || (a.retries >= 0 && tries++ >= a.retries)) break;
-          for (auto end = std::min(until, steady::now() + pause); steady::now() < end;) {
-            const auto slice = std::chrono::duration_cast<milliseconds>(end - steady::now());
-            if (const auto st = signalled(std::max(slice, milliseconds{1}))) return *st;
-          }
-        }
-      }
-    }
-    if (!got) {
+    const auto taken = acquire(a, wait, kind, signalled);
+    if (const int* code = std::get_if<int>(&taken)) return *code;  // a signal: the child was ended with it
+    if (!std::get<bool>(taken)) {
       const std::string msg = kind.conflict(!a.nonblock && (wait || a.retries >= 0));
       abandon();
       std::cerr << msg << '\n';

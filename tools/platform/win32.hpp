@@ -312,28 +312,12 @@ int lock_and_run(const lock_args& a, std::optional<milliseconds> wait, Kind& kin
   const auto started = steady::now();
   arm_interrupt();
   kind.open(0);
-  bool got = false;
-  if (a.nonblock || (wait && wait->count() == 0) || a.retries == 0) {
-    got = kind.try_for(milliseconds{0});
-  } else {
-    const auto until = wait ? steady::now() + *wait : steady::time_point::max();
-    const milliseconds pause = a.sleep.empty() ? milliseconds{1000} : parse_duration("dibs lock -s", a.sleep);
-    for (int tries = 0; !got;) {
-      const auto left = std::chrono::duration_cast<milliseconds>(until - steady::now());
-      if (left <= milliseconds{0}) break;
-      if (a.retries == -2) {
-        // Waits in slices, so that Ctrl+C ends the wait.
-        got = kind.try_for(std::clamp(left, milliseconds{1}, milliseconds{100}));
-        if (!got && interrupted()) return static_cast<int>(console_interrupt_code);
-      } else {
-        got = kind.try_for(milliseconds{0});
-        if (got || (a.retries >= 0 && tries++ >= a.retries)) break;
-        const auto end = std::min(until, steady::now() + pause);
-        if (interrupted_within(std::chrono::duration_cast<milliseconds>(end - steady::now())))
-          return static_cast<int>(console_interrupt_code);
-      }
-    }
-  }
+  const auto taken = acquire(a, wait, kind, [](milliseconds d) -> std::optional<int> {
+    if (d.count() == 0 ? interrupted() : interrupted_within(d)) return static_cast<int>(console_interrupt_code);
+    return std::nullopt;
+  });
+  if (const int* code = std::get_if<int>(&taken)) return *code;  // Ctrl+C while waiting
+  const bool got = std::get<bool>(taken);
   if (!got) {
     std::cerr << kind.conflict(!a.nonblock && (wait || a.retries >= 0)) << '\n';
     return a.conflict_code;
