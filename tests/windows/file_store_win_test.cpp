@@ -37,23 +37,7 @@ std::string item_key(int i) { return fmt::format("<Item/{:04}+%{}@Mail.Example.c
 int claim_worker(const fs::path& items_dir, const fs::path& journal_dir, int items, unsigned seed) {
   dibs::file_store store{items_dir}, journal{journal_dir};
   dibs::marker_claim<dibs::file_store> claims{store, {.lease = 30s, .max_attempts = 10}};
-  std::mt19937 rng(seed);
-  const int offset = std::uniform_int_distribution<int>{0, items - 1}(rng);
-  for (;;) {
-    bool claimed_any = false, all_done = true;
-    for (int j = 0; j < items; ++j) {
-      const std::string k = item_key((offset + j) % items);
-      if (auto c = claims.try_claim(k)) {
-        claimed_any = true;
-        if (!dibs_test::write_fenced_effect(journal, k, c->token())) return 4;
-        c->complete(std::to_string(c->token()));
-      } else if (claims.status(k).state != dibs::claim_state::completed) {
-        all_done = false;
-      }
-    }
-    if (all_done) return 0;
-    if (!claimed_any) std::this_thread::sleep_for(5ms);
-  }
+  return dibs_test::claim_every_item(claims, journal, items, item_key, seed, 0ms, 5ms);
 }
 
 const register_role claim_role{"--claim-worker", [](int argc, char** argv) {

@@ -75,24 +75,8 @@ int claim_worker(const std::string& folder, const fs::path& journal_dir, int ite
   dibs::imap_store store{o, {.folder = folder}};
   dibs::file_store journal{journal_dir};
   dibs::marker_claim<dibs::imap_store> claims{store, {.lease = 30s, .max_attempts = 10}};
-  std::mt19937 rng(seed);
-  const int offset = std::uniform_int_distribution<int>{0, items - 1}(rng);
-  for (;;) {
-    bool claimed_any = false, all_done = true;
-    for (int j = 0; j < items; ++j) {
-      const std::string k = item_key((offset + j) % items);
-      if (auto c = claims.try_claim(k)) {
-        claimed_any = true;
-        if (!dibs_test::write_fenced_effect(journal, k, c->token())) return 4;
-        std::this_thread::sleep_for(150ms);  // handling: most kills find a claim held
-        c->complete(std::to_string(c->token()));
-      } else if (claims.status(k).state != dibs::claim_state::completed) {
-        all_done = false;
-      }
-    }
-    if (all_done) return 0;
-    if (!claimed_any) std::this_thread::sleep_for(20ms);
-  }
+  // Each item held 150 ms: most kills find a claim held.
+  return dibs_test::claim_every_item(claims, journal, items, item_key, seed, 150ms, 20ms);
 }
 
 const register_role claim_role{"--imap-claim-worker", [](int argc, char** argv) {
