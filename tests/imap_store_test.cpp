@@ -638,7 +638,7 @@ TEST_CASE("after a crash mid-APPEND, the server's NO [SERVERBUG] to the next APP
   CHECK(open_store(f).read("k") == dibs::record{"after", *w});
 }
 
-TEST_CASE("conditional STOREs racing on Dovecot, and marker_claim racing on imap_store: one winner per key") {
+TEST_CASE("races on Dovecot: conditional STOREs and marker_claim over imap_store have one winner per key") {
   constexpr int procs = 4, messages = 200;
   const auto f = imap::fresh_folder("condstore");
   {

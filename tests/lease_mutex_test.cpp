@@ -219,7 +219,7 @@ TEST_CASE("stale recovery: a killed holder at once, a reused pid is not the owne
   dibs_test::wait_exit(live);
 }
 
-TEST_CASE("a holder that exited but is not reaped yet (a zombie) is gone: its lock is broken at once") {
+TEST_CASE("a zombie holder: one that exited but is not reaped yet is gone and its lock is broken at once") {
   temp_dir dir;
   const auto path = dir.path / "job.lock";
   const pid_t holder = dibs_test::spawn([&]() -> int {

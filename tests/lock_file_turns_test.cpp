@@ -150,7 +150,7 @@ TEST_CASE("lock_file: a waiter stopped (SIGSTOP) when its turn comes is passed a
   CHECK(slurp(journal) == "CB");
 }
 
-TEST_CASE("lock_file turns under SIGKILL of waiters, holders and unlockers: one holder at a time, no lost turn, nobody waits on the dead") {
+TEST_CASE("lock_file turns under SIGKILL: with waiters, holders and unlockers killed, one holder at a time, no lost turn, nobody waits on the dead") {
   constexpr int workers = 6, kills = 40;
   temp_dir dir;
   const auto path = dir.path / "storm.lock";

@@ -386,7 +386,7 @@ TEST_CASE("fork: a child's copy of a claim neither gives the item back nor compl
 
 // ---- Issue 12: claims renew themselves, and are movable handles ----------
 
-TEST_CASE("a live worker on an item longer than the lease keeps its claim: claims renew themselves") {
+TEST_CASE("claims renew themselves: a live worker on an item longer than the lease keeps its claim") {
   temp_dir dir;
   dibs::file_store store{dir.path};
   channel claimed;

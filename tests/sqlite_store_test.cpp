@@ -424,7 +424,7 @@ TEST_CASE("another thread's store operation waits for a transaction open on the 
   CHECK(seen->version == 1);
 }
 
-TEST_CASE("N processes complete M items in the transaction of their effects, some rolled back: each effect exactly once") {
+TEST_CASE("effects in one transaction: N processes complete M items in the transaction of their effects, some rolled back, each effect exactly once") {
   temp_dir dir;
   const auto path = dir.path / "work.db";
   constexpr int workers = 4, items = 240;
