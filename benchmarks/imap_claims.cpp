@@ -27,8 +27,9 @@
 //   imap_claims --mode ops --items M
 //       one process, the round trips a claim is made of, each timed M times
 //       (median ms): NOOP, UID FETCH <next UID>:* when nothing is new, APPEND,
-//       UID FETCH of one UID, and imap_store read() of an absent key and
-//       create() of a fresh one
+//       UID FETCH of one UID, keyword STOREs, an APPEND with a STORE sent
+//       on a second session at once, and imap_store read() of an absent key
+//       and create() of a fresh one
 //   imap_claims --mode floor-mailbox --procs P --items M
 //       the same job by hand, decided the same way (APPEND order): per
 //       message an APPEND of a claim to a claims folder + UID FETCH <last
@@ -186,6 +187,7 @@ int ops(long n) try {
   };
   {
     hand h{folder, sh};
+    hand other{folder, sh};
     std::uint32_t uid = 0;
     for (long i = 0; i < n; ++i) {
       timed("NOOP", [&] { h.s.run("NOOP"); });
@@ -200,6 +202,17 @@ int ops(long n) try {
                                          fmt::format("UID STORE {} +FLAGS.SILENT ($B)", uid)});
       });
       timed("UID STORE -FLAGS of a keyword not set", [&] { h.s.run(fmt::format("UID STORE {} -FLAGS.SILENT ($C)", uid)); });
+      // Whether a keyword write on one connection can hide behind an
+      // APPEND on another (as imap_mailbox sends its keywords): the STORE
+      // is sent on the second session, the APPEND made on the first, then
+      // the STORE's reply read. About the APPEND's time alone if the server
+      // and disk write them side by side, about the sum if their flushes
+      // take turns.
+      timed("APPEND with a UID STORE +FLAGS sent on another session", [&] {
+        other.s.send_ahead({fmt::format("UID STORE {} +FLAGS.SILENT ($D)", uid)});
+        uid = h.append(key_of(i), "claim");
+        other.s.check(other.s.finish().at(0), "UID STORE");
+      });
     }
   }
   {
