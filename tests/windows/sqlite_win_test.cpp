@@ -159,7 +159,7 @@ TEST_CASE("Windows SQLite: built as Debian builds its libsqlite3 where it shows 
   CHECK(count(db, "SELECT \"no such column\" IS NULL") == 0);  // double-quoted strings allowed (DQS), as on Debian
 }
 
-TEST_CASE("Windows sqlite_store passes the conformance kit in one process: semantics, bad input, any keys, thread races") {
+TEST_CASE("Windows sqlite_store conformance: semantics, bad input, any keys and thread races, in one process") {
   temp_dir dir;
   dibs::sqlite_store s{dir.path / "store.db"};
   REQUIRE_NOTHROW(dibs::testing::check_semantics(s, "sem-"));
@@ -171,7 +171,7 @@ TEST_CASE("Windows sqlite_store passes the conformance kit in one process: seman
 // On a database of their own: check_queue gives claim_next 400 ms before a
 // scheduled item is due, and a WAL checkpoint (its flushes) left due by the
 // checks above could take that on a loaded machine.
-TEST_CASE("Windows sqlite_store passes the conformance kit's queue checks: priorities, schedules, backoffs, each item once across 4 threads") {
+TEST_CASE("Windows sqlite_store queue conformance: priorities, schedules, backoffs, each item once across 4 threads") {
   temp_dir dir;
   dibs::sqlite_store s{dir.path / "queue.db"};
   REQUIRE_NOTHROW(dibs::testing::check_queue(s, "queue-"));
