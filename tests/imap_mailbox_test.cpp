@@ -3,6 +3,7 @@
 // server crash on the way; the keywords people see agree with the store.
 #include <dibs/stores/file_store.hpp>
 #include <dibs/imap/mailbox.hpp>
+#include <dibs/retry.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -41,23 +42,19 @@ struct run_result {
   int messages = 0, completed = 0, effects_match = 0, shown_completed = 0, shown_other = 0, retried = 0;
 };
 
-// Runs f() again after any transient failure until `deadline`, a server
-// that stopped answering for a while (errc::timed_out: a session's reply
-// timeout, 30 s) included. After these tests' crashes Dovecot once held its
-// mailbox-list index lock for 180 s, every session waiting behind it (its
-// log: "Timeout (180s) while waiting for lock for transaction log file
-// .../dovecot.list.index.log"). detail::retry_transient does not retry
-// timed_out: there it is the caller's deadline.
-template <class F>
-auto patiently(std::chrono::steady_clock::time_point deadline, F f) -> decltype(f()) {
-  for (;;) {
-    try {
-      return f();
-    } catch (const std::system_error& e) {
-      if (!dibs::is_transient(e.code()) || std::chrono::steady_clock::now() > deadline) throw;
-    }
-    std::this_thread::sleep_for(200ms);
-  }
+// A server that stops answering for a while is waited out as any other
+// transient failure (errc::timed_out: a session's reply timeout, 30 s):
+// after these tests' crashes Dovecot once held its mailbox-list index lock
+// for 180 s, every session waiting behind it (its log: "Timeout (180s)
+// while waiting for lock for transaction log file
+// .../dovecot.list.index.log"). dibs::retry, as docs/guide-imap-mailbox.md
+// tells a watcher's own loop to do; detail::retry_transient would give up
+// there (for it, timed_out is the caller's deadline).
+dibs::retry_policy patient(std::chrono::steady_clock::time_point deadline) {
+  auto p = dibs::retry_policy{}.unlimited_attempts();
+  if (deadline != std::chrono::steady_clock::time_point::max())
+    p.deadline(std::max<std::chrono::steady_clock::duration>(deadline - std::chrono::steady_clock::now(), 1ms));
+  return p;
 }
 
 // Workers (processes) take messages from `mailbox` until a stop file
@@ -76,8 +73,8 @@ run_result run_workers(const std::string& mailbox, const std::string& claims_fol
   auto start_worker = [&]() {
     return dibs_test::spawn([&]() -> int {
       const auto forever = dibs::time_limit::max();
-      auto store = patiently(forever, [&] { return std::make_unique<dibs::imap_store>(server, dibs::imap_store_options{.folder = claims_folder}); });
-      auto box = patiently(forever, [&] {
+      auto store = dibs::retry(patient(forever), [&] { return std::make_unique<dibs::imap_store>(server, dibs::imap_store_options{.folder = claims_folder}); });
+      auto box = dibs::retry(patient(forever), [&] {
         return std::make_unique<dibs::imap_mailbox>(server, *store,
                                                     dibs::imap_mailbox_options{.mailbox = mailbox,
                                                                                .claims = {.lease = lease, .max_attempts = 20},
@@ -108,13 +105,16 @@ run_result run_workers(const std::string& mailbox, const std::string& claims_fol
   // have just restarted: what it says in the meantime (BYE, refused
   // connections, no answer for a while) is waited out.
   const auto deadline = std::chrono::steady_clock::now() + 240s;
-  dibs::imap_store store = patiently(deadline, [&] { return dibs::imap_store{server, {.folder = claims_folder}}; });
-  dibs::imap_mailbox box = patiently(deadline, [&] {
-    return dibs::imap_mailbox{server, store, {.mailbox = mailbox, .on_note = [](std::string_view) {}}};
+  const auto store = dibs::retry(patient(deadline), [&] {
+    return std::make_unique<dibs::imap_store>(server, dibs::imap_store_options{.folder = claims_folder});
+  });
+  const auto box = dibs::retry(patient(deadline), [&] {
+    return std::make_unique<dibs::imap_mailbox>(server, *store,
+                                                dibs::imap_mailbox_options{.mailbox = mailbox, .on_note = [](std::string_view) {}});
   });
   std::vector<dibs::imap_mailbox::entry> seen;
   for (;;) {
-    seen = patiently(deadline, [&] { return box.status(); });
+    seen = dibs::retry(patient(deadline), [&] { return box->status(); });
     const auto done = std::count_if(seen.begin(), seen.end(), [](const auto& e) {
       return e.status.state == dibs::claim_state::completed;
     });
@@ -127,7 +127,7 @@ run_result run_workers(const std::string& mailbox, const std::string& claims_fol
   CHECK(failed == 0);
   // Keywords are set after the store decides: a worker killed in between
   // leaves them behind, and a watcher's scan repairs them.
-  seen = patiently(deadline, [&] { return box.status(); });
+  seen = dibs::retry(patient(deadline), [&] { return box->status(); });
   run_result r;
   dibs::file_store journal{journal_dir};
   std::set<std::string> keys;
