@@ -36,6 +36,10 @@
 //       seen + 1>:<own UID> to see whether it won, then (the winner) UID
 //       FETCH of the message's body and UID STORE +FLAGS ($Completed).
 //       No $Processing, no completion record, no recovery of dead workers.
+//       --complete: the winner also APPENDs a completion record to the
+//       claims folder (and reads it back) before the STORE: the durable
+//       writes of a design whose "done" is a record, not a keyword anyone
+//       can clear (what imap_mailbox writes, less $Processing)
 //
 // Items/s counts won claims (each key once) per second, from the start gate
 // to the last process's last claim. The server: DIBS_IMAP_* (scripts/imap.sh
@@ -257,7 +261,7 @@ int main(int argc, char** argv) {
   const auto dash = mode.find('-');
   const std::string way = mode.substr(0, dash), bench = dash == std::string::npos ? "" : mode.substr(dash + 1);
   if ((way != "dibs" && way != "floor") || (bench != "own" && bench != "shared" && bench != "mailbox") ||
-      (complete && bench != "own") || (no_processing && (way != "dibs" || bench != "mailbox")) || procs < 1 ||
+      (complete && bench != "own" && mode != "floor-mailbox") || (no_processing && (way != "dibs" || bench != "mailbox")) || procs < 1 ||
       procs > 64 || items < 1 || items > max_items) {
     std::fprintf(stderr, "imap_claims: bad arguments (try without any for the usage)\n");
     return 2;
@@ -364,6 +368,7 @@ int main(int argc, char** argv) {
           const auto body = box.s.run(fmt::format("UID FETCH {} (UID BODY.PEEK[])", uid));
           box.s.check(body, "UID FETCH body");
           if (body.untagged.empty()) throw std::runtime_error("message gone");
+          if (complete) claims.append_and_read(key, "completed");
           box.s.check(box.s.run(fmt::format("UID STORE {} +FLAGS.SILENT ($Completed)", uid)), "UID STORE");
           sh->work_ns += mono_ns() - t0;
           ++sh->works;
