@@ -261,8 +261,9 @@ int main(int argc, char** argv) {
   const auto dash = mode.find('-');
   const std::string way = mode.substr(0, dash), bench = dash == std::string::npos ? "" : mode.substr(dash + 1);
   if ((way != "dibs" && way != "floor") || (bench != "own" && bench != "shared" && bench != "mailbox") ||
-      (complete && bench != "own" && mode != "floor-mailbox") || (no_processing && (way != "dibs" || bench != "mailbox")) || procs < 1 ||
-      procs > 64 || items < 1 || items > max_items) {
+      (complete && bench != "own" && mode != "floor-mailbox") ||
+      (no_processing && (way != "dibs" || bench != "mailbox")) || procs < 1 || procs > 64 || items < 1 ||
+      items > max_items) {
     std::fprintf(stderr, "imap_claims: bad arguments (try without any for the usage)\n");
     return 2;
   }
