@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <future>
@@ -37,6 +38,73 @@ TEST_CASE("file_store passes the conformance suite, in one process and across 8"
   auto open = [&] { return dibs::file_store{dir.path, opts}; };
   REQUIRE_NOTHROW(dibs::testing::check_create_race_processes(open, 8, "raced"));
   REQUIRE_NOTHROW(dibs::testing::check_counter_race_processes(open, 8, 1000, "counter"));
+  REQUIRE_NOTHROW(dibs::testing::check_removed_by_hand(s, "hand-", [&](std::string_view key) {
+    REQUIRE(fs::remove(s.path_of(key)));
+  }));
+}
+
+TEST_CASE("a record file removed by hand: the record made again starts above its key's version floor, in every window") {
+  const bool in_place = GENERATE(false, true);
+  INFO("in_place " << in_place);
+  temp_dir dir;
+  dibs::file_store s{dir.path, {.in_place = in_place}};
+  // A record near the end of its first window of versions (as one rewritten
+  // 65,534 times would be), written as a dibs before the floor wrote it:
+  // no floor file yet.
+  spit(s.path_of("k"), dibs::detail::encode_record(65534, true, "old", {}));
+  auto v = s.replace("k", 65534, "a");
+  REQUIRE(v == dibs::version{65535});
+  v = s.replace("k", *v, "b");
+  REQUIRE(v == dibs::version{65536});
+  CHECK_FALSE(fs::exists(dir.path / ".dibs-floor.k.rec"));  // still in the first window
+  v = s.replace("k", *v, "c");  // into the second window: the floor is raised first
+  REQUIRE(v == dibs::version{65537});
+  CHECK_THAT(slurp(dir.path / ".dibs-floor.k.rec"), Contains("floor 131072\n"));
+  REQUIRE(fs::remove(s.path_of("k")));
+  const auto again = s.create("k", "again");
+  REQUIRE(again);
+  CHECK(*again > 65537);
+  CHECK_FALSE(s.replace("k", 65537, "stale"));
+  CHECK(s.read("k") == dibs::record{"again", *again});
+  CHECK(s.keys() == std::vector<std::string>{"k"});  // the floor is no key
+  // A long name's floor is cut, like a long record name, and still works.
+  const std::string long_key(240, 'x');
+  const auto l1 = s.create(long_key, "1");
+  REQUIRE(l1);
+  REQUIRE(fs::remove(s.path_of(long_key)));
+  const auto l2 = s.create(long_key, "2");
+  REQUIRE(l2);
+  CHECK(*l2 > *l1);
+}
+
+TEST_CASE("removed by hand 4 x 150 times: no version is handed out twice") {
+  temp_dir dir;
+  const int procs = 4, rounds = 150;
+  dibs_test::channel out;
+  std::vector<pid_t> pids;
+  for (int p = 0; p < procs; ++p) {
+    pids.push_back(dibs_test::spawn([&] {
+      dibs::file_store s{dir.path};
+      std::string got = "v";
+      for (int i = 0; i < rounds; ++i) {
+        if (const auto v = s.create("k", "mine")) {
+          got += fmt::format(" {}", *v);
+          // Removed by hand, while no one else can have made it again (it exists).
+          (void)fs::remove(s.path_of("k"));
+        }
+      }
+      return out.send(got) ? 0 : 1;
+    }));
+  }
+  std::vector<dibs::version> all;
+  for (int p = 0; p < procs; ++p) {
+    CHECK(dibs_test::wait_exit(pids[p]) == 0);
+    const auto w = dibs_test::words(out.receive(60s).value_or(""));
+    for (std::size_t i = 1; i < w.size(); ++i) all.push_back(std::stoull(w[i]));
+  }
+  CHECK(all.size() >= static_cast<std::size_t>(rounds));
+  std::sort(all.begin(), all.end());
+  CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
 }
 
 TEST_CASE("a record file is readable text") {

@@ -80,6 +80,70 @@ TEST_CASE("lock_file is a standard lock whose file says who holds it, with growi
   CHECK(lock.token() > first);
 }
 
+TEST_CASE("a lock file removed while held: the next holder gets a larger token, and the first one's renewal finds the hold lost and leaves the new holder alone") {
+  temp_dir dir;
+  const auto path = dir.path / "job.lock";
+  dibs::lock_file a{path, {.renew = false}};
+  REQUIRE(a.try_lock());
+  dibs::version highest = a.token();
+  REQUIRE(a.renew());  // a renewal moves the version past the token
+  for (int round = 0; round < 3; ++round) {
+    INFO("round " << round);
+    REQUIRE(fs::remove(path));  // a person's `rm job.lock`
+    dibs::lock_file b{path, {.renew = false}};
+    REQUIRE(b.try_lock());
+    CHECK(b.token() > highest);
+    highest = b.token();
+    // The first holder is told at its next renewal, and writes nothing.
+    CHECK_FALSE(a.renew());
+    CHECK(a.lost());
+    CHECK(b.renew());
+    CHECK_FALSE(b.lost());
+    CHECK_THAT(slurp(path), Contains(fmt::format("token {}\n", b.token())));
+    const auto h = b.holder();
+    REQUIRE(h);
+    CHECK(h->mine);
+    CHECK(h->token == b.token());
+    // The loser's unlock leaves the new holder's record alone too.
+    a.unlock();
+    CHECK_THAT(slurp(path), Contains(fmt::format("token {}\n", b.token())));
+    CHECK_FALSE(a.try_lock());
+    b.unlock();
+    REQUIRE(a.try_lock());
+    CHECK(a.token() > highest);
+    highest = a.token();
+    REQUIRE(a.renew());
+  }
+  a.unlock();
+}
+
+TEST_CASE("removed while its holder renews it: the holder finds its hold lost within its lease, the next holder keeps its own") {
+  temp_dir dir;
+  const auto path = dir.path / "job.lock";
+  channel told;
+  dibs_test::child holder{dibs_test::spawn([&] {
+    dibs::lock_file a{path, {.lease = 600ms}};
+    a.lock();
+    told.send(fmt::format("holds {}", a.token()));
+    // Renewals every 200 ms; the hold must be found lost, never silently kept.
+    if (!dibs_test::eventually([&] { return a.lost(); }, 30s)) return 2;
+    told.send("lost");
+    return 0;
+  })};
+  const auto first = words(told.receive(30s).value_or(""));
+  REQUIRE(first.size() == 2);
+  REQUIRE(fs::remove(path));
+  dibs::lock_file b{path, {.lease = 600ms}};
+  REQUIRE(b.try_lock());
+  CHECK(b.token() > std::stoull(first[1]));
+  CHECK(told.receive(30s) == std::optional<std::string>{"lost"});
+  CHECK(holder.wait() == 0);
+  CHECK_FALSE(b.lost());
+  CHECK(b.renew());
+  CHECK_THAT(slurp(path), Contains(fmt::format("pid {}\n", ::getpid())));
+  b.unlock();
+}
+
 TEST_CASE("a second lease_mutex on the same key waits while the first holds it") {
   dibs::memory_store store;
   dibs::lease_mutex<dibs::memory_store> a{store, "job"}, b{store, "job", {.lease = 5s}};

@@ -44,7 +44,10 @@
 //     waited on a file since replaced starts again;
 //   - erase leaves an "erased" record that keeps the version, so a later
 //     create continues from it: versions never go back (they are fencing
-//     tokens);
+//     tokens); and a record made after its file was removed (by a person:
+//     `rm L` while a lock is held) starts above every version the removed
+//     file had, by the key's version floor, `.dibs-floor.<record file name>`
+//     beside it (detail/file_store/version_floor.hpp);
 //   - temporary files (`.dibs-tmp.<boot>.<pid ns>.<time ns>.<pid>.<start>.<random>`)
 //     of processes that are provably gone, by the rule of detail/owner.hpp,
 //     are removed when a store is opened; no other file is ever removed.
@@ -116,6 +119,7 @@
 #include <dibs/detail/file_store/record_format.hpp>
 #include <dibs/detail/file_store/record_io.hpp>
 #include <dibs/detail/file_store/two_slots.hpp>
+#include <dibs/detail/file_store/version_floor.hpp>
 #include <dibs/detail/record_file.hpp>
 #include <dibs/detail/sys.hpp>
 #ifndef _WIN32
@@ -208,12 +212,18 @@ public:
       const auto swapped = swap_if(key, name, [](const stored& c) { return !c.live; }, true, value, t);
       if (swapped.outcome == swap_outcome::done) return swapped.version;
       if (swapped.outcome == swap_outcome::refused) return std::nullopt;  // live: we lost
-      const auto tmp = write_temporary(1, true, value, name.key_line);  // no file: make the first one
+      // No file: make the first one, above every version an earlier file of
+      // the key had (one a person removed, say), holding the key's version
+      // floor until it is in place (detail/file_store/version_floor.hpp).
+      detail::version_floor floor{dir_, name.name, opts_.mode, opts_.sync, t};
+      const dibs::version v = floor.value() + 1;
+      floor.cover(v);
+      const auto tmp = write_temporary(v, true, value, name.key_line);
       const auto e = detail::link_new_record(tmp, path);
       (void)detail::remove_file(tmp);  // if we die before this, the next store to open the directory removes it
       if (e == 0) {
         sync_dir();
-        return dibs::version{1};
+        return v;
       }
       if (!detail::file_exists(e)) throw detail::path_error(e, "dibs::file_store: cannot create record", path);
       // Someone made the file meanwhile: live (we lost) or erased (continue
@@ -435,6 +445,10 @@ private:
         return {swap_outcome::refused, std::nullopt};
       }
       const dibs::version next = std::max(cur->version + 1, cur->next_after_torn);
+      // Into a new window of versions: raise the key's floor first, so that a
+      // record made after this file is removed starts above `next`.
+      if (detail::floor_window_end(next) > detail::floor_window_end(cur->version))
+        detail::version_floor{dir_, name.name, opts_.mode, opts_.sync, t}.cover(next);
       if (in_place) {
         const std::string rec = detail::encode_record(next, live, value, name.key_line);
         if (detail::fits_in_slots(*cur, rec)) {

@@ -197,6 +197,38 @@ void check_semantics(S& s, std::string_view prefix) {
   expect(v5.has_value() && s.read(k)->value == big, "a value of the maximum size round-trips");
 }
 
+/// A record removed behind the store's back, the way a person can on its
+/// medium (`remove(key)`: rm of a record file, a DELETE of a row, an
+/// EXPUNGE of a message), and made again: the new record's version is
+/// larger than every version the removed one had (versions are fencing
+/// tokens), so an operation that names an old version (a holder renewing
+/// a lock it held before the removal) fails and leaves the new record alone.
+template <shared_store S, class Remove>
+void check_removed_by_hand(S& s, std::string_view prefix, Remove remove) {
+  using detail::expect;
+  const std::string k = std::string(prefix) + "removed";
+  dibs::version highest = 0;
+  std::optional<dibs::version> v = s.create(k, "first");
+  expect(v.has_value(), "create of a fresh key succeeds");
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 3; ++i) {
+      const auto next = s.replace(k, *v, fmt::format("round {} write {}", round, i));
+      expect(next.has_value() && *next > *v, "replace with the current version succeeds, with a larger version");
+      v = next;
+    }
+    const dibs::version old = *v;
+    highest = std::max(highest, old);
+    remove(k);
+    expect(!s.read(k), "a record removed by hand reads as absent");
+    v = s.create(k, fmt::format("made again {}", round));
+    expect(v.has_value(), "create after a removal by hand succeeds");
+    expect(*v > highest, "a record made again after a removal by hand has a larger version than every earlier one");
+    expect(!s.replace(k, old, "stale holder"), "replace with a version from before the removal returns nothing");
+    expect(!s.erase(k, old), "erase with a version from before the removal returns false");
+    expect(s.read(k) == record{fmt::format("made again {}", round), *v}, "the new record is left alone");
+  }
+}
+
 /// Bad keys and values are refused by every operation with a message naming
 /// the key and the rule, and nothing is written. A key is refused only if it
 /// is empty or longer than key_rules::max_key_size.

@@ -104,6 +104,13 @@ inline std::optional<std::string> key_of_stem(std::string_view stem) {
   return std::string(stem);
 }
 
+// Returns: the 64-bit FNV-1a hash of `s`, which ends a cut file name.
+inline std::uint64_t name_hash(std::string_view s) noexcept {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+
 // Returns: the file of `key` in `dir`, its name ending in `suffix`; with
 // `key_is_file_name`, the key itself. Throws: errc::invalid_argument naming
 // `call` for a key no store takes, or, with key_is_file_name, one that is
@@ -136,9 +143,7 @@ inline record_file_name record_name_of(std::string_view key, std::string_view ca
     while (n > 0 && (stem[n - 1] == '%' || (n > 1 && stem[n - 2] == '%') ||
                      (static_cast<unsigned char>(stem[n]) & 0xc0) == 0x80))
       --n;
-    std::uint64_t h = 1469598103934665603ull;
-    for (const char c : key) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    stem = fmt::format("{}{}{:016x}", stem.substr(0, n), record_cut_mark, h);
+    stem = fmt::format("{}{}{:016x}", stem.substr(0, n), record_cut_mark, name_hash(key));
   }
   return {stem + std::string(suffix), spelled ? std::string{} : escape_key(key)};
 }
