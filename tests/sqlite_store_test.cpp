@@ -33,6 +33,13 @@ TEST_CASE("sqlite_store passes the conformance suite, in one process and across 
     REQUIRE_NOTHROW(dibs::testing::check_bad_input(s, "bad-"));
     REQUIRE_NOTHROW(dibs::testing::check_any_keys(s, "any-"));
     REQUIRE_NOTHROW(dibs::testing::check_races_threads(s, 4, 500, "threads-"));
+    REQUIRE_NOTHROW(dibs::testing::check_removed_by_hand(s, "hand-", [&](std::string_view key) {
+      dibs::sqlite::connection by_hand{db};  // a person's sqlite3 shell, say
+      auto del = by_hand.prepare("DELETE FROM dibs_records WHERE key = ?1");
+      del.bind(1, key);
+      (void)del.step();
+      REQUIRE(by_hand.query_int64("SELECT changes()") == 1);
+    }));
   }  // closed before forking: SQLite forbids a connection open across fork() to the same file
   auto open = [&] { return dibs::sqlite_store{db}; };
   REQUIRE_NOTHROW(dibs::testing::check_create_race_processes(open, 8, "raced"));
@@ -188,6 +195,40 @@ TEST_CASE("bad input to sqlite_store: a clear error naming what and where, and n
     if (code == 77) WARN("no unprivileged account: the read-only case was not run");
     CHECK((code == 0 || code == 77));
   }
+}
+
+TEST_CASE("rows deleted by hand: a lease or claim made again gets a larger token, the old holder's renewal finds its hold lost, also on an application's row") {
+  temp_dir dir;
+  const auto path = dir.path / "locks.db";
+  dibs::sqlite_store s{path};
+  dibs::lease_mutex<dibs::sqlite_store> a{s, "job", {.renew = false}};
+  REQUIRE(a.try_lock());
+  REQUIRE(a.renew());
+  REQUIRE(a.renew());
+  dibs::sqlite::connection by_hand{path};
+  by_hand.exec("DELETE FROM dibs_records WHERE key = 'job'");
+  dibs::lease_mutex<dibs::sqlite_store> b{s, "job", {.renew = false}};
+  REQUIRE(b.try_lock());
+  CHECK(b.token() > a.token() + 2);  // above the versions of a's two renewals too
+  CHECK_FALSE(a.renew());
+  CHECK(a.lost());
+  CHECK(b.renew());
+  CHECK_FALSE(b.lost());
+  b.unlock();
+  // An application's own row, deleted and inserted again without a record
+  // (version 0): claimed with a token above the deleted row's.
+  dibs::sqlite_store app{path, "mailbox"};
+  dibs::marker_claim<dibs::sqlite_store> claims{app, {.renew = false}};
+  by_hand.exec("INSERT INTO mailbox (key) VALUES ('m1')");
+  auto first = claims.try_claim("m1");
+  REQUIRE(first);
+  const auto t1 = first->token();
+  first->complete();
+  by_hand.exec("DELETE FROM mailbox WHERE key = 'm1'; INSERT INTO mailbox (key) VALUES ('m1')");
+  auto second = claims.try_claim("m1");
+  REQUIRE(second);
+  CHECK(second->token() > t1 + 1);
+  second->complete();
 }
 
 TEST_CASE("lease_mutex over sqlite_store: a killed holder is recovered at once, tokens grow") {

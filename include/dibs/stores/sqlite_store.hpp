@@ -27,8 +27,13 @@
 // the file; marker_claim claims a fresh item with the create alone (see
 // create_before_read_store). Erase sets value to NULL and keeps the row and its version, so a
 // re-created record continues from there: versions grow per key across erase
-// and re-create (they are fencing tokens). Do not DELETE rows of a key that a
-// lease or claim may still use, or its tokens start again from 1.
+// and re-create (they are fencing tokens). A row deleted by hand (DELETE)
+// leaves its version in "<table>_version_floor" (by the trigger
+// "<table>_deleted"), and a record made on a new row starts above it, so
+// tokens never repeat for a key, also after a DELETE; a holder of the
+// deleted row finds its hold lost at its next write. (DROP TABLE fires no
+// trigger: drop the table only when no process uses it. A dibs before 0.4
+// sharing the file starts a new row at version 1.)
 //
 // Contention: a statement that finds the write lock held fails with
 // SQLITE_BUSY before it changes anything, and the store retries it with the
@@ -360,6 +365,7 @@ private:
     }
     if (!opts.connection.read_only) {
       as_open_error(path, opts.table, [&] {
+        dibs::retry(setup, [&] { create_version_floor(db, opts.table); });
         dibs::retry(setup, [&] { create_claims_view(db, opts.table); });
         if (!opts.connection.journal_mode.empty())
           dibs::retry(setup, [&] { db.exec(fmt::format("PRAGMA journal_mode={}", opts.connection.journal_mode)); });
@@ -381,6 +387,21 @@ private:
                                                     table, detail::path_text(path), ::sqlite3_errstr(e.code().value()),
                                                     sqlite::detail::open_hint(path, e.code().value())));
     }
+  }
+
+  // The version floor: a row deleted by hand (DELETE) takes its versions
+  // with it, so the trigger "<table>_deleted" keeps the highest version of any
+  // deleted row in "<table>_version_floor" (one row), and a record made on
+  // a new row starts above it: versions, which are fencing tokens, never
+  // repeat for a key. SQLite runs one writer at a time, so a create never
+  // reads a floor that a DELETE has not yet raised.
+  static void create_version_floor(sqlite::connection& db, const std::string& table) {
+    db.exec(fmt::format("CREATE TABLE IF NOT EXISTS \"{0}_version_floor\" (id INTEGER PRIMARY KEY CHECK (id = 1), "
+                        "floor INTEGER NOT NULL); "
+                        "CREATE TRIGGER IF NOT EXISTS \"{0}_deleted\" AFTER DELETE ON \"{0}\" BEGIN "
+                        "INSERT INTO \"{0}_version_floor\" (id, floor) VALUES (1, old.version) "
+                        "ON CONFLICT (id) DO UPDATE SET floor = max(floor, excluded.floor); END",
+                        table));
   }
 
   // The view "<table>_claims": marker_claim's records ("dibs-claim 1\n"
@@ -458,10 +479,17 @@ private:
   void prepare() {
     const std::string& t = opts_.table;
     read_.emplace(db_, fmt::format("SELECT value, version FROM \"{}\" WHERE key = ?1", t));
-    create_.emplace(db_, fmt::format("INSERT INTO \"{0}\" (key, value, version) VALUES (?1, ?2, 1) "
-                                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value, version = \"{0}\".version + 1 "
+    // A new row starts above the version floor (create_version_floor); a row
+    // without a record continues from its own version, or from the floor
+    // where an application inserted it (version 0) after a DELETE.
+    // Read-only, the floor may not exist, and a create fails anyway.
+    const std::string first =
+        opts_.connection.read_only ? "1" : fmt::format("(SELECT coalesce(max(floor), 0) + 1 FROM \"{}_version_floor\")", t);
+    create_.emplace(db_, fmt::format("INSERT INTO \"{0}\" (key, value, version) VALUES (?1, ?2, {1}) "
+                                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                                     "version = max(\"{0}\".version + 1, excluded.version) "
                                      "WHERE \"{0}\".value IS NULL RETURNING version",
-                                     t));
+                                     t, first));
     replace_.emplace(db_, fmt::format("UPDATE \"{}\" SET value = ?3, version = version + 1 "
                                       "WHERE key = ?1 AND version = ?2 AND value IS NOT NULL",
                                       t));
