@@ -12,7 +12,9 @@
 //   value   bytea                the record; NULL: no record (erased, or a row
 //                                an application inserted for a future item)
 //   version bigint NOT NULL      grows with every change, also across erase
-//                                and re-create (rows are never deleted by dibs)
+//                                and re-create (rows are never deleted by dibs),
+//                                and across a DELETE by hand: a new row starts
+//                                at the server's clock in microseconds
 //   written timestamptz          the server's clock at the last change
 //   state, attempts, priority, not_before, synced, claimable
 //                                marker_claim's queue: what the record says,
@@ -745,6 +747,18 @@ private:
                : "AND $1::bytea = $2::bytea");
   }
 
+  // The version of a record on a new row: the server's clock in
+  // microseconds, the clock this store already trusts for leases. A row
+  // deleted by hand takes its versions with it; they started at its own
+  // creation and grew by one per write, and no row is written a million
+  // times a second, so a row made again starts above every version the
+  // deleted one had: tokens never repeat for a key, with no floor kept
+  // anywhere and no race with the DELETE (never step the server's clock
+  // back, as for leases). A row without a record (erased, or an
+  // application's, at version 0) continues from the larger of its own
+  // version and this.
+  static constexpr const char* first_version = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint";
+
   void prepare(PGconn* c) {
     const std::string& t = opts_.table;
     const std::pair<stmt, std::string> all[] = {
@@ -753,21 +767,22 @@ private:
                                       "FROM \"{}\" WHERE key = $1",
                                       t)},
         {stmt::create, fmt::format("INSERT INTO \"{0}\" AS r (key, value, version, written, state, attempts, priority, "
-                                   "not_before, synced, claimable) VALUES ($1, $2, 1, clock_timestamp(), $3, "
-                                   "$4::integer, $5::bigint, $6::bigint, 1, $7::boolean) ON CONFLICT (key) DO UPDATE "
-                                   "SET value = excluded.value, version = r.version + 1, written = clock_timestamp(), "
-                                   "state = excluded.state, attempts = excluded.attempts, priority = excluded.priority, "
-                                   "not_before = excluded.not_before, synced = r.version + 1, "
+                                   "not_before, synced, claimable) VALUES ($1, $2, {1}, clock_timestamp(), $3, "
+                                   "$4::integer, $5::bigint, $6::bigint, {1}, $7::boolean) ON CONFLICT (key) DO UPDATE "
+                                   "SET value = excluded.value, version = GREATEST(r.version + 1, excluded.version), "
+                                   "written = clock_timestamp(), state = excluded.state, attempts = excluded.attempts, "
+                                   "priority = excluded.priority, not_before = excluded.not_before, "
+                                   "synced = GREATEST(r.version + 1, excluded.version), "
                                    "claimable = excluded.claimable WHERE r.value IS NULL "
                                    "RETURNING version",
-                                   t)},
+                                   t, first_version)},
         {stmt::create_or_read,
          fmt::format("WITH ins AS (INSERT INTO \"{0}\" (key, value, version, written, state, attempts, priority, "
-                     "not_before, synced, claimable) VALUES ($1, $2, 1, clock_timestamp(), $3, $4::integer, "
-                     "$5::bigint, $6::bigint, 1, $7::boolean) ON CONFLICT (key) DO NOTHING RETURNING version) "
+                     "not_before, synced, claimable) VALUES ($1, $2, {1}, clock_timestamp(), $3, $4::integer, "
+                     "$5::bigint, $6::bigint, {1}, $7::boolean) ON CONFLICT (key) DO NOTHING RETURNING version) "
                      "SELECT version, NULL::bytea, 1::bigint FROM ins UNION ALL "
                      "SELECT version, value, 0::bigint FROM \"{0}\" WHERE key = $1 AND NOT EXISTS (SELECT FROM ins)",
-                     t)},
+                     t, first_version)},
         {stmt::replace, fmt::format("UPDATE \"{}\" SET value = $3, version = version + 1, written = clock_timestamp(), "
                                     "state = $4, attempts = $5::integer, priority = $6::bigint, not_before = $7::bigint, "
                                     "synced = version + 1, claimable = $8::boolean "
