@@ -192,6 +192,24 @@ TEST_CASE("imap_store passes the conformance suite, in one process and across 4"
   REQUIRE_NOTHROW(dibs::testing::check_races_threads(s, 4, 25, "thr-"));
   REQUIRE_NOTHROW(dibs::testing::check_create_race_processes([&] { return open_store(f); }, 4, "race-create"));
   REQUIRE_NOTHROW(dibs::testing::check_counter_race_processes([&] { return open_store(f); }, 4, 50, "race-counter"));
+  // A person deletes the key's mails in a mail client: every message whose
+  // subject names the key, marked \Deleted and expunged.
+  dibs::imap::session person{imap::options()};
+  person.check(person.run("SELECT " + dibs::imap::quote(f)), "select");
+  REQUIRE_NOTHROW(dibs::testing::check_removed_by_hand(s, "hand-", [&](std::string_view key) {
+    // Dovecot searches the session's view as of its previous command: a
+    // NOOP first brings in what the store appended since.
+    person.check(person.run("NOOP"), "noop");
+    const auto found = person.run(fmt::format("UID SEARCH SUBJECT \"{}\"", key));
+    person.check(found, "search");
+    std::string uids;
+    for (const auto& u : found.untagged)
+      if (u.starts_with("SEARCH ")) uids = u.substr(7);
+    REQUIRE_FALSE(uids.empty());
+    for (auto& c : uids) c = c == ' ' ? ',' : c;
+    person.check(person.run("UID STORE " + uids + " +FLAGS.SILENT (\\Deleted)"), "store");
+    person.check(person.run("UID EXPUNGE " + uids), "expunge");
+  }));
 }
 
 TEST_CASE("compaction keeps one key's messages at 2 or fewer through 60 replaces, and the last value and version") {
