@@ -6,10 +6,12 @@
 
 #include "support.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 
 #include <atomic>
@@ -142,6 +144,39 @@ TEST_CASE("removed while its holder renews it: the holder finds its hold lost wi
   CHECK(b.renew());
   CHECK_THAT(slurp(path), Contains(fmt::format("pid {}\n", ::getpid())));
   b.unlock();
+}
+
+TEST_CASE("an empty lock file (what flock(1) leaves): taken over once no kernel lock is held on it, with a token above any earlier one") {
+  temp_dir dir;
+  const auto path = dir.path / "backup.lock";
+  // A flock(1) holder of the empty file, as during a migration from flock.
+  channel held, go;
+  dibs_test::child kernel_holder{dibs_test::spawn([&] {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) return 2;
+    held.send("held");
+    (void)go.receive(60s);
+    return 0;  // exiting closes the descriptor: the kernel lock goes
+  })};
+  REQUIRE(held.receive(30s) == std::optional<std::string>{"held"});
+  REQUIRE(fs::file_size(path) == 0);
+  dibs::lock_file lock{path};
+  CHECK_FALSE(lock.holder());  // it holds no record
+  CHECK_FALSE(lock.try_lock());  // the kernel lock is held: busy, not taken
+  CHECK(fs::file_size(path) == 0);
+  go.send("go");
+  REQUIRE(lock.try_lock_for(30s));  // once flock(1)'s holder is gone
+  CHECK(kernel_holder.wait() == 0);
+  const auto first = lock.token();
+  CHECK(first > 0);
+  CHECK_THAT(slurp(path), Contains("dibs-lease 1\n") && Contains(fmt::format("pid {}\n", ::getpid())));
+  lock.unlock();
+  // Removed and left empty again by a flock-style tool: a larger token still.
+  REQUIRE(fs::remove(path));
+  spit(path, "");
+  REQUIRE(lock.try_lock());
+  CHECK(lock.token() > first);
+  lock.unlock();
 }
 
 TEST_CASE("a second lease_mutex on the same key waits while the first holds it") {

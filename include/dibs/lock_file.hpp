@@ -65,7 +65,8 @@ public:
   explicit lock_file(const std::filesystem::path& path, lease_options opts = {}, detail::file_mode mode = 0644)
       : detail::lock_file_store{std::make_unique<file_store>(
             detail::lock_dir(path),
-            file_store_options{.mode = mode, .suffix = "", .key_is_file_name = true, .in_place = true})},
+            file_store_options{
+                .mode = mode, .suffix = "", .key_is_file_name = true, .in_place = true, .empty_is_free = true})},
         lease_mutex<file_store>(*store, detail::path_text(path.filename()), std::move(opts)),
         path_(path) {}
   /// Effects, Requires: as lease_mutex's move constructor; path() moves too.

@@ -164,6 +164,14 @@ struct file_store_options {
   /// directory (such as /tmp) records are always written in place: only a
   /// file's owner may replace it there.
   bool in_place = false;
+  /// An empty file at a record's path holds no record: the key reads as
+  /// free, and a create writes its record into that file, under the file's
+  /// flock, above the key's version floor. dibs::lock_file does: an empty
+  /// file is what flock(1) and other kernel-lock tools leave behind, and
+  /// while one of them holds its flock on the file, the create waits for it
+  /// (a try reads it as busy). Otherwise an empty record file is reported as
+  /// damaged (dibs never writes one).
+  bool empty_is_free = false;
 };
 
 class file_store {
@@ -191,7 +199,7 @@ public:
   std::optional<record> read(std::string_view key, dibs::time_limit t) const {
     const auto name = resolve(key, "dibs::file_store::read");
     const auto path = detail::child_path(dir_, name.name);
-    auto r = detail::load_record(path, t);
+    auto r = detail::load_record(path, t, opts_.empty_is_free);
     if (r) check_key(*r, key, name, path);
     if (!r || !r->live) return std::nullopt;
     return record{std::move(r->value), r->version};
@@ -438,19 +446,29 @@ private:
         throw detail::path_error(e, "dibs::file_store: cannot stat record", path);
       }
       if (!same) continue;
-      const auto cur = detail::load_record(fd.get(), path);
+      const auto cur = detail::load_record(fd.get(), path, opts_.empty_is_free);
       if (cur) check_key(*cur, key, name, path);
       if (!cur || !ok(*cur)) {
         keep(std::move(fd), in_place);
         return {swap_outcome::refused, std::nullopt};
       }
-      const dibs::version next = std::max(cur->version + 1, cur->next_after_torn);
+      dibs::version next = std::max(cur->version + 1, cur->next_after_torn);
       // Into a new window of versions: raise the key's floor first, so that a
-      // record made after this file is removed starts above `next`.
-      if (detail::floor_window_end(next) > detail::floor_window_end(cur->version))
-        detail::version_floor{dir_, name.name, opts_.mode, opts_.sync, t}.cover(next);
+      // record made after this file is removed starts above `next`. An empty
+      // file (empty_is_free: version 0) holds no versions: the record put
+      // into it starts above the floor, as one made from nothing does.
+      if (cur->version == 0 || detail::floor_window_end(next) > detail::floor_window_end(cur->version)) {
+        detail::version_floor floor{dir_, name.name, opts_.mode, opts_.sync, t};
+        if (cur->version == 0) next = std::max(next, floor.value() + 1);
+        floor.cover(next);
+      }
       if (in_place) {
         const std::string rec = detail::encode_record(next, live, value, name.key_line);
+        if (cur->file_size == 0) {  // an empty file (empty_is_free): the record goes at its start, as in a new file
+          detail::write_first_record(fd.get(), rec, path);
+          keep(std::move(fd), in_place);
+          return {swap_outcome::done, next};
+        }
         if (detail::fits_in_slots(*cur, rec)) {
           detail::write_other_slot(fd.get(), *cur, rec, path);
           if constexpr (detail::records_always_in_place) {

@@ -71,15 +71,21 @@ inline std::string slurp_record(native_file fd, const std::filesystem::path& pat
 }
 
 // Requires: the record's flock (no writer is mid-write).
-inline std::optional<stored_record> load_record(native_file fd, const std::filesystem::path& path) {
-  return decode_record_file(path, slurp_record(fd, path), false);
+// `empty_is_free`: an empty file holds no record (file_store_options::
+// empty_is_free): it reads as an erased record at version 0.
+inline std::optional<stored_record> load_record(native_file fd, const std::filesystem::path& path,
+                                                bool empty_is_free = false) {
+  const auto text = slurp_record(fd, path);
+  if (text.empty() && empty_is_free) return stored_record{};
+  return decode_record_file(path, text, false);
 }
 
 // Reads a record without its lock. A slot rewritten in place may be caught
 // half-copied: then the file is read again under a shared flock, which
 // waits for the writer; only what is damaged then too is reported.
 // Returns: the record, or nothing if there is no file.
-inline std::optional<stored_record> load_record(const std::filesystem::path& path, dibs::time_limit t) {
+inline std::optional<stored_record> load_record(const std::filesystem::path& path, dibs::time_limit t,
+                                                bool empty_is_free = false) {
   const record_reader fd{path};
   if (!fd) {
     if (file_missing(fd.error())) return std::nullopt;
@@ -87,16 +93,21 @@ inline std::optional<stored_record> load_record(const std::filesystem::path& pat
   }
   {
     const auto text = slurp_record(fd.get(), path);
+    // Our writer fills an empty file in one pwrite under its flock: it reads
+    // empty before, whole after, and anything between as a torn slot below.
+    if (text.empty() && empty_is_free) return stored_record{};
     try {
       return decode_record_file(path, text, true);
     } catch (const std::system_error& e) {
       // Only a record of ours can be mid-write; a foreign file is reported
       // at once, not after waiting for whoever may hold a flock on it.
-      if (e.code() != errc::corrupt_record || text.substr(0, 14) != "dibs-record 1\n") throw;
+      // (A record being written into an empty file may show fewer bytes yet.)
+      constexpr std::string_view magic = "dibs-record 1\n";
+      if (e.code() != errc::corrupt_record || !(text.starts_with(magic) || magic.starts_with(text))) throw;
     }
   }
   lock_record(fd.get(), file_lock_kind::shared, path, t);
-  return load_record(fd.get(), path);
+  return load_record(fd.get(), path, empty_is_free);
 }
 
 }  // namespace dibs::detail

@@ -169,6 +169,14 @@ inline void write_other_slot(native_file fd, const stored_record& cur, const std
     throw path_error(e, "dibs::file_store: cannot rewrite record", path);
 }
 
+// Writes `rec` at the start of an empty file, in one pwrite: a reader sees
+// the file empty, or the record (whole, or being written: read again under
+// the flock, see load_record).
+inline void write_first_record(native_file fd, const std::string& rec, const std::filesystem::path& path) {
+  if (const int e = write_at(fd, rec.data(), rec.size(), 0))
+    throw path_error(e, "dibs::file_store: cannot write record", path);
+}
+
 // Overwrites the record `old` (no longer current: a newer one is whole in
 // the other slot, its pwrite returned) with a stale mark and padding, so
 // that a person reading the file sees only the current record. Best effort:
