@@ -150,6 +150,45 @@ TEST_CASE("lock_file: a waiter stopped (SIGSTOP) when its turn comes is passed a
   CHECK(slurp(journal) == "CB");
 }
 
+TEST_CASE("lock_file: a waiter stopped at the head costs the queue's patience once, and the waiters behind it keep their order round after round") {
+  temp_dir dir;
+  const auto path = dir.path / "head.lock";
+  const auto journal = dir.path / "journal";
+  channel got;
+  dibs::lock_file a{path, quiet};
+  a.lock();
+  child b = taker(path, quiet, 'B', journal, got);
+  REQUIRE(dibs_test::eventually([&] { return queued(path) == 1; }, 5s));
+  REQUIRE(::kill(b.pid(), SIGSTOP) == 0);
+  // Three waiters behind it, each taking the lock three times: a holder
+  // that asks again queues behind the others.
+  std::vector<child> loops;
+  int n = 1;
+  for (const char name : {'C', 'D', 'E'}) {
+    loops.push_back(child{dibs_test::spawn([=] {
+      dibs::lock_file lock{path, quiet};
+      for (int round = 0; round < 3; ++round) {
+        std::scoped_lock h{lock};
+        append(journal, std::string(1, name));
+        std::this_thread::sleep_for(20ms);
+      }
+      return 0;
+    })});
+    ++n;
+    REQUIRE(dibs_test::eventually([&] { return queued(path) == n; }, 5s));
+  }
+  a.unlock();
+  for (auto& l : loops) CHECK(l.wait() == 0);
+  const dibs::file_store files{dir.path, {.suffix = "", .key_is_file_name = true}};
+  const auto q = files.open_waiter_queue("head.lock", false);
+  REQUIRE(q);
+  CHECK(q.passes() == 1);  // the stopped waiter was passed once, not once a round
+  CHECK(slurp(journal) == "CDECDECDE");
+  REQUIRE(::kill(b.pid(), SIGCONT) == 0);  // running again, it waits its turn and gets the lock
+  CHECK(b.wait() == 0);
+  CHECK(slurp(journal) == "CDECDECDEB");
+}
+
 TEST_CASE("lock_file turns under SIGKILL: with waiters, holders and unlockers killed, one holder at a time, no lost turn, nobody waits on the dead") {
   constexpr int workers = 6, kills = 40;
   temp_dir dir;

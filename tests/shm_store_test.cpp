@@ -1,3 +1,4 @@
+#include <dibs/lease_mutex.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/stores/shm_store.hpp>
 #include <dibs/testing/store_conformance.hpp>
@@ -8,6 +9,7 @@
 
 #include <signal.h>
 
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +35,21 @@ TEST_CASE("shm_store passes the conformance suite, in one process and across 8")
   auto open = [&] { return dibs::shm_store{seg.name}; };
   REQUIRE_NOTHROW(dibs::testing::check_create_race_processes(open, 8, "raced"));
   REQUIRE_NOTHROW(dibs::testing::check_counter_race_processes(open, 8, 1000, "counter"));
+}
+
+TEST_CASE("shm segment removed by hand while a lease is held: the new segment's tokens are larger, the old holder keeps only its own dead copy") {
+  segment seg;
+  std::optional<dibs::shm_store> old_store{std::in_place, seg.name};
+  dibs::lease_mutex<dibs::shm_store> a{*old_store, "job", {.renew = false}};
+  REQUIRE(a.try_lock());
+  for (int i = 0; i < 100; ++i) REQUIRE(a.renew());
+  REQUIRE(dibs::shm_store::remove(seg.name));  // what `rm /dev/shm/NAME` does
+  dibs::shm_store fresh{seg.name};
+  dibs::lease_mutex<dibs::shm_store> b{fresh, "job", {.renew = false}};
+  REQUIRE(b.try_lock());
+  CHECK(b.token() > a.token() + 100);  // above the old segment's renewals too
+  b.unlock();
+  a.unlock();
 }
 
 TEST_CASE("a process killed at any instant never wedges the others, nor leaves a half-written slot") {

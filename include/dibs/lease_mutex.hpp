@@ -152,9 +152,12 @@ struct waiter_queue_of<S> {
 
 // How long a queued waiter lets the queue stand still (no unlock, no
 // acquisition) before it tries the lock out of turn: the waiter whose turn
-// it is may be stopped (SIGSTOP, a debugger) or starved of a processor. A
-// waiter that takes the lock out of turn sends the ones it passed to the
-// back of the queue, so a stopped one costs this once, not at every unlock.
+// it is may be stopped (SIGSTOP, a debugger) or starved of a processor.
+// The k-th waiter in line waits k times this, so only the one right behind
+// a stopped waiter tries, and the rest keep their order. A waiter that
+// takes the lock out of turn marks the ones it passed, which every waiter
+// and unlock then skips until they run again (and go to the back), so a
+// stopped one costs this once, not each time it would come to the head.
 inline constexpr std::chrono::milliseconds queue_patience{100};
 
 }  // namespace detail
@@ -512,16 +515,20 @@ private:
       if constexpr (queued) {
         if (at.slot < 0 && !full && queue_ && queue_.busy()) full = (at.slot = queue_.enter()) < 0;
         if (at.slot >= 0) {
+          // Passed while it stood still (stopped, or starved): running again,
+          // it goes to the back.
+          if (queue_.was_passed(at.slot)) queue_.requeue(at.slot);
           word = queue_.wake_word(at.slot);
-          my_turn = queue_.first(at.slot);
+          const int ahead = queue_.ahead(at.slot);
+          my_turn = ahead == 0;
           if (!my_turn) {
             const auto p = queue_.progress();
             const auto now = clock::now();
             if (!seen_progress || *seen_progress != p) {
               seen_progress = p;
               progress_since = now;
-            } else if (now - progress_since >= detail::queue_patience) {
-              my_turn = out_of_turn = true;  // the waiter whose turn it is does not take it
+            } else if (now - progress_since >= detail::queue_patience * ahead) {
+              my_turn = out_of_turn = true;  // the waiters ahead do not take their turn
             }
           }
         }

@@ -11,7 +11,9 @@
 // others: the kernel hands the mutex to the next process with EOWNERDEAD, and
 // that process rolls back the one slot the dead one was changing, from an
 // undo copy taken before every change. Versions come from one counter for
-// the whole segment, so they grow across erase and re-create.
+// the whole segment, so they grow across erase and re-create; a new segment
+// starts that counter at the wall clock in nanoseconds, so they grow across
+// a removed segment (rm /dev/shm/<name>) and a reboot too.
 //
 // The segment is set up under a dibs::file_mutex on the segment itself (the
 // kernel releases it if the process setting up dies), and set up anew after
@@ -29,6 +31,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -139,6 +142,15 @@ public:
         head_->capacity = opts_.capacity;
         head_->max_value = opts_.max_value;
         head_->undo_slot = -1;
+        // A new segment (the first, one made after a reboot, or after a
+        // person removed /dev/shm/<name>) counts on from the wall clock in
+        // nanoseconds, not from 1: the versions of a removed segment grew by
+        // one per write from its own start, never faster than one a
+        // nanosecond, so no token is handed out twice for a key (unless the
+        // clock was stepped back meanwhile).
+        head_->last_version = static_cast<std::uint64_t>(std::max<std::int64_t>(
+            0, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+                   .count()));
       }
       if (const int rc = head_->mutex.init(); rc != 0)
         throw std::system_error(std::error_code{rc, std::system_category()},

@@ -43,7 +43,8 @@ struct queue_slot {
   std::atomic<std::uint64_t> ticket;  // 0: nobody's; else its owner's place (smaller: earlier)
   std::atomic<std::uint32_t> wake;    // bumped to wake the owner (a shared futex word)
   std::atomic<std::int32_t> pid;      // the owner, for a person reading the file
-  char padding[48];
+  std::atomic<std::uint32_t> passed;  // 1: a waiter behind it took the lock out of turn; skipped until it runs
+  char padding[44];
 };
 static_assert(sizeof(queue_slot) == 64);
 
@@ -53,7 +54,8 @@ struct queue_page {
   std::atomic<std::uint64_t> magic;        // 0 in a fresh (all zero) file
   std::atomic<std::uint64_t> next_ticket;  // the last ticket handed out
   std::atomic<std::uint64_t> progress;     // bumped by every unlock and every acquisition through the queue
-  char padding[40];
+  std::atomic<std::uint64_t> passes;       // acquisitions out of turn (past a stopped or starved waiter)
+  char padding[32];
   queue_slot slot[slots];
 };
 static_assert(sizeof(queue_page) == 4096);
@@ -145,6 +147,7 @@ public:
     if (kept_ >= 0) {
       const int i = std::exchange(kept_, -1);
       page_->slot[i].pid.store(current_pid(), std::memory_order_relaxed);
+      page_->slot[i].passed.store(0);
       page_->slot[i].ticket.store(page_->next_ticket.fetch_add(1) + 1);
       return i;
     }
@@ -155,6 +158,7 @@ public:
         if ((s.ticket.load(std::memory_order_relaxed) != 0) != (pass == 1)) continue;
         if (!range_lock(i, F_WRLCK)) continue;
         s.pid.store(current_pid(), std::memory_order_relaxed);
+        s.passed.store(0);
         s.ticket.store(page_->next_ticket.fetch_add(1) + 1);
         return i;
       }
@@ -167,13 +171,16 @@ public:
   /// ticket) for its next enter(), which then needs no system call; with
   /// `passed`, it took the lock out of turn, so every live waiter still
   /// ahead (it did not take its turn: stopped, or starved of a processor)
-  /// goes to the back of the queue. Otherwise (it gave up waiting) frees
-  /// the slot and wakes the first waiter, in case the lock was handed to
-  /// this one and is free.
+  /// is marked passed: skipped by first(), ahead() and wake_first() until
+  /// it runs again and requeue()s itself at the back. A stopped waiter so
+  /// costs the queue's patience once, not each time it would come to the
+  /// head again. Otherwise (it gave up waiting) frees the slot and wakes
+  /// the first waiter, in case the lock was handed to this one and is free.
   void leave(int i, bool acquired, bool passed = false) noexcept {
     auto& s = page_->slot[i];
     const std::uint64_t mine = s.ticket.load();
     s.ticket.store(0);
+    s.passed.store(0);
     if (!acquired) {
       s.pid.store(0, std::memory_order_relaxed);
       (void)range_lock(i, F_UNLCK);
@@ -182,23 +189,40 @@ public:
     kept_ = i;
     page_->progress.fetch_add(1);
     if (!passed) return;
+    page_->passes.fetch_add(1);
     for (int j = 0; j < queue_page::slots; ++j) {
       auto& o = page_->slot[j];
-      std::uint64_t t = o.ticket.load();
-      if (j == i || t == 0 || t >= mine || !alive(j)) continue;
-      (void)o.ticket.compare_exchange_strong(t, page_->next_ticket.fetch_add(1) + 1);
+      const std::uint64_t t = o.ticket.load();
+      if (j == i || t == 0 || t >= mine || o.passed.load() != 0 || !alive(j)) continue;
+      o.passed.store(1);
     }
   }
 
-  /// Returns: true if no live waiter holds a ticket smaller than slot `i`'s.
-  bool first(int i) const noexcept {
-    const std::uint64_t mine = page_->slot[i].ticket.load();
-    for (int j = 0; j < queue_page::slots; ++j) {
-      const std::uint64_t t = page_->slot[j].ticket.load();
-      if (j != i && t != 0 && t < mine && alive(j)) return false;
-    }
-    return true;
+  /// Returns: whether slot `i`'s owner was passed (leave()) while it stood still.
+  bool was_passed(int i) const noexcept { return page_->slot[i].passed.load() != 0; }
+  /// Effects: slot `i`'s owner, running again after it was passed, takes
+  /// the next ticket: the back of the queue.
+  void requeue(int i) noexcept {
+    auto& s = page_->slot[i];
+    s.ticket.store(page_->next_ticket.fetch_add(1) + 1);
+    s.passed.store(0);
   }
+
+  /// Returns: how many live waiters that were not passed hold a ticket
+  /// smaller than slot `i`'s (0: it is first).
+  int ahead(int i) const noexcept {
+    const std::uint64_t mine = page_->slot[i].ticket.load();
+    int n = 0;
+    for (int j = 0; j < queue_page::slots; ++j) {
+      const auto& o = page_->slot[j];
+      const std::uint64_t t = o.ticket.load();
+      if (j != i && t != 0 && t < mine && o.passed.load() == 0 && alive(j)) ++n;
+    }
+    return n;
+  }
+  /// Returns: true if no live waiter that was not passed holds a ticket
+  /// smaller than slot `i`'s.
+  bool first(int i) const noexcept { return ahead(i) == 0; }
 
   /// Effects: counts progress (the lock was just unlocked) and wakes the
   /// live waiter with the smallest ticket.
@@ -209,7 +233,7 @@ public:
       std::uint64_t best_ticket = 0;
       for (int j = 0; j < queue_page::slots; ++j) {
         const std::uint64_t t = page_->slot[j].ticket.load();
-        if (t > after && (best < 0 || t < best_ticket)) {
+        if (t > after && page_->slot[j].passed.load() == 0 && (best < 0 || t < best_ticket)) {
           best = j;
           best_ticket = t;
         }
@@ -233,6 +257,9 @@ public:
 
   /// Returns: the progress counter (unlocks plus acquisitions through the queue).
   std::uint64_t progress() const noexcept { return page_->progress.load(); }
+  /// Returns: how many acquisitions went out of turn, past a waiter that
+  /// stood still, since the queue file was made.
+  std::uint64_t passes() const noexcept { return page_->passes.load(); }
   /// Returns: slot `i`'s wake word, to pass to wait() after looking at the lock.
   std::uint32_t wake_word(int i) const noexcept { return page_->slot[i].wake.load(); }
   /// Effects: sleeps until slot `i` is woken after `seen` was read, or
