@@ -56,10 +56,10 @@ TEST_CASE("a record file removed by hand: the record made again starts above its
   REQUIRE(v == dibs::version{65535});
   v = s.replace("k", *v, "b");
   REQUIRE(v == dibs::version{65536});
-  CHECK_FALSE(fs::exists(dir.path / ".dibs-floor.k.rec"));  // still in the first window
+  CHECK_FALSE(fs::exists(dir.path / ".dibs-floor"));  // still in the first window
   v = s.replace("k", *v, "c");  // into the second window: the floor is raised first
   REQUIRE(v == dibs::version{65537});
-  CHECK_THAT(slurp(dir.path / ".dibs-floor.k.rec"), Contains("floor 131072\n"));
+  CHECK_THAT(slurp(dir.path / ".dibs-floor"), Contains("floor 131072\n"));
   REQUIRE(fs::remove(s.path_of("k")));
   const auto again = s.create("k", "again");
   REQUIRE(again);

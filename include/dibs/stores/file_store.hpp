@@ -46,8 +46,9 @@
 //     create continues from it: versions never go back (they are fencing
 //     tokens); and a record made after its file was removed (by a person:
 //     `rm L` while a lock is held) starts above every version the removed
-//     file had, by the key's version floor, `.dibs-floor.<record file name>`
-//     beside it (detail/file_store/version_floor.hpp);
+//     file had, by the version floor beside it: `.dibs-floor` for the
+//     directory, or `.dibs-floor.<record file name>` with key_is_file_name
+//     (detail/file_store/version_floor.hpp);
 //   - temporary files (`.dibs-tmp.<boot>.<pid ns>.<time ns>.<pid>.<start>.<random>`)
 //     of processes that are provably gone, by the rule of detail/owner.hpp,
 //     are removed when a store is opened; no other file is ever removed.
@@ -223,7 +224,7 @@ public:
       // No file: make the first one, above every version an earlier file of
       // the key had (one a person removed, say), holding the key's version
       // floor until it is in place (detail/file_store/version_floor.hpp).
-      detail::version_floor floor{dir_, name.name, opts_.mode, opts_.sync, t};
+      auto floor = floor_of(name, t);
       const dibs::version v = floor.value() + 1;
       floor.cover(v);
       const auto tmp = write_temporary(v, true, value, name.key_line);
@@ -406,6 +407,16 @@ private:
 
   void sync_dir() const { detail::sync_record_directory(dir_, opts_.sync); }
 
+  // The version floor that covers the record file `name`, held: one per
+  // directory, on a descriptor kept open, for a store of its own directory;
+  // one per record file where the key is the file's name (lock files, in
+  // directories shared with other programs and users).
+  detail::version_floor floor_of(const file_name& name, dibs::time_limit t) {
+    if (opts_.key_is_file_name)
+      return detail::version_floor{dir_, detail::floor_name_of(name.name), opts_.mode, opts_.sync, t};
+    return detail::version_floor{dir_, std::string(detail::directory_floor_name), opts_.mode, opts_.sync, t, &floor_kept_};
+  }
+
   enum class swap_outcome { no_file, refused, done };
   struct swap_result {
     swap_outcome outcome = swap_outcome::no_file;
@@ -458,7 +469,7 @@ private:
       // file (empty_is_free: version 0) holds no versions: the record put
       // into it starts above the floor, as one made from nothing does.
       if (cur->version == 0 || detail::floor_window_end(next) > detail::floor_window_end(cur->version)) {
-        detail::version_floor floor{dir_, name.name, opts_.mode, opts_.sync, t};
+        auto floor = floor_of(name, t);
         if (cur->version == 0) next = std::max(next, floor.value() + 1);
         floor.cover(next);
       }
@@ -511,6 +522,7 @@ private:
   file_store_options opts_;
   bool sticky_ = false;
   detail::kept_record kept_;  // the descriptor of the last record written in place
+  detail::kept_record floor_kept_;  // the descriptor of the directory's version floor
 };
 
 static_assert(listable_store<file_store>);

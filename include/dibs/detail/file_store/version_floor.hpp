@@ -1,13 +1,13 @@
-// dibs/detail/file_store/version_floor.hpp: the version floor of a record
-// file, kept in a file beside it that outlives the record's own file.
+// dibs/detail/file_store/version_floor.hpp: the version floor of record
+// files, kept in a file beside them that outlives a record's own file.
 //
 // A record's versions are fencing tokens: they must grow for a key as long
 // as it is used, also when a person removes its file (`rm L` while a lock
 // is held; a spool cleaned by hand). The record's own file cannot say what
-// its versions were once it is gone, so a second file does:
-// `.dibs-floor.<record file name>`, a record (the same checksummed text,
-// written in place in two slots) whose value says "floor N": no version the
-// record has had, or will have without raising the floor first, is above N.
+// its versions were once it is gone, so a second file does, a record (the
+// same checksummed text, written in place in two slots) whose value says
+// "floor N": no version a record it covers has had, or will have without
+// raising the floor first, is above N.
 //   - A record made from nothing (no file) takes N + 1 and raises the floor
 //     to the end of its window (windows of floor_window versions), while it
 //     holds the floor's flock across the link() that puts the record in
@@ -19,11 +19,17 @@
 //     does that about once a month; a record rewritten a million times a
 //     second, every 65 ms.
 // So after a removal the next record starts above every version the removed
-// one had, whoever removed it. The floor file is made with the record's
-// mode (whoever may write the record may write its floor) and never removed
-// by dibs; remove it only with its record, when no process uses the key.
-// A record made by a dibs before 0.4 has no floor until its first window
-// ends: remove such a record's file only when it is free (docs/file-locks.md).
+// one had, whoever removed it. Which records a floor covers is the store's
+// choice: one floor per directory (`.dibs-floor`, a store's own directory:
+// one more flock and pwrite per record made, on a descriptor kept open),
+// or one per record file (`.dibs-floor.<record file name>`, for lock files,
+// which live in directories shared with anything, where another user may
+// not be able to write a directory-wide file). The floor file is made with
+// the records' mode (whoever may write the records may write their floor)
+// and never removed by dibs; remove it only with its records, when no
+// process uses them. A record made by a dibs before 0.4 has no floor until
+// its first window ends: remove such a record's file only when it is free
+// (docs/file-locks.md).
 #pragma once
 
 #include <charconv>
@@ -35,6 +41,7 @@
 #include <fmt/format.h>
 
 #include <dibs/detail/file_store/atomic_write.hpp>
+#include <dibs/detail/file_store/kept_record.hpp>
 #include <dibs/detail/file_store/key_names.hpp>
 #include <dibs/detail/file_store/record_format.hpp>
 #include <dibs/detail/file_store/record_io.hpp>
@@ -47,6 +54,7 @@
 namespace dibs::detail {
 
 inline constexpr std::string_view floor_prefix = ".dibs-floor.";
+inline constexpr std::string_view directory_floor_name = ".dibs-floor";
 // Versions a record may reach before its floor must be raised again.
 inline constexpr dibs::version floor_window = 65536;
 
@@ -65,36 +73,49 @@ inline std::string floor_name_of(std::string_view record_name) {
   return fmt::format("{}{}{}{:016x}", floor_prefix, record_name.substr(0, keep), record_cut_mark, name_hash(record_name));
 }
 
-// The floor of one record file, held under its exclusive flock from
-// construction to destruction.
+// A floor, held under its exclusive flock from construction to destruction.
 class version_floor {
 public:
-  /// Effects: opens the floor of the record file `record_name` in `dir`
-  /// (making it, at 0, if there is none) and takes its flock.
+  /// Effects: opens the floor file `name` in `dir` (making it, at 0, if
+  /// there is none; through the descriptor `kept` holds, if it holds one
+  /// of it) and takes its flock.
   /// Throws: std::system_error naming the floor's path (errc::timed_out at
   /// `t`; errc::corrupt_record for a damaged floor).
-  version_floor(const std::filesystem::path& dir, std::string_view record_name, file_mode mode, bool sync,
-                dibs::time_limit t)
-      : dir_(dir), name_(floor_name_of(record_name)), path_(child_path(dir, name_)), sync_(sync) {
+  version_floor(const std::filesystem::path& dir, std::string name, file_mode mode, bool sync, dibs::time_limit t,
+                kept_record* kept = nullptr)
+      : dir_(dir), name_(std::move(name)), path_(child_path(dir, name_)), sync_(sync), kept_(kept) {
+    if (kept_) fd_ = kept_->take(name_);
     for (;;) {
-      int e = fd_.open(path_, name_, true);
-      if (e != 0 && file_missing(e)) {
-        make(mode);
-        continue;
+      if (!fd_) {
+        int e = fd_.open(path_, name_, true);
+        if (e != 0 && file_missing(e)) {
+          make(mode);
+          continue;
+        }
+        if (e != 0) throw record_open_error(e, path_);
+        fd_.check_regular(path_);
       }
-      if (e != 0) throw record_open_error(e, path_);
-      fd_.check_regular(path_);
       lock_record(fd_.get(), file_lock_kind::exclusive, path_, t);
       bool same = false;
-      e = fd_.names_this(path_, same);
+      const int e = fd_.names_this(path_, same);
       if (e != 0 && !file_missing(e)) throw path_error(e, "dibs::file_store: cannot stat version floor", path_);
-      if (e != 0 || !same) continue;  // removed or replaced while we waited: again, by the path
+      if (e != 0 || !same) {  // removed or replaced (while we waited, or since it was kept): again, by the path
+        fd_.close();
+        continue;
+      }
       auto cur = load_record(fd_.get(), path_);
       if (!cur) continue;
       cur_ = std::move(*cur);
       value_ = parse(cur_.value);
       return;
     }
+  }
+  version_floor(const version_floor&) = delete;
+  version_floor& operator=(const version_floor&) = delete;
+  /// Effects: lets the floor go (its flock), keeping the descriptor in
+  /// `kept` for the next floor of the same file.
+  ~version_floor() {
+    if (kept_ && fd_ && fd_.unlock()) kept_->keep(std::move(fd_));
   }
 
   /// Returns: the floor: no version of the record is above it.
@@ -105,13 +126,13 @@ public:
   void cover(dibs::version v) {
     const dibs::version to = floor_window_end(v);
     if (to <= value_) return;
+    if (reread_) cur_ = decode_record_file(path_, slurp_record(fd_.get(), path_), false);  // a second cover in one hold
     const std::string rec = encode_record(std::max(cur_.version + 1, cur_.next_after_torn), true, text(to), {});
     write_other_slot(fd_.get(), cur_, rec, path_);
     if (sync_)
       if (const int e = sync_data(fd_.get())) throw path_error(e, "dibs::file_store: cannot flush version floor", path_);
     if constexpr (!records_always_in_place) mark_stale(fd_.get(), cur_);
-    // What the file now holds, as a later cover() in this hold needs it.
-    cur_ = decode_record_file(path_, slurp_record(fd_.get(), path_), false);
+    reread_ = true;
     value_ = to;
   }
 
@@ -146,9 +167,11 @@ private:
   std::string name_;
   std::filesystem::path path_;
   bool sync_;
+  kept_record* kept_;
   record_handle fd_;
   stored_record cur_;
   dibs::version value_ = 0;
+  bool reread_ = false;  // cur_ is no longer what the file holds
 };
 
 }  // namespace dibs::detail
