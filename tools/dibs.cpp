@@ -61,6 +61,7 @@ extern char** environ;
 #include <dibs/lock_file.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/shared_log.hpp>
+#include <dibs/version.hpp>
 #ifdef DIBS_TOOL_SQLITE
 #include <dibs/stores/sqlite_store.hpp>
 #endif
@@ -92,6 +93,7 @@ constexpr int dataerr = 65;        // EX_DATAERR: the file at the path is not a 
 constexpr int noinput = 66;        // EX_NOINPUT: a missing file or directory
 constexpr int unavailable = 69;    // EX_UNAVAILABLE: a store server cannot be reached
 constexpr int software = 70;       // EX_SOFTWARE: an internal error (a bug: please report it)
+constexpr int cantcreat = 73;      // EX_CANTCREAT: lock --kernel: the lock file cannot be made (read-only or full filesystem)
 constexpr int ioerr = 74;          // EX_IOERR: an I/O error
 constexpr int tempfail = 75;       // EX_TEMPFAIL: a transient failure (timed out, busy); try again
 constexpr int noperm = 77;         // EX_NOPERM: permission denied
@@ -112,9 +114,10 @@ constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
   15       claim: COMMAND exited 0 but the claim was taken over first (not completed)
   64       usage: bad arguments, unknown store scheme, no COMMAND
   65       the file at the path is not a dibs record (another tool's file?)
-  66       a missing file or directory
+  66       a missing file or directory; lock --kernel: a lock file it may not open, as flock(1)
   69       a store server cannot be reached
   70       internal error (please report it)
+  73       lock --kernel: the lock file cannot be made (read-only or full filesystem), as flock(1)
   74       I/O error
   75       transient failure (timed out, busy): try again later
   77       permission denied
@@ -243,6 +246,7 @@ struct lock_args {
   bool close = false;     // -o: COMMAND does not get the lock
   bool no_fork = false;   // -F: dibs becomes COMMAND
   bool verbose = false;
+  bool version = false;   // -V
   std::string command_string;  // -c STRING: run by $SHELL -c (as flock(1)), or sh
   bool has_command_string = false;
   bool shell = false;     // COMMAND is shell_command(STRING) of -c STRING
@@ -398,9 +402,6 @@ int cmd_lock(lock_args& a) {
   refuse_unported(a);
   if (a.command.empty() && a.fd < 0)
     fail(ex::usage, fmt::format("dibs lock: no COMMAND to run; write: dibs lock {} -- COMMAND [ARGS...]", a.path));
-  if (a.unlock && a.fd < 0)
-    fail(ex::usage, "dibs lock: -u unlocks a descriptor of the calling shell: write 'dibs lock --kernel -u FD' (with a "
-                    "PATH, there is nothing to unlock)");
   std::optional<milliseconds> wait;
   if (!a.wait.empty()) wait = parse_duration("dibs lock -w", a.wait);
   return a.kernel ? lock_kernel(a, wait) : a.dot ? lock_dot(a, wait) : lock_lease(a, wait);
@@ -962,6 +963,35 @@ std::vector<std::string> sleep_for_s(const CLI::App& lock, int argc, char** argv
   return out;
 }
 
+// Returns: which of lock's -s, -x (-e) and -u comes last among its options
+// `args` (argv[2] on; lock's -s already written as --sleep where it means
+// that), as 's', 'x' or 'u'; 0 if none.
+char last_lock_mode(const CLI::App& lock, const std::vector<char*>& args) {
+  char last = 0;
+  for (std::size_t i = 2; i < args.size(); ++i) {
+    const std::string_view a{args[i]};
+    if (a.size() < 2 || a[0] != '-') continue;
+    if (a[1] == '-') {
+      const auto name = a.substr(2, a.find('=') == std::string_view::npos ? std::string_view::npos : a.find('=') - 2);
+      if (name == "shared") last = 's';
+      if (name == "exclusive") last = 'x';
+      if (name == "unlock") last = 'u';
+      if (a.find('=') == std::string_view::npos && takes_value(lock, name, true)) ++i;
+      continue;
+    }
+    for (std::size_t k = 1; k < a.size(); ++k) {
+      const char c = a[k];
+      if (c == 's' || c == 'u') last = c;
+      if (c == 'x' || c == 'e') last = 'x';
+      if (takes_value(lock, a.substr(k, 1), false)) {
+        if (k + 1 == a.size()) ++i;
+        break;
+      }
+    }
+  }
+  return last;
+}
+
 // A subcommand's data arguments, taken in order.
 struct data_args {
   std::vector<std::string> v;
@@ -1019,15 +1049,20 @@ int main(int argc, char** argv) {
   CLI::App app{"dibs: locks, a shared log, exactly-once claims and retries for shell scripts", "dibs"};
   app.formatter(std::make_shared<usage_formatter>());  // before the subcommands: they copy it
   app.require_subcommand(1);
+  app.set_version_flag("-V,--version", fmt::format("dibs {}.{}.{}", DIBS_VERSION_MAJOR, DIBS_VERSION_MINOR, DIBS_VERSION_PATCH));
   app.footer(std::string("\n") + exit_code_table + "\n" + store_table +
              "\nSee 'dibs SUBCOMMAND --help' and docs/guide-shell.md.");
 
   lock_args la;
   auto* lock = app.add_subcommand("lock", "Run COMMAND holding a lock on PATH (as flock(1), lockfile(1), dotlockfile)");
   lock->add_flag("-n,--nonblock,--nonblocking,--nb", la.nonblock, "Fail (exit 1, or -E) rather than wait if the lock is held");
-  lock->add_option("-w,--wait,--timeout", la.wait, "Wait at most DURATION (10s, 500ms, 2m; a bare number is seconds; 0: as -n)");
+  // As flock(1): an option given twice takes its last value.
+  lock->add_option("-w,--wait,--timeout", la.wait, "Wait at most DURATION (10s, 500ms, 2m; a bare number is seconds; 0: as -n)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   lock->add_option("-E,--conflict-exit-code", la.conflict_code, "Exit code when the lock is not had (default 1)")
-      ->check(CLI::Range(0, 255));
+      ->check(CLI::Range(0, 255))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  lock->add_flag("-V,--version", la.version, "Print the version and exit, as flock -V");
   lock->add_flag("--kernel", la.kernel,
                  "A kernel lock (flock(2), interoperates with flock(1)) instead of the lease lock; COMMAND inherits "
                  "its descriptor (DIBS_LOCK_FD), as with flock(1)'s default");
@@ -1044,7 +1079,9 @@ int main(int argc, char** argv) {
                  "record names dibs, so the lock ends with dibs even if COMMAND runs on");
   lock->add_option("-c,--command", la.command_string, "Run STRING with $SHELL -c (or /bin/sh -c), as flock(1)");
   lock->add_flag("-F,--no-fork", la.no_fork, "Kernel lock: dibs becomes COMMAND (exec) instead of waiting for it");
-  lock->add_flag("--verbose", la.verbose, "Say how long the lock took and what runs (on standard output, as flock(1))");
+  lock->add_flag("--verbose", la.verbose,
+                 "Say how long the lock took and what runs (on standard output), and why the lock was not had (on "
+                 "standard error), as flock(1); without it a conflict is silent");
   lock->add_option("--fd", la.fd, "Kernel lock: lock descriptor N of the calling shell, then run COMMAND (no PATH)")
       ->check(CLI::NonNegativeNumber);
   lock->add_option("-r,--retries", la.retries, "--dot: tries after the first before giving up (-1: forever), with "
@@ -1221,6 +1258,8 @@ Examples:
       return app.exit(e);
     } catch (const CLI::CallForAllHelp& e) {
       return app.exit(e);
+    } catch (const CLI::CallForVersion& e) {
+      return app.exit(e);
     } catch (const CLI::ParseError& e) {
       const auto* sub = app.get_subcommands().empty() ? nullptr : app.get_subcommands().front();
       std::cerr << "dibs" << (sub ? " " + sub->get_name() : std::string{}) << ": " << e.what() << "\nRun 'dibs"
@@ -1228,6 +1267,16 @@ Examples:
       return ex::usage;
     }
     if (lock->parsed()) {
+      if (la.version) {
+        fmt::print("dibs lock from dibs {}.{}.{}\n", DIBS_VERSION_MAJOR, DIBS_VERSION_MINOR, DIBS_VERSION_PATCH);
+        return ex::ok;
+      }
+      // As flock(1): of -s, -x (-e) and -u, the last one given wins.
+      if (const char m = last_lock_mode(*lock, cli_argv)) {
+        la.shared = m == 's';
+        la.exclusive = m == 'x';
+        la.unlock = m == 'u';
+      }
       const bool has_string = lock->count("--command") > 0;
       if (lock->count("--fd") == 0) {
         la.path = need("lock", "PATH", "[OPTIONS] PATH -- COMMAND [ARGS...]");

@@ -230,9 +230,10 @@ int lock_for_child(const lock_args& a, std::optional<milliseconds> wait, Kind& k
     const auto taken = acquire(a, wait, kind, signalled);
     if (const int* code = std::get_if<int>(&taken)) return *code;  // a signal: the child was ended with it
     if (!std::get<bool>(taken)) {
-      const std::string msg = kind.conflict(!a.nonblock && (wait || a.retries >= 0));
+      // Silent, as flock(1), unless --verbose: cron mails whatever a skipped run prints.
+      const std::string msg = a.verbose ? kind.conflict(!a.nonblock && (wait || a.retries >= 0)) : std::string{};
       abandon();
-      std::cerr << msg << '\n';
+      if (a.verbose) std::cerr << msg << '\n';
       return a.conflict_code;
     }
   } catch (...) {
@@ -283,9 +284,10 @@ int lock_dot(const lock_args& a, std::optional<milliseconds> wait) {
 volatile sig_atomic_t flock_timed_out = 0;
 extern "C" void on_flock_timer(int) { flock_timed_out = 1; }
 
-// Takes flock(2) `op` on `fd`, waiting as -n and -w say.
+// Takes flock(2) `op` on `fd` (`what`: "descriptor 9" or "'PATH'", for
+// messages), waiting as -n and -w say.
 // Returns: false if another holds it (-n) or the wait ran out (-w).
-bool flock_fd(const lock_args& a, int fd, int op, std::optional<milliseconds> wait) {
+bool flock_fd(const lock_args& a, int fd, int op, std::optional<milliseconds> wait, const std::string& what) {
   if (a.nonblock || (wait && wait->count() == 0)) op |= LOCK_NB;
   const bool timed = wait && !(op & LOCK_NB);
   struct sigaction old_action {};
@@ -319,9 +321,44 @@ bool flock_fd(const lock_args& a, int fd, int op, std::optional<milliseconds> wa
   if (e == EWOULDBLOCK || e == EINTR) return false;
   // As flock(1): EX_DATAERR for a descriptor that is not open (or cannot be locked).
   fail(e == ENOLCK || e == ENOMEM ? ex::software : ex::dataerr,
-       fmt::format("dibs lock: descriptor {}: {}{}", fd, std::strerror(e),
+       fmt::format("dibs lock: {}: {}{}", what, std::strerror(e),
                    e == EBADF ? " (open it in the calling shell first, e.g. 'exec 9>/var/lock/app; dibs lock --kernel 9')"
                               : ""));
+}
+
+// Returns: a descriptor of the lock file at `a.path` (close-on-exec), opened
+// as flock(1) opens it: read-only, created if missing (0666 less the umask);
+// a directory read-only, without O_CREAT. A FIFO or a socket is refused (it
+// cannot be opened without waiting for a peer). Exit codes as flock(1)'s:
+// 66 (EX_NOINPUT) for a path it cannot open, permission denied included;
+// 73 (EX_CANTCREAT) for a read-only or full filesystem.
+int open_lock_path(const lock_args& a) {
+  constexpr int flags = O_RDONLY | O_NOCTTY | O_CLOEXEC | O_NONBLOCK;
+  int fd;
+  while ((fd = ::open(a.path.c_str(), flags | O_CREAT, 0666)) < 0 && errno == EINTR) {
+  }
+  if (fd < 0 && errno == EISDIR) {
+    // Linux refuses O_CREAT on a directory, which flock(1) then opens read-only.
+    while ((fd = ::open(a.path.c_str(), flags)) < 0 && errno == EINTR) {
+    }
+  }
+  if (fd < 0) {
+    const int e = errno;
+    const int code = e == ENOMEM || e == EMFILE || e == ENFILE ? ex::software
+                     : e == EROFS || e == ENOSPC               ? ex::cantcreat
+                                                               : ex::noinput;
+    fail(code, fmt::format("dibs lock: cannot open lock file '{}': {}{}", a.path, std::strerror(e),
+                           e == EACCES ? " (may this user read it, or create it in its directory?)" : ""));
+  }
+  struct ::stat st {};
+  if (::fstat(fd, &st) != 0 || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) {
+    ::close(fd);
+    fail(ex::dataerr, fmt::format("dibs lock: '{}' is a {}, not a lock file: give the path of a regular file (or a "
+                                  "directory)",
+                                  a.path, S_ISSOCK(st.st_mode) ? "socket" : "FIFO (named pipe)"));
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // COMMAND inherits it as a plain descriptor
+  return fd;
 }
 
 // Runs COMMAND holding the kernel lock on `lock_fd` (a descriptor COMMAND
@@ -347,63 +384,51 @@ int run_kernel_command(const lock_args& a, int inherit) {
   return status_code(supervise(g, pid, std::nullopt, [] {}, -1, [] { return false; }));
 }
 
-// The kernel lock (--kernel): flock(2), which flock(1) sees. As flock(1) does
-// by default, COMMAND inherits a descriptor of the locked file: if dibs is
-// killed, the lock stays with COMMAND (and whatever it passes the descriptor
-// on to) until they end. dibs unlocks when COMMAND ends. The descriptor form
-// (FD instead of PATH) locks the calling shell's own descriptor, which keeps
-// the lock after dibs ends, as with flock(1).
+// The kernel lock (--kernel): flock(2), which flock(1) sees, taken as
+// flock(1) takes it. As flock(1) does by default, COMMAND inherits a
+// descriptor of the locked file: if dibs is killed, the lock stays with
+// COMMAND (and whatever it passes the descriptor on to) until they end. When
+// COMMAND ends, dibs closes its descriptors and never unlocks (flock(2)
+// LOCK_UN would take the lock from COMMAND's children that still run, e.g.
+// a daemon started in the background): the lock ends with the last process
+// that has the descriptor. The descriptor form (FD instead of PATH) locks
+// the calling shell's own descriptor, which keeps the lock after dibs ends,
+// as with flock(1).
 int lock_kernel(const lock_args& a, std::optional<milliseconds> wait) {
   const auto started = steady::now();
   const int op = a.unlock ? LOCK_UN : a.shared ? LOCK_SH : LOCK_EX;
   if (a.fd >= 0) {
-    if (!flock_fd(a, a.fd, op, wait)) {
-      std::cerr << fmt::format("dibs lock: descriptor {} is locked by another process (a kernel lock{})\n", a.fd,
-                               !a.nonblock && wait ? ", --wait ran out" : "");
+    if (!flock_fd(a, a.fd, op, wait, fmt::format("descriptor {}", a.fd))) {
+      if (a.verbose)
+        std::cerr << fmt::format("dibs lock: descriptor {} is locked by another process (a kernel lock{})\n", a.fd,
+                                 !a.nonblock && wait ? ", --wait ran out" : "");
       return a.conflict_code;
     }
     say_took(a, started);
     if (a.command.empty()) return ex::ok;
     return run_kernel_command(a, a.fd);
   }
-  dibs::file_mutex m{a.path};
-  bool got = false;
-  if (a.shared)
-    got = a.nonblock || (wait && wait->count() == 0) ? m.try_lock_shared()
-          : wait                                     ? m.try_lock_shared_for(*wait)
-                                                     : (m.lock_shared(), true);
-  else
-    got = a.nonblock || (wait && wait->count() == 0) ? m.try_lock()
-          : wait                                     ? m.try_lock_for(*wait)
-                                                     : (m.lock(), true);
-  if (!got) {
-    std::cerr << fmt::format("dibs lock: '{}' is locked by another process (a kernel lock{}); see who with 'fuser -v {}'\n",
-                             a.path, !a.nonblock && wait ? ", --wait ran out" : "", a.path);
+  struct closer {
+    int fd;
+    ~closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+  const closer lock{open_lock_path(a)};
+  if (!flock_fd(a, lock.fd, op, wait, fmt::format("'{}'", a.path))) {
+    if (a.verbose)
+      std::cerr << fmt::format("dibs lock: '{}' is locked by another process (a kernel lock{}); see who with 'fuser "
+                               "-v {}'\n",
+                               a.path, !a.nonblock && wait ? ", --wait ran out" : "", a.path);
     return a.conflict_code;
   }
   say_took(a, started);
-  int inherited = -1;
-  if (!a.close) {
-    inherited = ::fcntl(m.native_handle(), F_DUPFD, 3);  // no FD_CLOEXEC: COMMAND keeps it
-    if (inherited < 0) fail(ex::software, fmt::format("dibs lock: dup failed: {}", std::strerror(errno)));
-  }
-  int code = 0;
-  {
-    // The child gets `inherited` (unless -o); dibs's copy goes, so that only
-    // COMMAND's and the lock's own descriptor hold the lock.
-    const int inherit = inherited;
-    struct closer {
-      int fd;
-      ~closer() {
-        if (fd >= 0) ::close(fd);
-      }
-    } c{inherit};
-    code = run_kernel_command(a, inherit);
-  }
-  a.shared ? m.unlock_shared() : m.unlock();
-  return code;
+  // The child gets `inherited` (unless -o); dibs's copies are closed when
+  // COMMAND ends, never unlocked (above).
+  const closer inherited{a.close ? -1 : ::fcntl(lock.fd, F_DUPFD, 3)};  // no FD_CLOEXEC: COMMAND keeps it
+  if (!a.close && inherited.fd < 0) fail(ex::software, fmt::format("dibs lock: dup failed: {}", std::strerror(errno)));
+  return run_kernel_command(a, inherited.fd);
 }
-
 
 // Sleeps for `d`, but a signal meant for COMMAND ends the wait (dibs retry).
 // Returns: the exit status to end with (128+N, as the signal would have

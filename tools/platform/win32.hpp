@@ -319,7 +319,8 @@ int lock_and_run(const lock_args& a, std::optional<milliseconds> wait, Kind& kin
   if (const int* code = std::get_if<int>(&taken)) return *code;  // Ctrl+C while waiting
   const bool got = std::get<bool>(taken);
   if (!got) {
-    std::cerr << kind.conflict(!a.nonblock && (wait || a.retries >= 0)) << '\n';
+    // Silent, as flock(1), unless --verbose.
+    if (a.verbose) std::cerr << kind.conflict(!a.nonblock && (wait || a.retries >= 0)) << '\n';
     return a.conflict_code;
   }
   say_took(a, started);
@@ -397,9 +398,10 @@ int lock_kernel(const lock_args& a, std::optional<milliseconds> wait) {
     }
   }
   if (!got) {
-    std::cerr << fmt::format("dibs lock: '{}' is locked by another process (a kernel lock{}); Resource Monitor or "
-                             "Sysinternals' handle.exe tell which\n",
-                             a.path, !a.nonblock && wait ? ", --wait ran out" : "");
+    if (a.verbose)
+      std::cerr << fmt::format("dibs lock: '{}' is locked by another process (a kernel lock{}); Resource Monitor or "
+                               "Sysinternals' handle.exe tell which\n",
+                               a.path, !a.nonblock && wait ? ", --wait ran out" : "");
     return a.conflict_code;
   }
   say_took(a, started);
