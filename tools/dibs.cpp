@@ -40,10 +40,12 @@ extern char** environ;
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <stop_token>
 #include <system_error>
 #include <thread>
 #include <variant>
@@ -88,6 +90,7 @@ constexpr int failed = 12;         // claim: the item failed for good (max attem
 constexpr int damaged = 13;        // claim: the item's record is damaged or not a claim
 constexpr int empty = 14;          // claim --next: nothing claimable under the prefix
 constexpr int claim_lost = 15;     // claim: COMMAND succeeded but the claim was taken over before completion
+constexpr int lock_lost = 15;      // lock: the lease lock was lost (taken over, or its lease ran out) during the run
 constexpr int usage = 64;          // EX_USAGE: bad arguments, unknown store scheme, no COMMAND
 constexpr int dataerr = 65;        // EX_DATAERR: the file at the path is not a dibs record
 constexpr int noinput = 66;        // EX_NOINPUT: a missing file or directory
@@ -111,7 +114,9 @@ constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
   12       claim: the item failed for good earlier (nothing run)
   13       claim: the item's record is damaged or not a dibs claim (nothing run)
   14       claim --next: nothing claimable under the prefix
-  15       claim: COMMAND exited 0 but the claim was taken over first (not completed)
+  15       claim: COMMAND exited 0 but the claim was taken over first (not completed);
+           lock: the lease lock was lost during the run (taken over, or its lease ran out
+           unrenewed, e.g. dibs was stopped), whatever COMMAND's status; said on stderr
   64       usage: bad arguments, unknown store scheme, no COMMAND
   65       the file at the path is not a dibs record (another tool's file?)
   66       a missing file or directory; lock --kernel: a lock file it may not open, as flock(1)
@@ -292,6 +297,15 @@ struct lease_kind {
                                            .on_behalf_of = behalf});
   }
   bool try_for(milliseconds d) { return d.count() == 0 ? lk->try_lock() : lk->try_lock_for(d); }
+  // One wait, up to `d` (forever if none), in one place of the waiter queue
+  // throughout. Throws: errc::cancelled once a stop is requested through `st`.
+  bool wait_for(std::optional<milliseconds> d, std::stop_token st) {
+    if (!d) return lk->lock(st), true;
+    return lk->try_lock_for(*d, st);
+  }
+  // Returns: true if the hold was lost at any time (taken over, or its lease
+  // ran out unrenewed), also if nobody has noticed it yet.
+  bool lost() const { return lk->lost(); }
   std::string conflict(bool waited) {
     std::optional<dibs::lock_holder> h;
     try {
@@ -315,6 +329,11 @@ struct dot_kind {
     lk.emplace(native_path(a.path), o);
   }
   bool try_for(milliseconds d) { return d.count() == 0 ? lk->try_lock() : lk->try_lock_for(d); }
+  bool wait_for(std::optional<milliseconds> d, std::stop_token st) {
+    if (!d) return lk->lock(st), true;
+    return lk->try_lock_for(*d, st);
+  }
+  bool lost() const { return false; }  // a presence lock is held while its file exists: nothing to renew
   std::string conflict(bool waited) {
     // The first line of a lock file is its holder's pid (dotlockfile -p and
     // dibs write it; 0 or nothing from the others).
@@ -332,24 +351,48 @@ struct dot_kind {
 };
 
 // Takes `kind`'s lock the way the options say: one try (-n, -w 0, -r 0);
-// tries in slices of up to 100 ms until -w runs out (the default); or
+// one wait until -w runs out (the default), so that the lease lock keeps
+// one place in lock_file's first-come-first-served queue throughout; or
 // lockfile(1)'s way, a try and then a pause (-s), -r times more (-1:
 // forever). `stopped(d)` waits up to `d` for a request to stop (a signal
 // meant for COMMAND, Ctrl+C) and returns the exit code to end with if one
-// came; the platforms differ only there.
+// came; `watch(src)` returns an object that, while it lives, requests a
+// stop through `src` when such a request comes (it does not take it:
+// stopped() does); the platforms differ only there.
 // Returns: whether the lock was taken, or the exit code to end with.
-template <class Kind, class Stopped>
-std::variant<bool, int> acquire(const lock_args& a, std::optional<milliseconds> wait, Kind& kind, Stopped&& stopped) {
+template <class Kind, class Stopped, class Watch>
+std::variant<bool, int> acquire(const lock_args& a, std::optional<milliseconds> wait, Kind& kind, Stopped&& stopped,
+                                Watch&& watch) {
   if (a.nonblock || (wait && wait->count() == 0) || a.retries == 0) return kind.try_for(milliseconds{0});
   const auto until = wait ? steady::now() + *wait : steady::time_point::max();
+  if (a.retries == -2) {
+    for (;;) {
+      std::optional<milliseconds> left;
+      if (wait) {
+        left = std::chrono::duration_cast<milliseconds>(until - steady::now());
+        if (*left <= milliseconds{0}) return false;
+      }
+      std::stop_source src;
+      bool got = false, cancelled = false;
+      {
+        const auto watching = watch(src);
+        try {
+          got = kind.wait_for(left, src.get_token());
+        } catch (const std::system_error& e) {
+          if (e.code() != dibs::errc::cancelled) throw;
+          cancelled = true;
+        }
+      }
+      if (!cancelled) return got;
+      if (const std::optional<int> code = stopped(milliseconds{0})) return *code;
+      // Nothing that ends the wait (a SIGCHLD of no child's end): wait on.
+    }
+  }
   const milliseconds pause = a.sleep.empty() ? milliseconds{1000} : parse_duration("dibs lock -s", a.sleep);
   for (int tries = 0;;) {
     const auto left = std::chrono::duration_cast<milliseconds>(until - steady::now());
     if (left <= milliseconds{0}) return false;
-    if (a.retries == -2) {
-      if (kind.try_for(std::clamp(left, milliseconds{1}, milliseconds{100}))) return true;
-      if (const std::optional<int> code = stopped(milliseconds{0})) return *code;
-    } else {
+    {
       if (kind.try_for(milliseconds{0})) return true;
       if (a.retries >= 0 && tries++ >= a.retries) return false;
       for (auto end = std::min(until, steady::now() + pause); steady::now() < end;) {

@@ -15,6 +15,12 @@ int status_code(int status) {
   return ex::software;
 }
 
+// Returns: "exited N" or "was ended by signal N", for a wait status.
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) return fmt::format("was ended by signal {}", WTERMSIG(status));
+  return fmt::format("exited {}", status_code(status));
+}
+
 // Signals dibs forwards to its COMMAND (and SIGCHLD, to learn its end): all
 // blocked and read from a signalfd, so nothing races with the wait.
 sigset_t forwarded_set() {
@@ -63,6 +69,35 @@ public:
 
 private:
   int fd_ = -1;
+};
+
+// While it lives, a thread that requests a stop through `src` as soon as a
+// signal is pending on the gate's descriptor (it reads nothing: the signal
+// is left for whoever handles it), so that a lock's one long wait can be
+// cancelled by a signal.
+class signal_watch {
+public:
+  signal_watch(int signal_fd, std::stop_source src) {
+    if (::pipe2(wake_, O_CLOEXEC) != 0) fail(ex::software, fmt::format("dibs: pipe failed: {}", std::strerror(errno)));
+    thread_ = std::thread([signal_fd, src, done = wake_[0]]() mutable {
+      pollfd fds[2] = {{signal_fd, POLLIN, 0}, {done, POLLIN, 0}};
+      while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
+      }
+      if (fds[0].revents & POLLIN) src.request_stop();
+    });
+  }
+  ~signal_watch() {
+    (void)!::write(wake_[1], "x", 1);
+    thread_.join();
+    ::close(wake_[0]);
+    ::close(wake_[1]);
+  }
+  signal_watch(const signal_watch&) = delete;
+  signal_watch& operator=(const signal_watch&) = delete;
+
+private:
+  int wake_[2] = {-1, -1};
+  std::thread thread_;
 };
 
 // argv/envp for execvpe, built before fork (a child of a process with
@@ -227,7 +262,8 @@ int lock_for_child(const lock_args& a, std::optional<milliseconds> wait, Kind& k
   };
   try {
     kind.open(a.close ? 0 : pid);
-    const auto taken = acquire(a, wait, kind, signalled);
+    const auto taken = acquire(a, wait, kind, signalled,
+                               [&](std::stop_source src) { return std::make_unique<signal_watch>(g.fd(), src); });
     if (const int* code = std::get_if<int>(&taken)) return *code;  // a signal: the child was ended with it
     if (!std::get<bool>(taken)) {
       // Silent, as flock(1), unless --verbose: cron mails whatever a skipped run prints.
@@ -246,22 +282,32 @@ int lock_for_child(const lock_args& a, std::optional<milliseconds> wait, Kind& k
   const go_message m{token.value_or(0), token ? std::uint8_t{1} : std::uint8_t{0}};
   (void)::send(go[1], &m, sizeof m, MSG_NOSIGNAL);  // if the child is gone, supervise reaps it below
   ::close(go[1]);
+  bool told = false;  // that the lock was lost
   const int status = supervise(g, pid, std::nullopt, [] {}, lost_read, [&] {
     char c;
     if (::read(lost_read, &c, 1) != 1) return true;
     std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}): it was taken over or its lease ran out "
-                             "unrenewed; stopping COMMAND with SIGTERM\n",
-                             a.path, token.value_or(0));
+                             "unrenewed; stopping COMMAND with SIGTERM; exit {}\n",
+                             a.path, token.value_or(0), ex::lock_lost);
+    told = true;
     ::kill(pid, SIGTERM);
     return false;
   });
+  // Lost at any time of the run counts, also when COMMAND ended before dibs
+  // noticed (dibs stopped past its lease while another took the lock): the
+  // hold is judged before it is given back.
+  const bool lost = told || kind.lost();
+  if (lost && !told)
+    std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}) while COMMAND ran: it was taken over or its "
+                             "lease ran out unrenewed (was dibs stopped?); COMMAND {}; exit {}\n",
+                             a.path, token.value_or(0), describe_status(status), ex::lock_lost);
   try {
     kind.unlock();
   } catch (const std::system_error& e) {
     std::cerr << "dibs lock: could not remove the lock record of '" << a.path << "': " << e.what()
               << " (it is stale now: the next taker breaks it)\n";
   }
-  return status_code(status);
+  return lost ? ex::lock_lost : status_code(status);
 }
 
 int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
