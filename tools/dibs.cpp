@@ -20,6 +20,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -162,11 +163,30 @@ std::string read_head(const std::filesystem::path& path, std::size_t size) {
   ::CloseHandle(h);
   text.resize(n);
 #else
-  std::ifstream in{path, std::ios::binary};
-  in.read(text.data(), static_cast<std::streamsize>(size));
-  text.resize(static_cast<std::size_t>(in.gcount()));
+  // O_NONBLOCK: a FIFO put at the path must not hold dibs in open().
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return {};
+  struct ::stat st {};
+  ssize_t n = 0;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    while ((n = ::read(fd, text.data(), size)) < 0 && errno == EINTR) {
+    }
+  }
+  ::close(fd);
+  text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
 #endif
   return text;
+}
+
+// Refuses a FIFO or a socket at `path` (a user's path that dibs would open):
+// opening one waits for a peer, for ever. `who`: "dibs status" etc.
+void refuse_special(const char* who, const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(native_path(path), ec);
+  if (ec) return;  // missing, or not to be looked at: the open says why
+  if (std::filesystem::is_fifo(st) || std::filesystem::is_socket(st))
+    fail(ex::dataerr, fmt::format("{}: '{}' is a {}, not a file dibs can use: give the path of a regular file", who,
+                                  path, std::filesystem::is_fifo(st) ? "FIFO (named pipe)" : "socket"));
 }
 
 // Returns: the exit code for a library error, and a hint of what to do.
@@ -442,6 +462,7 @@ int cmd_lock(lock_args& a) {
   if (a.retries < -2) fail(ex::usage, "dibs lock -r: retries must be -1 (forever) or more");
   if (a.retries == -2 && !a.sleep.empty()) a.retries = -1;  // lockfile(1): retry forever unless -r says
   if (!a.kernel) refuse_unless_kernel(a);
+  if (!a.kernel && a.fd < 0) refuse_special("dibs lock", a.path);  // --kernel: as flock(1) opens it
   refuse_unported(a);
   if (a.command.empty() && a.fd < 0)
     fail(ex::usage, fmt::format("dibs lock: no COMMAND to run; write: dibs lock {} -- COMMAND [ARGS...]", a.path));
@@ -464,6 +485,7 @@ struct log_args {
 };
 
 int cmd_log(log_args& a) {
+  refuse_special("dibs log", a.path);
   dibs::shared_log_options o;
   o.rotate_size = parse_size("dibs log --rotate-size", a.rotate_size);
   o.keep = a.keep;
@@ -532,6 +554,7 @@ int with_store(const std::string& spec, F&& f) {
   if (scheme == "sqlite") {
     const std::string table = split_table("dibs_records");
     if (rest.empty()) fail(ex::usage, "dibs: store 'sqlite:' names no file; write sqlite:/path/file.db");
+    refuse_special("dibs", rest);
     if (!std::filesystem::is_directory(std::filesystem::absolute(native_path(rest)).parent_path()))
       fail(ex::noinput, fmt::format("dibs: store '{}': the directory of '{}' does not exist (create it first)", spec, rest));
     dibs::sqlite_store s{native_path(rest), dibs::sqlite_store_options{.table = table}};
@@ -859,6 +882,7 @@ int cmd_status(status_args& a) {
       return ex::ok;
     });
   }
+  refuse_special("dibs status", a.target);
   const auto target = native_path(a.target);
   if (!std::filesystem::exists(target))
     fail(ex::noinput, fmt::format("dibs status: '{}' does not exist (a lock file, or a store such as dir:/path)", a.target));
