@@ -44,6 +44,7 @@ extern char** environ;
 #include <memory>
 #include <iostream>
 #include <optional>
+#include <regex>
 #include <string>
 #include <string_view>
 #include <stop_token>
@@ -118,15 +119,17 @@ constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
   15       claim: COMMAND exited 0 but the claim was taken over first (not completed);
            lock: the lease lock was lost during the run (taken over, or its lease ran out
            unrenewed, e.g. dibs was stopped), whatever COMMAND's status; said on stderr
-  64       usage: bad arguments, unknown store scheme, no COMMAND
-  65       the file at the path is not a dibs record (another tool's file?)
+  64       usage: bad arguments, unknown store scheme, no COMMAND, a connection string
+           libpq cannot parse
+  65       the file at the path is not a dibs record (another tool's file? not a SQLite
+           database? an empty flock(1) lock file?), or a FIFO
   66       a missing file or directory; lock --kernel: a lock file it may not open, as flock(1)
   69       a store server cannot be reached
   70       internal error (please report it)
   73       lock --kernel: the lock file cannot be made (read-only or full filesystem), as flock(1)
-  74       I/O error
+  74       I/O error; also: what dibs wrote to standard output did not get there
   75       transient failure (timed out, busy): try again later
-  77       permission denied
+  77       permission denied; a PostgreSQL login refused (wrong password, no such role)
   126/127  COMMAND not executable / not found
   128+N    COMMAND (or, for retry, the wait) ended by signal N
 )";
@@ -189,9 +192,41 @@ void refuse_special(const char* who, const std::string& path) {
                                   path, std::filesystem::is_fifo(st) ? "FIFO (named pipe)" : "socket"));
 }
 
+// Returns: `text` with every password it holds replaced by ***: the value
+// of a conninfo key `password=...` (quoted or not; also a URI's
+// ?password=...), and the password of a URI's user:password@. Every
+// message dibs prints goes through it: a store string may hold a secret.
+std::string redact(std::string text) {
+  static const std::regex key_value{R"((password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&#']*))", std::regex::icase};
+  static const std::regex userinfo{R"((://[^\s/?#@:]*:)[^\s/?#@]*@)"};
+  text = std::regex_replace(text, key_value, "$1***");
+  return std::regex_replace(text, userinfo, "$1***@");
+}
+
 // Returns: the exit code for a library error, and a hint of what to do.
 std::pair<int, const char*> classify(const std::system_error& e) {
   const auto& c = e.code();
+#ifdef DIBS_TOOL_SQLITE
+  // SQLite's own codes: only BUSY and LOCKED are transient (75, below).
+  if (c.category() == dibs::sqlite::category()) switch (c.value() & 0xff) {
+      case SQLITE_NOTADB:
+      case SQLITE_CORRUPT: return {ex::dataerr, "give the path of a dibs SQLite database, or of a file to create"};
+      case SQLITE_CANTOPEN: return {ex::noinput, nullptr};
+      case SQLITE_PERM:
+      case SQLITE_READONLY:
+      case SQLITE_AUTH: return {ex::noperm, nullptr};
+      case SQLITE_FULL:
+      case SQLITE_IOERR: return {ex::ioerr, nullptr};
+      default: break;
+    }
+#endif
+#ifdef DIBS_TOOL_POSTGRES
+  // A login the server refused (a wrong password, no such role) and a
+  // missing database are for good: a retry cannot help.
+  if (c == dibs::postgres::make_error_code("28P01") || c == dibs::postgres::make_error_code("28000"))
+    return {ex::noperm, nullptr};
+  if (c == dibs::postgres::make_error_code("3D000")) return {ex::noinput, nullptr};
+#endif
 #if defined(_WIN32)
   // GetLastError() codes: the C library's errno names do not match them.
   if (c.category() == std::system_category()) switch (c.value()) {
@@ -468,7 +503,23 @@ int cmd_lock(lock_args& a) {
     fail(ex::usage, fmt::format("dibs lock: no COMMAND to run; write: dibs lock {} -- COMMAND [ARGS...]", a.path));
   std::optional<milliseconds> wait;
   if (!a.wait.empty()) wait = parse_duration("dibs lock -w", a.wait);
-  return a.kernel ? lock_kernel(a, wait) : a.dot ? lock_dot(a, wait) : lock_lease(a, wait);
+  if (a.kernel) return lock_kernel(a, wait);
+  if (a.dot) return lock_dot(a, wait);
+  try {
+    return lock_lease(a, wait);
+  } catch (const std::system_error& e) {
+    // What flock(1) and every flock-style tool leave behind: no record.
+    std::error_code ec;
+    const auto path = native_path(a.path);
+    if (e.code() == dibs::errc::corrupt_record && std::filesystem::is_regular_file(path, ec) &&
+        std::filesystem::file_size(path, ec) == 0 && !ec)
+      fail(ex::dataerr, fmt::format("dibs lock: '{}' is an empty file, not a dibs lease lock: a --kernel or flock(1) "
+                                    "lock file? To go on locking it as flock(1) does (and exclude flock(1) users of "
+                                    "it), use 'dibs lock --kernel {}'; to convert it to the lease lock, once no "
+                                    "flock(1) user of it is left, remove it ('rm {}'): dibs lock then makes its record",
+                                    a.path, a.path, a.path));
+    throw;
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -531,8 +582,10 @@ constexpr const char* store_table = R"(Stores (STORE):
                                    e.g. postgres:host=db1 dbname=jobs, postgres:postgresql://db1/jobs#queue
 )";
 
+// `read_only`: for dibs status, which must write nothing: a store that
+// does not exist yet is not made.
 template <class F>
-int with_store(const std::string& spec, F&& f) {
+int with_store(const std::string& spec, F&& f, bool read_only = false) {
   const auto colon = spec.find(':');
   const std::string scheme = colon == std::string::npos ? std::string{} : spec.substr(0, colon);
   std::string rest = colon == std::string::npos ? spec : spec.substr(colon + 1);
@@ -555,6 +608,8 @@ int with_store(const std::string& spec, F&& f) {
     const std::string table = split_table("dibs_records");
     if (rest.empty()) fail(ex::usage, "dibs: store 'sqlite:' names no file; write sqlite:/path/file.db");
     refuse_special("dibs", rest);
+    if (read_only && !std::filesystem::exists(native_path(rest)))
+      fail(ex::noinput, fmt::format("dibs status: no database at '{}' (a status creates nothing)", rest));
     if (!std::filesystem::is_directory(std::filesystem::absolute(native_path(rest)).parent_path()))
       fail(ex::noinput, fmt::format("dibs: store '{}': the directory of '{}' does not exist (create it first)", spec, rest));
     dibs::sqlite_store s{native_path(rest), dibs::sqlite_store_options{.table = table}};
@@ -626,7 +681,7 @@ int cmd_claim(claim_args& a) {
   if (!a.retry_after.empty()) retry_after = parse_duration("dibs claim --retry-after", a.retry_after);
   block_forwarded();  // before marker_claim starts its renewal thread
   auto say = [&](const std::string& m) {
-    if (!a.quiet) std::cerr << m << '\n';
+    if (!a.quiet) std::cerr << redact(m) << '\n';
   };
   return with_store(a.store, [&](auto& store) -> int {
     using S = std::remove_reference_t<decltype(store)>;
@@ -880,7 +935,7 @@ int cmd_status(status_args& a) {
       for (const auto& [state, n] : counts) sum += fmt::format("{}{} {}", sum.empty() ? "" : ", ", n, state);
       fmt::print("{} item(s){}{}\n", items.size(), sum.empty() ? "" : ": ", sum);
       return ex::ok;
-    });
+    }, true);
   }
   refuse_special("dibs status", a.target);
   const auto target = native_path(a.target);
@@ -1099,9 +1154,7 @@ Options go first: the first argument that is not an option (or '--') ends
 them, and it and everything after it are data, taken as written, whatever
 they look like (a key '--next=x', a log line '--help').)";
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
 #if defined(_WIN32)
   // The arguments as UTF-8 (argv is in the ANSI code page).
   std::vector<std::string> utf8_args = utf8_arguments();
@@ -1181,7 +1234,8 @@ Three locks:
              or by age (-l) when no live dibs keeps touching it; no token.
 
 Exit codes: COMMAND's status; 1 (or -E) if the lock is held (-n), or -w or
-the retries (-r) ran out. flock(1) exits the same; dotlockfile exits 4 when
+the retries (-r) ran out, silently unless --verbose; 15 if the lease lock was
+lost during the run (taken over, or its lease ran out unrenewed). flock(1) exits the same; dotlockfile exits 4 when
 its retries run out, lockfile(1) 73: give -E 4 or -E 73 where scripts test it.
 
 Examples:
@@ -1254,8 +1308,9 @@ Examples:
   retry->add_option("--cap", ra.cap, "Largest delay")->capture_default_str();
   retry->add_option("--multiplier", ra.multiplier, "Growth of the delay")->capture_default_str();
   retry->add_option("--jitter", ra.jitter, "none, full, equal or decorrelated")->capture_default_str();
-  retry->add_option("--on", ra.codes, "Exit codes that are retried (repeat or comma-separate)")
+  retry->add_option("--on", ra.codes, "Exit codes that are retried (repeat or comma-separate), each 0-255")
       ->delimiter(',')
+      ->check(CLI::Range(0, 255))
       ->capture_default_str();
   retry->add_flag("-v,--verbose", ra.verbose, "Say each retry on standard error");
   retry->footer(std::string(data_rule) + R"(
@@ -1329,7 +1384,7 @@ Examples:
       return app.exit(e);
     } catch (const CLI::ParseError& e) {
       const auto* sub = app.get_subcommands().empty() ? nullptr : app.get_subcommands().front();
-      std::cerr << "dibs" << (sub ? " " + sub->get_name() : std::string{}) << ": " << e.what() << "\nRun 'dibs"
+      std::cerr << "dibs" << (sub ? " " + sub->get_name() : std::string{}) << ": " << redact(e.what()) << "\nRun 'dibs"
                 << (sub ? " " + sub->get_name() : std::string{}) << " --help' for usage.\n";
       return ex::usage;
     }
@@ -1399,15 +1454,32 @@ Examples:
       return cmd_status(sa);
     }
   } catch (const failure& f) {
-    std::cerr << f.msg << '\n';
+    std::cerr << redact(f.msg) << '\n';
     return f.code;
   } catch (const std::system_error& e) {
     const auto [code, hint] = classify(e);
-    std::cerr << "dibs: " << e.what() << (hint ? fmt::format(" ({})", hint) : "") << '\n';
+    std::cerr << redact(fmt::format("dibs: {}{}", e.what(), hint ? fmt::format(" ({})", hint) : "")) << '\n';
     return code;
   } catch (const std::exception& e) {
-    std::cerr << "dibs: " << e.what() << '\n';
+    std::cerr << "dibs: " << redact(e.what()) << '\n';
     return ex::software;
   }
   return ex::usage;
 }
+
+// Returns: `code`, or 74 if it is 0 and what dibs wrote to standard output
+// did not all get there (a closed descriptor, a full disk, /dev/full): a
+// script must not take a status it never saw for success.
+int checked_stdout(int code) {
+  std::cout.flush();
+  errno = 0;
+  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout) || std::cout.fail();
+  if (!failed) return code;
+  const int e = errno;
+  std::cerr << fmt::format("dibs: cannot write to standard output{}{}\n", e ? ": " : "", e ? std::strerror(e) : "");
+  return code != 0 ? code : ex::ioerr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return checked_stdout(run(argc, argv)); }
