@@ -546,7 +546,24 @@ int cmd_log(log_args& a) {
                                 : (fail(ex::usage, fmt::format("dibs log --sync: '{}' is not one of none, record, batch", a.sync)),
                                   dibs::durability::none);
   o.lock_timeout = parse_duration("dibs log --timeout", a.timeout);
-  dibs::shared_log log{a.path, o};
+  std::optional<dibs::shared_log> opened;
+  try {
+    opened.emplace(a.path, o);
+  } catch (const std::system_error& e) {
+    // The log's lock file beside it is allocated whole at its first use: on
+    // a nearly full filesystem it is what does not fit, before any line.
+    std::error_code ec;
+    const auto dir = std::filesystem::absolute(native_path(a.path), ec).parent_path();
+    const auto space = std::filesystem::space(dir, ec);
+    if (e.code() == std::errc::no_space_on_device && !ec)
+      fail(ex::ioerr, fmt::format("dibs log: no room for the log's lock file beside '{}': it needs {} KiB, and its "
+                                  "filesystem has {} KiB free; free some space there (the log's lines need room "
+                                  "too). Nothing was written ({})",
+                                  a.path, (sizeof(dibs::detail::log_shared_state) + 1023) / 1024,
+                                  space.available / 1024, e.what()));
+    throw;
+  }
+  dibs::shared_log& log = *opened;
   if (!a.from_stdin) {
     std::string record;
     for (const auto& t : a.text) {

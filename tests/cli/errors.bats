@@ -83,3 +83,13 @@ load helpers
   run dibs claim 'postgres:host=127.0.0.1 port=1 password=s3cret connect_timeout=1' k -- true
   [[ "$output" != *s3cret* ]]
 }
+
+@test "dibs log on a nearly full filesystem says what needs the space and how much is free" {
+  mkdir small
+  mount -t tmpfs -o size=64k tmpfs small 2> /dev/null || skip "cannot mount a small tmpfs here (needs root)"
+  run dibs log small/a.log hello
+  umount small
+  echo "$output" >&3
+  [ "$status" -eq 74 ]
+  [[ "$output" == *"lock file"*"needs "*" KiB"*" KiB free"* ]]
+}
