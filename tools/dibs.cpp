@@ -20,6 +20,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -40,10 +41,13 @@ extern char** environ;
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <iostream>
 #include <optional>
+#include <regex>
 #include <string>
 #include <string_view>
+#include <stop_token>
 #include <system_error>
 #include <thread>
 #include <variant>
@@ -61,6 +65,7 @@ extern char** environ;
 #include <dibs/lock_file.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/shared_log.hpp>
+#include <dibs/version.hpp>
 #ifdef DIBS_TOOL_SQLITE
 #include <dibs/stores/sqlite_store.hpp>
 #endif
@@ -87,11 +92,13 @@ constexpr int failed = 12;         // claim: the item failed for good (max attem
 constexpr int damaged = 13;        // claim: the item's record is damaged or not a claim
 constexpr int empty = 14;          // claim --next: nothing claimable under the prefix
 constexpr int claim_lost = 15;     // claim: COMMAND succeeded but the claim was taken over before completion
+constexpr int lock_lost = 15;      // lock: the lease lock was lost (taken over, or its lease ran out) during the run
 constexpr int usage = 64;          // EX_USAGE: bad arguments, unknown store scheme, no COMMAND
 constexpr int dataerr = 65;        // EX_DATAERR: the file at the path is not a dibs record
 constexpr int noinput = 66;        // EX_NOINPUT: a missing file or directory
 constexpr int unavailable = 69;    // EX_UNAVAILABLE: a store server cannot be reached
 constexpr int software = 70;       // EX_SOFTWARE: an internal error (a bug: please report it)
+constexpr int cantcreat = 73;      // EX_CANTCREAT: lock --kernel: the lock file cannot be made (read-only or full filesystem)
 constexpr int ioerr = 74;          // EX_IOERR: an I/O error
 constexpr int tempfail = 75;       // EX_TEMPFAIL: a transient failure (timed out, busy); try again
 constexpr int noperm = 77;         // EX_NOPERM: permission denied
@@ -109,15 +116,20 @@ constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
   12       claim: the item failed for good earlier (nothing run)
   13       claim: the item's record is damaged or not a dibs claim (nothing run)
   14       claim --next: nothing claimable under the prefix
-  15       claim: COMMAND exited 0 but the claim was taken over first (not completed)
-  64       usage: bad arguments, unknown store scheme, no COMMAND
-  65       the file at the path is not a dibs record (another tool's file?)
-  66       a missing file or directory
+  15       claim: COMMAND exited 0 but the claim was taken over first (not completed);
+           lock: the lease lock was lost during the run (taken over, or its lease ran out
+           unrenewed, e.g. dibs was stopped), whatever COMMAND's status; said on stderr
+  64       usage: bad arguments, unknown store scheme, no COMMAND, a connection string
+           libpq cannot parse
+  65       the file at the path is not a dibs record (another tool's file? not a SQLite
+           database? an empty flock(1) lock file?), or a FIFO
+  66       a missing file or directory; lock --kernel: a lock file it may not open, as flock(1)
   69       a store server cannot be reached
   70       internal error (please report it)
-  74       I/O error
+  73       lock --kernel: the lock file cannot be made (read-only or full filesystem), as flock(1)
+  74       I/O error; also: what dibs wrote to standard output did not get there
   75       transient failure (timed out, busy): try again later
-  77       permission denied
+  77       permission denied; a PostgreSQL login refused (wrong password, no such role)
   126/127  COMMAND not executable / not found
   128+N    COMMAND (or, for retry, the wait) ended by signal N
 )";
@@ -154,16 +166,67 @@ std::string read_head(const std::filesystem::path& path, std::size_t size) {
   ::CloseHandle(h);
   text.resize(n);
 #else
-  std::ifstream in{path, std::ios::binary};
-  in.read(text.data(), static_cast<std::streamsize>(size));
-  text.resize(static_cast<std::size_t>(in.gcount()));
+  // O_NONBLOCK: a FIFO put at the path must not hold dibs in open().
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return {};
+  struct ::stat st {};
+  ssize_t n = 0;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    while ((n = ::read(fd, text.data(), size)) < 0 && errno == EINTR) {
+    }
+  }
+  ::close(fd);
+  text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
 #endif
   return text;
+}
+
+// Refuses a FIFO or a socket at `path` (a user's path that dibs would open):
+// opening one waits for a peer, for ever. `who`: "dibs status" etc.
+void refuse_special(const char* who, const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(native_path(path), ec);
+  if (ec) return;  // missing, or not to be looked at: the open says why
+  if (std::filesystem::is_fifo(st) || std::filesystem::is_socket(st))
+    fail(ex::dataerr, fmt::format("{}: '{}' is a {}, not a file dibs can use: give the path of a regular file", who,
+                                  path, std::filesystem::is_fifo(st) ? "FIFO (named pipe)" : "socket"));
+}
+
+// Returns: `text` with every password it holds replaced by ***: the value
+// of a conninfo key `password=...` (quoted or not; also a URI's
+// ?password=...), and the password of a URI's user:password@. Every
+// message dibs prints goes through it: a store string may hold a secret.
+std::string redact(std::string text) {
+  static const std::regex key_value{R"((password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&#']*))", std::regex::icase};
+  static const std::regex userinfo{R"((://[^\s/?#@:]*:)[^\s/?#@]*@)"};
+  text = std::regex_replace(text, key_value, "$1***");
+  return std::regex_replace(text, userinfo, "$1***@");
 }
 
 // Returns: the exit code for a library error, and a hint of what to do.
 std::pair<int, const char*> classify(const std::system_error& e) {
   const auto& c = e.code();
+#ifdef DIBS_TOOL_SQLITE
+  // SQLite's own codes: only BUSY and LOCKED are transient (75, below).
+  if (c.category() == dibs::sqlite::category()) switch (c.value() & 0xff) {
+      case SQLITE_NOTADB:
+      case SQLITE_CORRUPT: return {ex::dataerr, "give the path of a dibs SQLite database, or of a file to create"};
+      case SQLITE_CANTOPEN: return {ex::noinput, nullptr};
+      case SQLITE_PERM:
+      case SQLITE_READONLY:
+      case SQLITE_AUTH: return {ex::noperm, nullptr};
+      case SQLITE_FULL:
+      case SQLITE_IOERR: return {ex::ioerr, nullptr};
+      default: break;
+    }
+#endif
+#ifdef DIBS_TOOL_POSTGRES
+  // A login the server refused (a wrong password, no such role) and a
+  // missing database are for good: a retry cannot help.
+  if (c == dibs::postgres::make_error_code("28P01") || c == dibs::postgres::make_error_code("28000"))
+    return {ex::noperm, nullptr};
+  if (c == dibs::postgres::make_error_code("3D000")) return {ex::noinput, nullptr};
+#endif
 #if defined(_WIN32)
   // GetLastError() codes: the C library's errno names do not match them.
   if (c.category() == std::system_category()) switch (c.value()) {
@@ -243,6 +306,7 @@ struct lock_args {
   bool close = false;     // -o: COMMAND does not get the lock
   bool no_fork = false;   // -F: dibs becomes COMMAND
   bool verbose = false;
+  bool version = false;   // -V
   std::string command_string;  // -c STRING: run by $SHELL -c (as flock(1)), or sh
   bool has_command_string = false;
   bool shell = false;     // COMMAND is shell_command(STRING) of -c STRING
@@ -288,6 +352,15 @@ struct lease_kind {
                                            .on_behalf_of = behalf});
   }
   bool try_for(milliseconds d) { return d.count() == 0 ? lk->try_lock() : lk->try_lock_for(d); }
+  // One wait, up to `d` (forever if none), in one place of the waiter queue
+  // throughout. Throws: errc::cancelled once a stop is requested through `st`.
+  bool wait_for(std::optional<milliseconds> d, std::stop_token st) {
+    if (!d) return lk->lock(st), true;
+    return lk->try_lock_for(*d, st);
+  }
+  // Returns: true if the hold was lost at any time (taken over, or its lease
+  // ran out unrenewed), also if nobody has noticed it yet.
+  bool lost() const { return lk->lost(); }
   std::string conflict(bool waited) {
     std::optional<dibs::lock_holder> h;
     try {
@@ -311,6 +384,11 @@ struct dot_kind {
     lk.emplace(native_path(a.path), o);
   }
   bool try_for(milliseconds d) { return d.count() == 0 ? lk->try_lock() : lk->try_lock_for(d); }
+  bool wait_for(std::optional<milliseconds> d, std::stop_token st) {
+    if (!d) return lk->lock(st), true;
+    return lk->try_lock_for(*d, st);
+  }
+  bool lost() const { return false; }  // a presence lock is held while its file exists: nothing to renew
   std::string conflict(bool waited) {
     // The first line of a lock file is its holder's pid (dotlockfile -p and
     // dibs write it; 0 or nothing from the others).
@@ -328,24 +406,48 @@ struct dot_kind {
 };
 
 // Takes `kind`'s lock the way the options say: one try (-n, -w 0, -r 0);
-// tries in slices of up to 100 ms until -w runs out (the default); or
+// one wait until -w runs out (the default), so that the lease lock keeps
+// one place in lock_file's first-come-first-served queue throughout; or
 // lockfile(1)'s way, a try and then a pause (-s), -r times more (-1:
 // forever). `stopped(d)` waits up to `d` for a request to stop (a signal
 // meant for COMMAND, Ctrl+C) and returns the exit code to end with if one
-// came; the platforms differ only there.
+// came; `watch(src)` returns an object that, while it lives, requests a
+// stop through `src` when such a request comes (it does not take it:
+// stopped() does); the platforms differ only there.
 // Returns: whether the lock was taken, or the exit code to end with.
-template <class Kind, class Stopped>
-std::variant<bool, int> acquire(const lock_args& a, std::optional<milliseconds> wait, Kind& kind, Stopped&& stopped) {
+template <class Kind, class Stopped, class Watch>
+std::variant<bool, int> acquire(const lock_args& a, std::optional<milliseconds> wait, Kind& kind, Stopped&& stopped,
+                                Watch&& watch) {
   if (a.nonblock || (wait && wait->count() == 0) || a.retries == 0) return kind.try_for(milliseconds{0});
   const auto until = wait ? steady::now() + *wait : steady::time_point::max();
+  if (a.retries == -2) {
+    for (;;) {
+      std::optional<milliseconds> left;
+      if (wait) {
+        left = std::chrono::duration_cast<milliseconds>(until - steady::now());
+        if (*left <= milliseconds{0}) return false;
+      }
+      std::stop_source src;
+      bool got = false, cancelled = false;
+      {
+        const auto watching = watch(src);
+        try {
+          got = kind.wait_for(left, src.get_token());
+        } catch (const std::system_error& e) {
+          if (e.code() != dibs::errc::cancelled) throw;
+          cancelled = true;
+        }
+      }
+      if (!cancelled) return got;
+      if (const std::optional<int> code = stopped(milliseconds{0})) return *code;
+      // Nothing that ends the wait (a SIGCHLD of no child's end): wait on.
+    }
+  }
   const milliseconds pause = a.sleep.empty() ? milliseconds{1000} : parse_duration("dibs lock -s", a.sleep);
   for (int tries = 0;;) {
     const auto left = std::chrono::duration_cast<milliseconds>(until - steady::now());
     if (left <= milliseconds{0}) return false;
-    if (a.retries == -2) {
-      if (kind.try_for(std::clamp(left, milliseconds{1}, milliseconds{100}))) return true;
-      if (const std::optional<int> code = stopped(milliseconds{0})) return *code;
-    } else {
+    {
       if (kind.try_for(milliseconds{0})) return true;
       if (a.retries >= 0 && tries++ >= a.retries) return false;
       for (auto end = std::min(until, steady::now() + pause); steady::now() < end;) {
@@ -395,15 +497,29 @@ int cmd_lock(lock_args& a) {
   if (a.retries < -2) fail(ex::usage, "dibs lock -r: retries must be -1 (forever) or more");
   if (a.retries == -2 && !a.sleep.empty()) a.retries = -1;  // lockfile(1): retry forever unless -r says
   if (!a.kernel) refuse_unless_kernel(a);
+  if (!a.kernel && a.fd < 0) refuse_special("dibs lock", a.path);  // --kernel: as flock(1) opens it
   refuse_unported(a);
   if (a.command.empty() && a.fd < 0)
     fail(ex::usage, fmt::format("dibs lock: no COMMAND to run; write: dibs lock {} -- COMMAND [ARGS...]", a.path));
-  if (a.unlock && a.fd < 0)
-    fail(ex::usage, "dibs lock: -u unlocks a descriptor of the calling shell: write 'dibs lock --kernel -u FD' (with a "
-                    "PATH, there is nothing to unlock)");
   std::optional<milliseconds> wait;
   if (!a.wait.empty()) wait = parse_duration("dibs lock -w", a.wait);
-  return a.kernel ? lock_kernel(a, wait) : a.dot ? lock_dot(a, wait) : lock_lease(a, wait);
+  if (a.kernel) return lock_kernel(a, wait);
+  if (a.dot) return lock_dot(a, wait);
+  try {
+    return lock_lease(a, wait);
+  } catch (const std::system_error& e) {
+    // What flock(1) and every flock-style tool leave behind: no record.
+    std::error_code ec;
+    const auto path = native_path(a.path);
+    if (e.code() == dibs::errc::corrupt_record && std::filesystem::is_regular_file(path, ec) &&
+        std::filesystem::file_size(path, ec) == 0 && !ec)
+      fail(ex::dataerr, fmt::format("dibs lock: '{}' is an empty file, not a dibs lease lock: a --kernel or flock(1) "
+                                    "lock file? To go on locking it as flock(1) does (and exclude flock(1) users of "
+                                    "it), use 'dibs lock --kernel {}'; to convert it to the lease lock, once no "
+                                    "flock(1) user of it is left, remove it ('rm {}'): dibs lock then makes its record",
+                                    a.path, a.path, a.path));
+    throw;
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -420,6 +536,7 @@ struct log_args {
 };
 
 int cmd_log(log_args& a) {
+  refuse_special("dibs log", a.path);
   dibs::shared_log_options o;
   o.rotate_size = parse_size("dibs log --rotate-size", a.rotate_size);
   o.keep = a.keep;
@@ -429,7 +546,24 @@ int cmd_log(log_args& a) {
                                 : (fail(ex::usage, fmt::format("dibs log --sync: '{}' is not one of none, record, batch", a.sync)),
                                   dibs::durability::none);
   o.lock_timeout = parse_duration("dibs log --timeout", a.timeout);
-  dibs::shared_log log{a.path, o};
+  std::optional<dibs::shared_log> opened;
+  try {
+    opened.emplace(a.path, o);
+  } catch (const std::system_error& e) {
+    // The log's lock file beside it is allocated whole at its first use: on
+    // a nearly full filesystem it is what does not fit, before any line.
+    std::error_code ec;
+    const auto dir = std::filesystem::absolute(native_path(a.path), ec).parent_path();
+    const auto space = std::filesystem::space(dir, ec);
+    if (e.code() == std::errc::no_space_on_device && !ec)
+      fail(ex::ioerr, fmt::format("dibs log: no room for the log's lock file beside '{}': it needs {} KiB, and its "
+                                  "filesystem has {} KiB free; free some space there (the log's lines need room "
+                                  "too). Nothing was written ({})",
+                                  a.path, (sizeof(dibs::detail::log_shared_state) + 1023) / 1024,
+                                  space.available / 1024, e.what()));
+    throw;
+  }
+  dibs::shared_log& log = *opened;
   if (!a.from_stdin) {
     std::string record;
     for (const auto& t : a.text) {
@@ -465,8 +599,10 @@ constexpr const char* store_table = R"(Stores (STORE):
                                    e.g. postgres:host=db1 dbname=jobs, postgres:postgresql://db1/jobs#queue
 )";
 
+// `read_only`: for dibs status, which must write nothing: a store that
+// does not exist yet is not made.
 template <class F>
-int with_store(const std::string& spec, F&& f) {
+int with_store(const std::string& spec, F&& f, bool read_only = false) {
   const auto colon = spec.find(':');
   const std::string scheme = colon == std::string::npos ? std::string{} : spec.substr(0, colon);
   std::string rest = colon == std::string::npos ? spec : spec.substr(colon + 1);
@@ -488,6 +624,9 @@ int with_store(const std::string& spec, F&& f) {
   if (scheme == "sqlite") {
     const std::string table = split_table("dibs_records");
     if (rest.empty()) fail(ex::usage, "dibs: store 'sqlite:' names no file; write sqlite:/path/file.db");
+    refuse_special("dibs", rest);
+    if (read_only && !std::filesystem::exists(native_path(rest)))
+      fail(ex::noinput, fmt::format("dibs status: no database at '{}' (a status creates nothing)", rest));
     if (!std::filesystem::is_directory(std::filesystem::absolute(native_path(rest)).parent_path()))
       fail(ex::noinput, fmt::format("dibs: store '{}': the directory of '{}' does not exist (create it first)", spec, rest));
     dibs::sqlite_store s{native_path(rest), dibs::sqlite_store_options{.table = table}};
@@ -559,7 +698,7 @@ int cmd_claim(claim_args& a) {
   if (!a.retry_after.empty()) retry_after = parse_duration("dibs claim --retry-after", a.retry_after);
   block_forwarded();  // before marker_claim starts its renewal thread
   auto say = [&](const std::string& m) {
-    if (!a.quiet) std::cerr << m << '\n';
+    if (!a.quiet) std::cerr << redact(m) << '\n';
   };
   return with_store(a.store, [&](auto& store) -> int {
     using S = std::remove_reference_t<decltype(store)>;
@@ -813,8 +952,9 @@ int cmd_status(status_args& a) {
       for (const auto& [state, n] : counts) sum += fmt::format("{}{} {}", sum.empty() ? "" : ", ", n, state);
       fmt::print("{} item(s){}{}\n", items.size(), sum.empty() ? "" : ": ", sum);
       return ex::ok;
-    });
+    }, true);
   }
+  refuse_special("dibs status", a.target);
   const auto target = native_path(a.target);
   if (!std::filesystem::exists(target))
     fail(ex::noinput, fmt::format("dibs status: '{}' does not exist (a lock file, or a store such as dir:/path)", a.target));
@@ -962,6 +1102,35 @@ std::vector<std::string> sleep_for_s(const CLI::App& lock, int argc, char** argv
   return out;
 }
 
+// Returns: which of lock's -s, -x (-e) and -u comes last among its options
+// `args` (argv[2] on; lock's -s already written as --sleep where it means
+// that), as 's', 'x' or 'u'; 0 if none.
+char last_lock_mode(const CLI::App& lock, const std::vector<char*>& args) {
+  char last = 0;
+  for (std::size_t i = 2; i < args.size(); ++i) {
+    const std::string_view a{args[i]};
+    if (a.size() < 2 || a[0] != '-') continue;
+    if (a[1] == '-') {
+      const auto name = a.substr(2, a.find('=') == std::string_view::npos ? std::string_view::npos : a.find('=') - 2);
+      if (name == "shared") last = 's';
+      if (name == "exclusive") last = 'x';
+      if (name == "unlock") last = 'u';
+      if (a.find('=') == std::string_view::npos && takes_value(lock, name, true)) ++i;
+      continue;
+    }
+    for (std::size_t k = 1; k < a.size(); ++k) {
+      const char c = a[k];
+      if (c == 's' || c == 'u') last = c;
+      if (c == 'x' || c == 'e') last = 'x';
+      if (takes_value(lock, a.substr(k, 1), false)) {
+        if (k + 1 == a.size()) ++i;
+        break;
+      }
+    }
+  }
+  return last;
+}
+
 // A subcommand's data arguments, taken in order.
 struct data_args {
   std::vector<std::string> v;
@@ -1002,9 +1171,7 @@ Options go first: the first argument that is not an option (or '--') ends
 them, and it and everything after it are data, taken as written, whatever
 they look like (a key '--next=x', a log line '--help').)";
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
 #if defined(_WIN32)
   // The arguments as UTF-8 (argv is in the ANSI code page).
   std::vector<std::string> utf8_args = utf8_arguments();
@@ -1019,15 +1186,20 @@ int main(int argc, char** argv) {
   CLI::App app{"dibs: locks, a shared log, exactly-once claims and retries for shell scripts", "dibs"};
   app.formatter(std::make_shared<usage_formatter>());  // before the subcommands: they copy it
   app.require_subcommand(1);
+  app.set_version_flag("-V,--version", fmt::format("dibs {}.{}.{}", DIBS_VERSION_MAJOR, DIBS_VERSION_MINOR, DIBS_VERSION_PATCH));
   app.footer(std::string("\n") + exit_code_table + "\n" + store_table +
              "\nSee 'dibs SUBCOMMAND --help' and docs/guide-shell.md.");
 
   lock_args la;
   auto* lock = app.add_subcommand("lock", "Run COMMAND holding a lock on PATH (as flock(1), lockfile(1), dotlockfile)");
   lock->add_flag("-n,--nonblock,--nonblocking,--nb", la.nonblock, "Fail (exit 1, or -E) rather than wait if the lock is held");
-  lock->add_option("-w,--wait,--timeout", la.wait, "Wait at most DURATION (10s, 500ms, 2m; a bare number is seconds; 0: as -n)");
+  // As flock(1): an option given twice takes its last value.
+  lock->add_option("-w,--wait,--timeout", la.wait, "Wait at most DURATION (10s, 500ms, 2m; a bare number is seconds; 0: as -n)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   lock->add_option("-E,--conflict-exit-code", la.conflict_code, "Exit code when the lock is not had (default 1)")
-      ->check(CLI::Range(0, 255));
+      ->check(CLI::Range(0, 255))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  lock->add_flag("-V,--version", la.version, "Print the version and exit, as flock -V");
   lock->add_flag("--kernel", la.kernel,
                  "A kernel lock (flock(2), interoperates with flock(1)) instead of the lease lock; COMMAND inherits "
                  "its descriptor (DIBS_LOCK_FD), as with flock(1)'s default");
@@ -1044,7 +1216,9 @@ int main(int argc, char** argv) {
                  "record names dibs, so the lock ends with dibs even if COMMAND runs on");
   lock->add_option("-c,--command", la.command_string, "Run STRING with $SHELL -c (or /bin/sh -c), as flock(1)");
   lock->add_flag("-F,--no-fork", la.no_fork, "Kernel lock: dibs becomes COMMAND (exec) instead of waiting for it");
-  lock->add_flag("--verbose", la.verbose, "Say how long the lock took and what runs (on standard output, as flock(1))");
+  lock->add_flag("--verbose", la.verbose,
+                 "Say how long the lock took and what runs (on standard output), and why the lock was not had (on "
+                 "standard error), as flock(1); without it a conflict is silent");
   lock->add_option("--fd", la.fd, "Kernel lock: lock descriptor N of the calling shell, then run COMMAND (no PATH)")
       ->check(CLI::NonNegativeNumber);
   lock->add_option("-r,--retries", la.retries, "--dot: tries after the first before giving up (-1: forever), with "
@@ -1077,7 +1251,8 @@ Three locks:
              or by age (-l) when no live dibs keeps touching it; no token.
 
 Exit codes: COMMAND's status; 1 (or -E) if the lock is held (-n), or -w or
-the retries (-r) ran out. flock(1) exits the same; dotlockfile exits 4 when
+the retries (-r) ran out, silently unless --verbose; 15 if the lease lock was
+lost during the run (taken over, or its lease ran out unrenewed). flock(1) exits the same; dotlockfile exits 4 when
 its retries run out, lockfile(1) 73: give -E 4 or -E 73 where scripts test it.
 
 Examples:
@@ -1150,8 +1325,9 @@ Examples:
   retry->add_option("--cap", ra.cap, "Largest delay")->capture_default_str();
   retry->add_option("--multiplier", ra.multiplier, "Growth of the delay")->capture_default_str();
   retry->add_option("--jitter", ra.jitter, "none, full, equal or decorrelated")->capture_default_str();
-  retry->add_option("--on", ra.codes, "Exit codes that are retried (repeat or comma-separate)")
+  retry->add_option("--on", ra.codes, "Exit codes that are retried (repeat or comma-separate), each 0-255")
       ->delimiter(',')
+      ->check(CLI::Range(0, 255))
       ->capture_default_str();
   retry->add_flag("-v,--verbose", ra.verbose, "Say each retry on standard error");
   retry->footer(std::string(data_rule) + R"(
@@ -1221,13 +1397,25 @@ Examples:
       return app.exit(e);
     } catch (const CLI::CallForAllHelp& e) {
       return app.exit(e);
+    } catch (const CLI::CallForVersion& e) {
+      return app.exit(e);
     } catch (const CLI::ParseError& e) {
       const auto* sub = app.get_subcommands().empty() ? nullptr : app.get_subcommands().front();
-      std::cerr << "dibs" << (sub ? " " + sub->get_name() : std::string{}) << ": " << e.what() << "\nRun 'dibs"
+      std::cerr << "dibs" << (sub ? " " + sub->get_name() : std::string{}) << ": " << redact(e.what()) << "\nRun 'dibs"
                 << (sub ? " " + sub->get_name() : std::string{}) << " --help' for usage.\n";
       return ex::usage;
     }
     if (lock->parsed()) {
+      if (la.version) {
+        fmt::print("dibs lock from dibs {}.{}.{}\n", DIBS_VERSION_MAJOR, DIBS_VERSION_MINOR, DIBS_VERSION_PATCH);
+        return ex::ok;
+      }
+      // As flock(1): of -s, -x (-e) and -u, the last one given wins.
+      if (const char m = last_lock_mode(*lock, cli_argv)) {
+        la.shared = m == 's';
+        la.exclusive = m == 'x';
+        la.unlock = m == 'u';
+      }
       const bool has_string = lock->count("--command") > 0;
       if (lock->count("--fd") == 0) {
         la.path = need("lock", "PATH", "[OPTIONS] PATH -- COMMAND [ARGS...]");
@@ -1283,15 +1471,32 @@ Examples:
       return cmd_status(sa);
     }
   } catch (const failure& f) {
-    std::cerr << f.msg << '\n';
+    std::cerr << redact(f.msg) << '\n';
     return f.code;
   } catch (const std::system_error& e) {
     const auto [code, hint] = classify(e);
-    std::cerr << "dibs: " << e.what() << (hint ? fmt::format(" ({})", hint) : "") << '\n';
+    std::cerr << redact(fmt::format("dibs: {}{}", e.what(), hint ? fmt::format(" ({})", hint) : "")) << '\n';
     return code;
   } catch (const std::exception& e) {
-    std::cerr << "dibs: " << e.what() << '\n';
+    std::cerr << "dibs: " << redact(e.what()) << '\n';
     return ex::software;
   }
   return ex::usage;
 }
+
+// Returns: `code`, or 74 if it is 0 and what dibs wrote to standard output
+// did not all get there (a closed descriptor, a full disk, /dev/full): a
+// script must not take a status it never saw for success.
+int checked_stdout(int code) {
+  std::cout.flush();
+  errno = 0;
+  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout) || std::cout.fail();
+  if (!failed) return code;
+  const int e = errno;
+  std::cerr << fmt::format("dibs: cannot write to standard output{}{}\n", e ? ": " : "", e ? std::strerror(e) : "");
+  return code != 0 ? code : ex::ioerr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return checked_stdout(run(argc, argv)); }

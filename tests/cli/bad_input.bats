@@ -62,3 +62,19 @@ load helpers
   [[ "$output" == *"Exit codes"* ]]
   [[ "$output" == *"sqlite:/path/file.db"* ]]
 }
+@test "a FIFO as the lock file, status target, log or SQLite file: refused at once with a clear message, not a wait forever" {
+  mkfifo pipe
+  run timeout 10 dibs lock --kernel pipe true
+  [ "$status" -eq 65 ]
+  [[ "$output" == *"FIFO"* ]]
+  run timeout 10 dibs lock --dot pipe true
+  [ "$status" -eq 65 ]
+  run timeout 10 dibs status pipe
+  [ "$status" -eq 65 ]
+  [[ "$output" == *"FIFO"* ]]
+  run timeout 10 dibs log pipe text
+  [ "$status" -eq 65 ]
+  [[ "$output" == *"FIFO"* ]]
+  run timeout 10 dibs claim sqlite:pipe k -- true
+  [ "$status" -eq 65 ]
+}

@@ -50,7 +50,7 @@ echo $$ >> journal
   dibs lock x.lock -- sh -c "$HOLD" &
   wait_for_file held
   kill -KILL $!
-  run dibs lock -n x.lock -- true
+  run dibs lock --verbose -n x.lock -- true
   [ "$status" -eq 1 ]
   [[ "$output" == *"is held by pid"* ]]
   touch release
@@ -73,7 +73,7 @@ echo $$ >> journal
   wait_for_file held
   run dibs lock -n -E 42 x.lock -- true
   [ "$status" -eq 42 ]
-  run dibs lock -w 200ms x.lock -- true
+  run dibs lock --verbose -w 200ms x.lock -- true
   [ "$status" -eq 1 ]
   [[ "$output" == *"--wait ran out"* ]]
   touch release

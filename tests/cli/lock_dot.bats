@@ -20,7 +20,7 @@ teardown() {
   [ ! -e x.lock ]  # removed once COMMAND ended
 
   dotlockfile -p -r 0 x.lock
-  run dibs lock --dot -n x.lock true
+  run dibs lock --dot --verbose -n x.lock true
   [ "$status" -eq 1 ]
   [[ "$output" == *"'x.lock' is held (its lock file exists, pid $$)"* ]]
   run dibs lock --dot -r 0 -E 4 x.lock true

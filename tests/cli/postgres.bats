@@ -31,3 +31,38 @@ load helpers
   [[ "$output" == *"cannot connect"* ]]
   [ ! -e ran ]
 }
+
+@test "postgres: a wrong password is permanent (77), a misspelt option a usage error (64), never 69; no password in any output" {
+  [ -n "${DIBS_PG_DIR:-}" ] || skip "no DIBS_PG_DIR: run through ctest, which starts the server"
+  conninfo=$(cat "$DIBS_PG_DIR/conninfo")
+  secret=$(sed -E 's/.*password=([^ ]*).*/\1/' <<< "$conninfo")
+  [ -n "$secret" ]
+  table="cli_$$_$RANDOM"
+  # Nothing claimable: the message names the store, without its password.
+  run dibs claim --next none/ "postgres:$conninfo#$table" -- true
+  echo "$output" >&3
+  [ "$status" -eq 14 ]
+  [[ "$output" == *"password=***"* ]]
+  [[ "$output" != *"$secret"* ]]
+  # The URI form, user:password@host.
+  host=$(sed -E 's/.*host=([^ ]*).*/\1/' <<< "$conninfo")
+  port=$(sed -E 's/.*port=([^ ]*).*/\1/' <<< "$conninfo")
+  run dibs claim --next none/ "postgres:postgresql://dibs:$secret@$host:$port/dibs#$table" -- true
+  echo "$output" >&3
+  [ "$status" -eq 14 ]
+  [[ "$output" != *"$secret"* ]]
+  # A wrong password: refused by the server, for good.
+  run dibs claim "postgres:${conninfo/password=$secret/password=wrong$secret}#$table" k -- true
+  echo "$output" >&3
+  [ "$status" -eq 77 ]
+  [[ "$output" != *"$secret"* ]]
+  run dibs status "postgres:postgresql://dibs:wrong$secret@$host:$port/dibs#$table"
+  [ "$status" -eq 77 ]
+  [[ "$output" != *"$secret"* ]]
+  # A misspelt option: a usage error, found before any connection.
+  run dibs claim "postgres:$conninfo passwrd=x#$table" k -- true
+  echo "$output" >&3
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"passwrd"* ]]
+  [[ "$output" != *"$secret"* ]]
+}

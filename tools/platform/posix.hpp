@@ -15,6 +15,12 @@ int status_code(int status) {
   return ex::software;
 }
 
+// Returns: "exited N" or "was ended by signal N", for a wait status.
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) return fmt::format("was ended by signal {}", WTERMSIG(status));
+  return fmt::format("exited {}", status_code(status));
+}
+
 // Signals dibs forwards to its COMMAND (and SIGCHLD, to learn its end): all
 // blocked and read from a signalfd, so nothing races with the wait.
 sigset_t forwarded_set() {
@@ -63,6 +69,35 @@ public:
 
 private:
   int fd_ = -1;
+};
+
+// While it lives, a thread that requests a stop through `src` as soon as a
+// signal is pending on the gate's descriptor (it reads nothing: the signal
+// is left for whoever handles it), so that a lock's one long wait can be
+// cancelled by a signal.
+class signal_watch {
+public:
+  signal_watch(int signal_fd, std::stop_source src) {
+    if (::pipe2(wake_, O_CLOEXEC) != 0) fail(ex::software, fmt::format("dibs: pipe failed: {}", std::strerror(errno)));
+    thread_ = std::thread([signal_fd, src, done = wake_[0]]() mutable {
+      pollfd fds[2] = {{signal_fd, POLLIN, 0}, {done, POLLIN, 0}};
+      while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
+      }
+      if (fds[0].revents & POLLIN) src.request_stop();
+    });
+  }
+  ~signal_watch() {
+    (void)!::write(wake_[1], "x", 1);
+    thread_.join();
+    ::close(wake_[0]);
+    ::close(wake_[1]);
+  }
+  signal_watch(const signal_watch&) = delete;
+  signal_watch& operator=(const signal_watch&) = delete;
+
+private:
+  int wake_[2] = {-1, -1};
+  std::thread thread_;
 };
 
 // argv/envp for execvpe, built before fork (a child of a process with
@@ -227,12 +262,14 @@ int lock_for_child(const lock_args& a, std::optional<milliseconds> wait, Kind& k
   };
   try {
     kind.open(a.close ? 0 : pid);
-    const auto taken = acquire(a, wait, kind, signalled);
+    const auto taken = acquire(a, wait, kind, signalled,
+                               [&](std::stop_source src) { return std::make_unique<signal_watch>(g.fd(), src); });
     if (const int* code = std::get_if<int>(&taken)) return *code;  // a signal: the child was ended with it
     if (!std::get<bool>(taken)) {
-      const std::string msg = kind.conflict(!a.nonblock && (wait || a.retries >= 0));
+      // Silent, as flock(1), unless --verbose: cron mails whatever a skipped run prints.
+      const std::string msg = a.verbose ? kind.conflict(!a.nonblock && (wait || a.retries >= 0)) : std::string{};
       abandon();
-      std::cerr << msg << '\n';
+      if (a.verbose) std::cerr << msg << '\n';
       return a.conflict_code;
     }
   } catch (...) {
@@ -245,22 +282,32 @@ int lock_for_child(const lock_args& a, std::optional<milliseconds> wait, Kind& k
   const go_message m{token.value_or(0), token ? std::uint8_t{1} : std::uint8_t{0}};
   (void)::send(go[1], &m, sizeof m, MSG_NOSIGNAL);  // if the child is gone, supervise reaps it below
   ::close(go[1]);
+  bool told = false;  // that the lock was lost
   const int status = supervise(g, pid, std::nullopt, [] {}, lost_read, [&] {
     char c;
     if (::read(lost_read, &c, 1) != 1) return true;
     std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}): it was taken over or its lease ran out "
-                             "unrenewed; stopping COMMAND with SIGTERM\n",
-                             a.path, token.value_or(0));
+                             "unrenewed; stopping COMMAND with SIGTERM; exit {}\n",
+                             a.path, token.value_or(0), ex::lock_lost);
+    told = true;
     ::kill(pid, SIGTERM);
     return false;
   });
+  // Lost at any time of the run counts, also when COMMAND ended before dibs
+  // noticed (dibs stopped past its lease while another took the lock): the
+  // hold is judged before it is given back.
+  const bool lost = told || kind.lost();
+  if (lost && !told)
+    std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}) while COMMAND ran: it was taken over or its "
+                             "lease ran out unrenewed (was dibs stopped?); COMMAND {}; exit {}\n",
+                             a.path, token.value_or(0), describe_status(status), ex::lock_lost);
   try {
     kind.unlock();
   } catch (const std::system_error& e) {
     std::cerr << "dibs lock: could not remove the lock record of '" << a.path << "': " << e.what()
               << " (it is stale now: the next taker breaks it)\n";
   }
-  return status_code(status);
+  return lost ? ex::lock_lost : status_code(status);
 }
 
 int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
@@ -283,9 +330,10 @@ int lock_dot(const lock_args& a, std::optional<milliseconds> wait) {
 volatile sig_atomic_t flock_timed_out = 0;
 extern "C" void on_flock_timer(int) { flock_timed_out = 1; }
 
-// Takes flock(2) `op` on `fd`, waiting as -n and -w say.
+// Takes flock(2) `op` on `fd` (`what`: "descriptor 9" or "'PATH'", for
+// messages), waiting as -n and -w say.
 // Returns: false if another holds it (-n) or the wait ran out (-w).
-bool flock_fd(const lock_args& a, int fd, int op, std::optional<milliseconds> wait) {
+bool flock_fd(const lock_args& a, int fd, int op, std::optional<milliseconds> wait, const std::string& what) {
   if (a.nonblock || (wait && wait->count() == 0)) op |= LOCK_NB;
   const bool timed = wait && !(op & LOCK_NB);
   struct sigaction old_action {};
@@ -319,9 +367,44 @@ bool flock_fd(const lock_args& a, int fd, int op, std::optional<milliseconds> wa
   if (e == EWOULDBLOCK || e == EINTR) return false;
   // As flock(1): EX_DATAERR for a descriptor that is not open (or cannot be locked).
   fail(e == ENOLCK || e == ENOMEM ? ex::software : ex::dataerr,
-       fmt::format("dibs lock: descriptor {}: {}{}", fd, std::strerror(e),
+       fmt::format("dibs lock: {}: {}{}", what, std::strerror(e),
                    e == EBADF ? " (open it in the calling shell first, e.g. 'exec 9>/var/lock/app; dibs lock --kernel 9')"
                               : ""));
+}
+
+// Returns: a descriptor of the lock file at `a.path` (close-on-exec), opened
+// as flock(1) opens it: read-only, created if missing (0666 less the umask);
+// a directory read-only, without O_CREAT. A FIFO or a socket is refused (it
+// cannot be opened without waiting for a peer). Exit codes as flock(1)'s:
+// 66 (EX_NOINPUT) for a path it cannot open, permission denied included;
+// 73 (EX_CANTCREAT) for a read-only or full filesystem.
+int open_lock_path(const lock_args& a) {
+  constexpr int flags = O_RDONLY | O_NOCTTY | O_CLOEXEC | O_NONBLOCK;
+  int fd;
+  while ((fd = ::open(a.path.c_str(), flags | O_CREAT, 0666)) < 0 && errno == EINTR) {
+  }
+  if (fd < 0 && errno == EISDIR) {
+    // Linux refuses O_CREAT on a directory, which flock(1) then opens read-only.
+    while ((fd = ::open(a.path.c_str(), flags)) < 0 && errno == EINTR) {
+    }
+  }
+  if (fd < 0) {
+    const int e = errno;
+    const int code = e == ENOMEM || e == EMFILE || e == ENFILE ? ex::software
+                     : e == EROFS || e == ENOSPC               ? ex::cantcreat
+                                                               : ex::noinput;
+    fail(code, fmt::format("dibs lock: cannot open lock file '{}': {}{}", a.path, std::strerror(e),
+                           e == EACCES ? " (may this user read it, or create it in its directory?)" : ""));
+  }
+  struct ::stat st {};
+  if (::fstat(fd, &st) != 0 || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) {
+    ::close(fd);
+    fail(ex::dataerr, fmt::format("dibs lock: '{}' is a {}, not a lock file: give the path of a regular file (or a "
+                                  "directory)",
+                                  a.path, S_ISSOCK(st.st_mode) ? "socket" : "FIFO (named pipe)"));
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // COMMAND inherits it as a plain descriptor
+  return fd;
 }
 
 // Runs COMMAND holding the kernel lock on `lock_fd` (a descriptor COMMAND
@@ -347,63 +430,51 @@ int run_kernel_command(const lock_args& a, int inherit) {
   return status_code(supervise(g, pid, std::nullopt, [] {}, -1, [] { return false; }));
 }
 
-// The kernel lock (--kernel): flock(2), which flock(1) sees. As flock(1) does
-// by default, COMMAND inherits a descriptor of the locked file: if dibs is
-// killed, the lock stays with COMMAND (and whatever it passes the descriptor
-// on to) until they end. dibs unlocks when COMMAND ends. The descriptor form
-// (FD instead of PATH) locks the calling shell's own descriptor, which keeps
-// the lock after dibs ends, as with flock(1).
+// The kernel lock (--kernel): flock(2), which flock(1) sees, taken as
+// flock(1) takes it. As flock(1) does by default, COMMAND inherits a
+// descriptor of the locked file: if dibs is killed, the lock stays with
+// COMMAND (and whatever it passes the descriptor on to) until they end. When
+// COMMAND ends, dibs closes its descriptors and never unlocks (flock(2)
+// LOCK_UN would take the lock from COMMAND's children that still run, e.g.
+// a daemon started in the background): the lock ends with the last process
+// that has the descriptor. The descriptor form (FD instead of PATH) locks
+// the calling shell's own descriptor, which keeps the lock after dibs ends,
+// as with flock(1).
 int lock_kernel(const lock_args& a, std::optional<milliseconds> wait) {
   const auto started = steady::now();
   const int op = a.unlock ? LOCK_UN : a.shared ? LOCK_SH : LOCK_EX;
   if (a.fd >= 0) {
-    if (!flock_fd(a, a.fd, op, wait)) {
-      std::cerr << fmt::format("dibs lock: descriptor {} is locked by another process (a kernel lock{})\n", a.fd,
-                               !a.nonblock && wait ? ", --wait ran out" : "");
+    if (!flock_fd(a, a.fd, op, wait, fmt::format("descriptor {}", a.fd))) {
+      if (a.verbose)
+        std::cerr << fmt::format("dibs lock: descriptor {} is locked by another process (a kernel lock{})\n", a.fd,
+                                 !a.nonblock && wait ? ", --wait ran out" : "");
       return a.conflict_code;
     }
     say_took(a, started);
     if (a.command.empty()) return ex::ok;
     return run_kernel_command(a, a.fd);
   }
-  dibs::file_mutex m{a.path};
-  bool got = false;
-  if (a.shared)
-    got = a.nonblock || (wait && wait->count() == 0) ? m.try_lock_shared()
-          : wait                                     ? m.try_lock_shared_for(*wait)
-                                                     : (m.lock_shared(), true);
-  else
-    got = a.nonblock || (wait && wait->count() == 0) ? m.try_lock()
-          : wait                                     ? m.try_lock_for(*wait)
-                                                     : (m.lock(), true);
-  if (!got) {
-    std::cerr << fmt::format("dibs lock: '{}' is locked by another process (a kernel lock{}); see who with 'fuser -v {}'\n",
-                             a.path, !a.nonblock && wait ? ", --wait ran out" : "", a.path);
+  struct closer {
+    int fd;
+    ~closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+  const closer lock{open_lock_path(a)};
+  if (!flock_fd(a, lock.fd, op, wait, fmt::format("'{}'", a.path))) {
+    if (a.verbose)
+      std::cerr << fmt::format("dibs lock: '{}' is locked by another process (a kernel lock{}); see who with 'fuser "
+                               "-v {}'\n",
+                               a.path, !a.nonblock && wait ? ", --wait ran out" : "", a.path);
     return a.conflict_code;
   }
   say_took(a, started);
-  int inherited = -1;
-  if (!a.close) {
-    inherited = ::fcntl(m.native_handle(), F_DUPFD, 3);  // no FD_CLOEXEC: COMMAND keeps it
-    if (inherited < 0) fail(ex::software, fmt::format("dibs lock: dup failed: {}", std::strerror(errno)));
-  }
-  int code = 0;
-  {
-    // The child gets `inherited` (unless -o); dibs's copy goes, so that only
-    // COMMAND's and the lock's own descriptor hold the lock.
-    const int inherit = inherited;
-    struct closer {
-      int fd;
-      ~closer() {
-        if (fd >= 0) ::close(fd);
-      }
-    } c{inherit};
-    code = run_kernel_command(a, inherit);
-  }
-  a.shared ? m.unlock_shared() : m.unlock();
-  return code;
+  // The child gets `inherited` (unless -o); dibs's copies are closed when
+  // COMMAND ends, never unlocked (above).
+  const closer inherited{a.close ? -1 : ::fcntl(lock.fd, F_DUPFD, 3)};  // no FD_CLOEXEC: COMMAND keeps it
+  if (!a.close && inherited.fd < 0) fail(ex::software, fmt::format("dibs lock: dup failed: {}", std::strerror(errno)));
+  return run_kernel_command(a, inherited.fd);
 }
-
 
 // Sleeps for `d`, but a signal meant for COMMAND ends the wait (dibs retry).
 // Returns: the exit status to end with (128+N, as the signal would have

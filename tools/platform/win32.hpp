@@ -305,6 +305,31 @@ std::vector<std::string> shell_command(const std::string& s) {
   return {spec && *spec ? narrow(spec) : std::string{"cmd.exe"}, "/d", "/s", "/c", "\"" + s + "\""};
 }
 
+// While it lives, a thread that requests a stop through `src` when Ctrl+C
+// (Ctrl+Break) comes, so that a lock's one long wait can be cancelled.
+class interrupt_watch {
+public:
+  explicit interrupt_watch(std::stop_source src) {
+    done_ = ::CreateEventW(nullptr, TRUE, FALSE, nullptr);
+    if (!done_) fail(ex::software, "dibs lock: CreateEventW failed");
+    thread_ = std::thread([src, done = done_]() mutable {
+      const HANDLE hs[2] = {console_interrupt, done};
+      if (::WaitForMultipleObjects(2, hs, FALSE, INFINITE) == WAIT_OBJECT_0) src.request_stop();
+    });
+  }
+  ~interrupt_watch() {
+    ::SetEvent(done_);
+    thread_.join();
+    ::CloseHandle(done_);
+  }
+  interrupt_watch(const interrupt_watch&) = delete;
+  interrupt_watch& operator=(const interrupt_watch&) = delete;
+
+private:
+  HANDLE done_ = nullptr;
+  std::thread thread_;
+};
+
 // Runs COMMAND holding `kind` (the lease lock or the presence lock), held
 // by dibs: see the top of this file.
 template <class Kind>
@@ -312,14 +337,18 @@ int lock_and_run(const lock_args& a, std::optional<milliseconds> wait, Kind& kin
   const auto started = steady::now();
   arm_interrupt();
   kind.open(0);
-  const auto taken = acquire(a, wait, kind, [](milliseconds d) -> std::optional<int> {
-    if (d.count() == 0 ? interrupted() : interrupted_within(d)) return static_cast<int>(console_interrupt_code);
-    return std::nullopt;
-  });
+  const auto taken = acquire(
+      a, wait, kind,
+      [](milliseconds d) -> std::optional<int> {
+        if (d.count() == 0 ? interrupted() : interrupted_within(d)) return static_cast<int>(console_interrupt_code);
+        return std::nullopt;
+      },
+      [](std::stop_source src) { return std::make_unique<interrupt_watch>(src); });
   if (const int* code = std::get_if<int>(&taken)) return *code;  // Ctrl+C while waiting
   const bool got = std::get<bool>(taken);
   if (!got) {
-    std::cerr << kind.conflict(!a.nonblock && (wait || a.retries >= 0)) << '\n';
+    // Silent, as flock(1), unless --verbose.
+    if (a.verbose) std::cerr << kind.conflict(!a.nonblock && (wait || a.retries >= 0)) << '\n';
     return a.conflict_code;
   }
   say_took(a, started);
@@ -334,24 +363,33 @@ int lock_and_run(const lock_args& a, std::optional<milliseconds> wait, Kind& kin
   exec_args ea{a.command, set, unset};
   ea.raw = a.shell;
   int code = 0;
+  bool told = false;  // that the lock was lost
   {
     child_process c;
     code = start_command(ea, !a.close, c);
     if (code == 0)
       code = wait_command(c, lost, [&] {
         std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}): it was taken over or its lease ran out "
-                                 "unrenewed; ending COMMAND (exit code 143, as SIGTERM on Linux)\n",
-                                 a.path, token.value_or(0));
+                                 "unrenewed; ending COMMAND; exit {}\n",
+                                 a.path, token.value_or(0), ex::lock_lost);
+        told = true;
         ::TerminateProcess(c.process, 128 + 15);
       });
   }
+  // Lost at any time of the run counts, also when COMMAND ended before dibs
+  // noticed: the hold is judged before it is given back.
+  const bool was_lost = told || kind.lost();
+  if (was_lost && !told)
+    std::cerr << fmt::format("dibs lock: lost the lock on '{}' (token {}) while COMMAND ran: it was taken over or its "
+                             "lease ran out unrenewed; COMMAND exited {}; exit {}\n",
+                             a.path, token.value_or(0), code, ex::lock_lost);
   try {
     kind.unlock();
   } catch (const std::system_error& e) {
     std::cerr << "dibs lock: could not remove the lock record of '" << a.path << "': " << e.what()
               << " (it is stale now: the next taker breaks it)\n";
   }
-  return code;
+  return was_lost ? ex::lock_lost : code;
 }
 
 int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
@@ -397,9 +435,10 @@ int lock_kernel(const lock_args& a, std::optional<milliseconds> wait) {
     }
   }
   if (!got) {
-    std::cerr << fmt::format("dibs lock: '{}' is locked by another process (a kernel lock{}); Resource Monitor or "
-                             "Sysinternals' handle.exe tell which\n",
-                             a.path, !a.nonblock && wait ? ", --wait ran out" : "");
+    if (a.verbose)
+      std::cerr << fmt::format("dibs lock: '{}' is locked by another process (a kernel lock{}); Resource Monitor or "
+                               "Sysinternals' handle.exe tell which\n",
+                               a.path, !a.nonblock && wait ? ", --wait ran out" : "");
     return a.conflict_code;
   }
   say_took(a, started);

@@ -136,12 +136,20 @@ inline std::system_error connect_error(std::string_view who, const std::string& 
                      msg.find("no password supplied") != std::string::npos;
   const bool no_role = msg.find("role \"") != std::string::npos && msg.find("does not exist") != std::string::npos;
   const bool no_db = msg.find("database \"") != std::string::npos && msg.find("does not exist") != std::string::npos;
-  const std::error_code code = login     ? make_error_code("28P01")
-                               : no_role ? make_error_code("28000")
-                               : no_db   ? make_error_code("3D000")
-                                         : dibs::make_error_code(errc::connection_lost);
+  // libpq's words for a connection string it cannot parse (a misspelt key,
+  // a bad value or URI): the caller's error, which no retry mends.
+  bool bad_conninfo = false;
+  for (const char* says : {"invalid connection option", "in connection info string", "for connection option",
+                           "invalid URI", "in URI", "invalid percent-encoded token"})
+    bad_conninfo = bad_conninfo || msg.find(says) != std::string::npos;
+  const std::error_code code = login          ? make_error_code("28P01")
+                               : no_role      ? make_error_code("28000")
+                               : no_db        ? make_error_code("3D000")
+                               : bad_conninfo ? dibs::make_error_code(errc::invalid_argument)
+                                              : dibs::make_error_code(errc::connection_lost);
   const char* hint = login || no_role ? " (check the user and password in the connection string or PGPASSWORD)"
                      : no_db          ? " (create the database, or name another)"
+                     : bad_conninfo   ? " (check the connection string: key=value pairs or a postgresql:// URI)"
                                       : " (is the server running and reachable? transient: a retry can succeed)";
   return std::system_error(code, fmt::format("{}: cannot connect to {}: {}{}", who, server, msg, hint));
 }
