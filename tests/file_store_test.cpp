@@ -97,8 +97,8 @@ TEST_CASE("removed by hand 4 x 150 times: no version is handed out twice") {
     }));
   }
   std::vector<dibs::version> all;
-  for (int p = 0; p < procs; ++p) {
-    CHECK(dibs_test::wait_exit(pids[p]) == 0);
+  for (const pid_t pid : pids) {
+    CHECK(dibs_test::wait_exit(pid) == 0);
     const auto w = dibs_test::words(out.receive(60s).value_or(""));
     for (std::size_t i = 1; i < w.size(); ++i) all.push_back(std::stoull(w[i]));
   }
