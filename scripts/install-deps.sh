@@ -3,18 +3,27 @@
 # not have yet. Safe to run again: it only installs what is missing, and runs
 # `apt-get update` only when something is.
 #
-#   scripts/install-deps.sh [GROUP...]       install the groups (default: all)
-#   scripts/install-deps.sh --list GROUP...  print their packages, install nothing
+#   scripts/install-deps.sh [GROUP...]         install the groups (default: all)
+#   scripts/install-deps.sh --preset NAME      install what that preset's tests need
+#   scripts/install-deps.sh --list GROUP...    print their packages, install nothing
 #
 # Groups:
 #   demo      what the main demo builds with (scripts/demo.sh): a compiler,
 #             CMake, the core's headers and the adapters' client libraries
 #   postgres  the PostgreSQL server that scripts/pg.sh starts (throwaway, loopback)
 #   imap      the Dovecot server that scripts/imap.sh starts (throwaway, loopback)
+#   tests     what the Linux test suites build and run with, besides the
+#             servers: Catch2, CLI11, bats and the foreign lock tools
+#   clang     clang++ and its sanitizer runtimes, and Google Benchmark (the
+#             clang and asan presets; the clang preset builds the benchmarks)
 #   windows   the Windows cross build and Wine to run its tests
 #             (scripts/test.sh windows), and npm if there is none, which
 #             fetches SQLite's amalgamation for it
-#   all       everything the tests and benchmarks need (scripts/test.sh)
+#   all       everything the tests and benchmarks of every preset need
+#
+# scripts/test.sh installs only the groups of the preset it runs
+# (scripts/install-deps.sh --preset NAME prints them): the default preset
+# needs no clang, no Wine and no mingw-w64.
 #
 # Server packages never leave a system service behind: on a machine with
 # systemd, installing postgresql or dovecot-imapd would create and start a
@@ -39,6 +48,7 @@ group_imap=(
 )
 group_windows=(
   cmake ninja-build libboost-dev libfmt-dev catch2  # the build, and the headers it takes from this machine
+  libcli11-dev                                     # dibs.exe's argument parsing
   g++-mingw-w64-x86-64-posix                       # mingw-w64 with std::thread (the posix thread model)
   wine wine64                                      # runs the Windows tests (scripts/wine-run.sh)
 )
@@ -47,15 +57,32 @@ group_windows=(
 # from elsewhere (nodesource, nvm) is used as it is, and Debian's would
 # conflict with it.
 if ! command -v npm > /dev/null; then group_windows+=(npm); fi
-group_all=(
-  "${group_demo[@]}" "${group_postgres[@]}" "${group_imap[@]}" "${group_windows[@]}"
-  clang libclang-rt-14-dev                         # the clang and sanitizer presets
-  catch2 libbenchmark-dev                          # tests and benchmarks
+group_tests=(
+  catch2                                           # the test programs
   libcli11-dev                                     # the dibs command's argument parsing (tools/)
   bats util-linux                                  # the dibs command's tests (tests/cli), flock(1) among them
   liblockfile-bin                                  # dotlockfile(1): dot_lock_test's and tests/cli's foreign lock holder
   procmail                                         # lockfile(1): tests/cli/lock_dot.bats
+  stress-ng                                        # the load scripts/soak.sh runs the tests under
 )
+group_clang=(
+  clang libclang-rt-14-dev                         # the clang and sanitizer presets
+  libbenchmark-dev                                 # the benchmarks (built by the clang preset)
+)
+group_all=(
+  "${group_demo[@]}" "${group_postgres[@]}" "${group_imap[@]}" "${group_tests[@]}" "${group_clang[@]}"
+  "${group_windows[@]}"
+)
+# The groups each workflow preset of CMakePresets.json needs.
+groups_of_preset() {
+  case $1 in
+    default | debug | dev | tsan) echo demo postgres imap tests ;;
+    clang | asan | minsizerel) echo demo postgres imap tests clang ;;
+    windows | windows-debug) echo windows imap ;;
+    demo) echo demo ;;
+    *) return 1 ;;
+  esac
+}
 # The services a server package would start and enable.
 services_of() {
   case $1 in
@@ -66,12 +93,21 @@ services_of() {
 
 list=0
 groups=()
-for a in "$@"; do
-  case $a in
+while (($#)); do
+  case $1 in
     --list) list=1 ;;
-    demo | postgres | imap | windows | all) groups+=("$a") ;;
-    *) echo "install-deps.sh: unknown group '$a' (demo, postgres, imap, windows, all)" >&2; exit 64 ;;
+    --preset)
+      if ! preset_groups=$(groups_of_preset "${2-}"); then
+        echo "install-deps.sh: unknown preset '${2-}' (default, debug, clang, asan, tsan, minsizerel, windows, windows-debug, demo)" >&2
+        exit 64
+      fi
+      read -ra more <<<"$preset_groups"
+      groups+=("${more[@]}")
+      shift ;;
+    demo | postgres | imap | tests | clang | windows | all) groups+=("$1") ;;
+    *) echo "install-deps.sh: unknown group '$1' (demo, postgres, imap, tests, clang, windows, all)" >&2; exit 64 ;;
   esac
+  shift
 done
 ((${#groups[@]})) || groups=(all)
 

@@ -25,7 +25,7 @@ using dibs_test::temp_dir;
 namespace fs = std::filesystem;
 
 
-TEST_CASE("file_store passes the conformance suite, in one process and across 8") {
+TEST_CASE("file_store passes the conformance suite, in one process and across 8", "[conformance]") {
   const bool in_place = GENERATE(false, true);
   INFO("in_place " << in_place);
   temp_dir dir;
@@ -77,7 +77,7 @@ TEST_CASE("a record file removed by hand: the record made again starts above its
   CHECK(*l2 > *l1);
 }
 
-TEST_CASE("removed by hand 4 x 150 times: no version is handed out twice") {
+TEST_CASE("removed by hand 4 x 150 times: no version is handed out twice", "[chaos]") {
   temp_dir dir;
   const int procs = 4, rounds = 150;
   dibs_test::channel out;
@@ -260,7 +260,7 @@ TEST_CASE("a symbolic link at a record's path is refused by name, never followed
   if (!before.empty()) CHECK(slurp(target) == before);  // nothing written through the link
 }
 
-TEST_CASE("SIGKILLs during compare-and-set increments: no wedged key, no garbage, no lost acknowledged increment") {
+TEST_CASE("SIGKILLs during compare-and-set increments: no wedged key, no garbage, no lost acknowledged increment", "[chaos]") {
   const bool in_place = GENERATE(false, true);
   INFO("in_place " << in_place);
   const dibs::file_store_options opts{.in_place = in_place};
@@ -558,7 +558,7 @@ TEST_CASE("a damaged or unreadable record of dibs 0.1 at a '%' key's old name is
   }
 }
 
-TEST_CASE("file_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 4 processes") {
+TEST_CASE("file_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 4 processes", "[conformance]") {
   temp_dir dir;
   dibs::file_store s{dir.path};
   REQUIRE_NOTHROW(dibs::testing::check_queue(s, "q-"));

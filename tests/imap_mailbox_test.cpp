@@ -152,7 +152,7 @@ run_result run_workers(const std::string& mailbox, const std::string& claims_fol
 
 }  // namespace
 
-TEST_CASE("imap_mailbox: 4 workers, 1,000 messages, 12 SIGKILLs: each message handled once, shown $Completed") {
+TEST_CASE("imap_mailbox: 4 workers, 1,000 messages, 12 SIGKILLs: each message handled once, shown $Completed", "[chaos]") {
   if (dibs_test::no_fork_with_threads) {  // workers are forked while the delivery thread runs
     WARN("skipped under a sanitizer: it forks while threads run");
     return;
@@ -188,7 +188,7 @@ TEST_CASE("imap_mailbox: 4 workers, 1,000 messages, 12 SIGKILLs: each message ha
   CHECK(r.shown_other == 0);
 }
 
-TEST_CASE("imap_mailbox: the server SIGKILLed and restarted mid-run: nothing lost or doubled, workers reconnect") {
+TEST_CASE("imap_mailbox: the server SIGKILLed and restarted mid-run: nothing lost or doubled, workers reconnect", "[chaos]") {
   const auto mailbox = dibs_test::imap::fresh_folder("crash");
   const auto claims = dibs_test::imap::fresh_folder("crashclaims");
   {
@@ -210,7 +210,7 @@ TEST_CASE("imap_mailbox: the server SIGKILLed and restarted mid-run: nothing los
 }
 
 TEST_CASE("imap_mailbox: the server SIGKILLed and restarted 5 times mid-run, answering NO [SERVERBUG] after each: "
-          "no message failed, each handled once") {
+          "no message failed, each handled once", "[chaos]") {
   // A server killed during an APPEND leaves the message's file behind
   // without its index entry (sdbox), and after the restart Dovecot answers
   // the next APPEND to that folder NO [SERVERBUG] while it rebuilds the

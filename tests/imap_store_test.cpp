@@ -183,7 +183,7 @@ struct dead_port {
 
 }  // namespace
 
-TEST_CASE("imap_store passes the conformance suite, in one process and across 4") {
+TEST_CASE("imap_store passes the conformance suite, in one process and across 4", "[conformance]") {
   const auto f = imap::fresh_folder("conf");
   auto s = open_store(f);
   REQUIRE_NOTHROW(dibs::testing::check_semantics(s, "sem-"));
@@ -567,7 +567,7 @@ TEST_CASE("a dropped connection is reconnected by the next operation") {
   CHECK_FALSE(s.read("k"));
 }
 
-TEST_CASE("the server SIGKILLed and restarted under an open store: transient errors, then every record back") {
+TEST_CASE("the server SIGKILLed and restarted under an open store: transient errors, then every record back", "[chaos]") {
   const auto f = imap::fresh_folder("crash");
   auto s = open_store(f);
   std::map<std::string, dibs::record> before;

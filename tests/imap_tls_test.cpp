@@ -138,7 +138,7 @@ TEST_CASE("a fork()ed child reconnects over TLS of its own, and the parent's TLS
   CHECK(s.connected());
 }
 
-TEST_CASE("imap_store passes the conformance suite over TLS, across processes too") {
+TEST_CASE("imap_store passes the conformance suite over TLS, across processes too", "[conformance]") {
   const auto f = imap::fresh_folder("tlsconf");
   auto open = [&] { return dibs::imap_store{imap::tls_options(tls_mode::implicit), {.folder = f}}; };
   auto s = open();

@@ -192,7 +192,7 @@ TEST_CASE("a second lease_mutex on the same key waits while the first holds it")
   b.unlock();
 }
 
-TEST_CASE("8 processes x 2,000 locked increments with 20 SIGKILLs: no overlap, no lost acknowledged increment") {
+TEST_CASE("8 processes x 2,000 locked increments with 20 SIGKILLs: no overlap, no lost acknowledged increment", "[chaos]") {
   constexpr int workers = 8, cycles = 2000, kills = 20;
   temp_dir dir;
   const auto lock_path = dir.path / "counter.lock";

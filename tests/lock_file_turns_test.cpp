@@ -189,7 +189,7 @@ TEST_CASE("lock_file: a waiter stopped at the head costs the queue's patience on
   CHECK(slurp(journal) == "CDECDECDEB");
 }
 
-TEST_CASE("lock_file turns under SIGKILL: with waiters, holders and unlockers killed, one holder at a time, no lost turn, nobody waits on the dead") {
+TEST_CASE("lock_file turns under SIGKILL: with waiters, holders and unlockers killed, one holder at a time, no lost turn, nobody waits on the dead", "[chaos]") {
   constexpr int workers = 6, kills = 40;
   temp_dir dir;
   const auto path = dir.path / "storm.lock";

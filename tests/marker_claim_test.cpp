@@ -179,7 +179,7 @@ TEST_CASE("a record that is not a claim is reported by key") {
   CHECK_THROWS_WITH(claims.try_claim(""), Contains("dibs::marker_claim::try_claim: invalid key ''"));
 }
 
-TEST_CASE("exactly once under crashes: 8 workers, 5,000 items, 20 SIGKILLs") {
+TEST_CASE("exactly once under crashes: 8 workers, 5,000 items, 20 SIGKILLs", "[chaos]") {
   temp_dir items_dir, journal_dir;
   dibs_test::check_exactly_once_under_crashes([&] { return dibs::file_store{items_dir.path}; },
                                               [&] { return dibs::file_store{journal_dir.path}; });
@@ -640,7 +640,7 @@ TEST_CASE("purge forgets only done items older than the age whose source the cal
   held->complete();
 }
 
-TEST_CASE("claim_next on a file_store: 4 workers take 300 offered items by scanning, 5 SIGKILLs, each done once") {
+TEST_CASE("claim_next on a file_store: 4 workers take 300 offered items by scanning, 5 SIGKILLs, each done once", "[chaos]") {
   temp_dir items_dir, journal_dir;
   dibs_test::check_claim_next_exactly_once([&] { return dibs::file_store{items_dir.path}; },
                                            [&] { return dibs::file_store{journal_dir.path}; }, 4, 300, 5, 1500ms);

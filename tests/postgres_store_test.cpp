@@ -36,7 +36,7 @@ dibs::postgres_store pg_open(const std::string& table, const std::string& info =
 
 }  // namespace
 
-TEST_CASE("postgres_store passes the conformance suite, in one process and across 8") {
+TEST_CASE("postgres_store passes the conformance suite, in one process and across 8", "[conformance]") {
   const auto t = pg::fresh_table("conf");
   auto s = pg_open(t);
   REQUIRE_NOTHROW(dibs::testing::check_semantics(s, "sem-"));
@@ -73,7 +73,7 @@ TEST_CASE("a row deleted by hand while a lease is held: the next holder gets a l
   b.unlock();
 }
 
-TEST_CASE("postgres_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 8 processes") {
+TEST_CASE("postgres_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 8 processes", "[conformance]") {
   const auto t = pg::fresh_table("queueconf");
   auto s = pg_open(t);
   REQUIRE_NOTHROW(dibs::testing::check_queue(s, "q-"));
@@ -257,12 +257,12 @@ TEST_CASE("a timed operation gives up at its deadline with nothing changed while
   CHECK(s.replace("k", *v, "mine") == *v + 1);
 }
 
-TEST_CASE("exactly once on PostgreSQL: 8 workers, 5,000 items, 20 SIGKILLs") {
+TEST_CASE("exactly once on PostgreSQL: 8 workers, 5,000 items, 20 SIGKILLs", "[chaos]") {
   const auto items = pg::fresh_table("items"), journal = pg::fresh_table("journal");
   dibs_test::check_exactly_once_under_crashes([&] { return pg_open(items); }, [&] { return pg_open(journal); });
 }
 
-TEST_CASE("exactly once while the server is killed with SIGKILL twice and restarted on the same data") {
+TEST_CASE("exactly once while the server is killed with SIGKILL twice and restarted on the same data", "[chaos]") {
   if (dibs_test::no_fork_with_threads) {  // workers are started again while the killer thread runs
     WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
     return;
@@ -337,7 +337,7 @@ TEST_CASE("a waiter on PostgreSQL wakes on the holder's unlock (NOTIFY), not on 
   CHECK(handoff_ms < 100);
 }
 
-TEST_CASE("claim_next on PostgreSQL: 8 workers take 3,000 offered items without knowing their keys, 10 SIGKILLs, each done once") {
+TEST_CASE("claim_next on PostgreSQL: 8 workers take 3,000 offered items without knowing their keys, 10 SIGKILLs, each done once", "[chaos]") {
   const auto items = pg::fresh_table("queue"), journal = pg::fresh_table("queue_journal");
   dibs_test::check_claim_next_exactly_once([&] { return pg_open(items); }, [&] { return pg_open(journal); }, 8, 3000, 10,
                                            1500ms);
@@ -776,7 +776,7 @@ TEST_CASE("SERIALIZABLE by default: 8 workers take 400 items with claim_next and
   }
 }
 
-TEST_CASE("a pg_terminate_backend storm: sessions ended every few ms while 8 workers claim, no token given twice, each item completed once") {
+TEST_CASE("a pg_terminate_backend storm: sessions ended every few ms while 8 workers claim, no token given twice, each item completed once", "[chaos]") {
   const auto t = pg::fresh_table("storm");
   const auto app = pg::fresh_table("storm");
   const auto info = pg::conninfo() + " application_name=" + app;

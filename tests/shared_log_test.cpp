@@ -132,7 +132,7 @@ TEST_CASE("append writes whole lines, adding the newline only when missing") {
   CHECK_FALSE(fs::exists(dir.path / "a.log.lock"));
 }
 
-TEST_CASE("8 processes x 10,000 records with rotation: every record exactly once, none torn") {
+TEST_CASE("8 processes x 10,000 records with rotation: every record exactly once, none torn", "[chaos]") {
   constexpr int writers = 8, records = 10'000;
   temp_dir dir;
   const auto path = dir.path / "batch.log";
@@ -268,7 +268,7 @@ void check_chaos(const fs::path& log, const chaos_result& r, int kills, std::siz
 }
 }  // namespace
 
-TEST_CASE("SIGKILLs of random writers: every acknowledged record is present once and whole") {
+TEST_CASE("SIGKILLs of random writers: every acknowledged record is present once and whole", "[chaos]") {
   constexpr int initial = 8, kills = 20;
   temp_dir dir;
   const auto path = dir.path / "chaos.log";
@@ -381,7 +381,7 @@ TEST_CASE("a writer killed half-way through a record: the next writer cuts the f
 }
 
 TEST_CASE("one log reached through a symbolic link and through '..': one lock, and under SIGKILLs every acknowledged "
-          "record once and whole") {
+          "record once and whole", "[chaos]") {
   constexpr int initial = 9, kills = 18;
   temp_dir dir;
   const auto app = dir.path / "app.log";
@@ -781,7 +781,7 @@ TEST_CASE("a rotator killed with SIGKILL in the middle of a long shift: the next
   CHECK(mid_shift > 0);
 }
 
-TEST_CASE("SIGKILL during rotations of many files: no record lost, the order kept") {
+TEST_CASE("SIGKILL during rotations of many files: no record lost, the order kept", "[chaos]") {
   // keep = 0 and a small size: hundreds of rotated files, and every
   // rotation renames each of them, so kills land in the middle of shifts.
   constexpr int initial = 4, kills = 30;

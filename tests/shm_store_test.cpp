@@ -25,7 +25,7 @@ struct segment {
 };
 }  // namespace
 
-TEST_CASE("shm_store passes the conformance suite, in one process and across 8") {
+TEST_CASE("shm_store passes the conformance suite, in one process and across 8", "[conformance]") {
   segment seg;
   dibs::shm_store s{seg.name};
   REQUIRE_NOTHROW(dibs::testing::check_semantics(s, "sem-"));
@@ -52,7 +52,7 @@ TEST_CASE("shm segment removed by hand while a lease is held: the new segment's 
   a.unlock();
 }
 
-TEST_CASE("a process killed at any instant never wedges the others, nor leaves a half-written slot") {
+TEST_CASE("a process killed at any instant never wedges the others, nor leaves a half-written slot", "[chaos]") {
   segment seg;
   dibs::shm_store s{seg.name};
   REQUIRE(s.create("n", "0"));
@@ -109,7 +109,7 @@ TEST_CASE("shm_store: a full table, a bad name, a mismatched shape are clear err
   CHECK(claims.status("k1").state == dibs::claim_state::completed);
 }
 
-TEST_CASE("shm_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 4 processes") {
+TEST_CASE("shm_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 4 processes", "[conformance]") {
   segment seg;
   dibs::shm_store s{seg.name};
   REQUIRE_NOTHROW(dibs::testing::check_queue(s, "q-"));

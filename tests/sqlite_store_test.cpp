@@ -24,7 +24,7 @@ namespace {
 bool has_code(const std::system_error& e, std::error_code ec) { return e.code() == ec; }
 }  // namespace
 
-TEST_CASE("sqlite_store passes the conformance suite, in one process and across 8") {
+TEST_CASE("sqlite_store passes the conformance suite, in one process and across 8", "[conformance]") {
   temp_dir dir;
   const auto db = dir.path / "store.db";
   {
@@ -258,7 +258,7 @@ TEST_CASE("lease_mutex over sqlite_store: a killed holder is recovered at once, 
   m.unlock();
 }
 
-TEST_CASE("exactly once under crashes on sqlite_store: 8 workers, 5,000 items, 20 SIGKILLs") {
+TEST_CASE("exactly once under crashes on sqlite_store: 8 workers, 5,000 items, 20 SIGKILLs", "[chaos]") {
   temp_dir dir;
   dibs_test::check_exactly_once_under_crashes([&] { return dibs::sqlite_store{dir.path / "items.db"}; },
                                               [&] { return dibs::sqlite_store{dir.path / "journal.db"}; });
@@ -644,7 +644,7 @@ TEST_CASE("a full filesystem at a store's open is named as such, with the path a
                          !Contains("SELECT") && !Contains("PRAGMA"));
 }
 
-TEST_CASE("sqlite_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 4 processes") {
+TEST_CASE("sqlite_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 4 processes", "[conformance]") {
   temp_dir dir;
   const auto db = dir.path / "queue.db";
   {

@@ -66,7 +66,7 @@ private:
 
 }  // namespace
 
-TEST_CASE("memory_store passes the conformance suite") {
+TEST_CASE("memory_store passes the conformance suite", "[conformance]") {
   dibs::memory_store s;
   REQUIRE_NOTHROW(dibs::testing::check_semantics(s, "sem-"));
   REQUIRE_NOTHROW(dibs::testing::check_bad_input(s, "bad-"));
@@ -74,7 +74,7 @@ TEST_CASE("memory_store passes the conformance suite") {
   REQUIRE_NOTHROW(dibs::testing::check_races_threads(s, 8, 1000, "race-"));
 }
 
-TEST_CASE("the conformance suite catches a store whose versions restart after erase") {
+TEST_CASE("the conformance suite catches a store whose versions restart after erase", "[conformance]") {
   forgetful_store s;
   CHECK_THROWS_AS(dibs::testing::check_semantics(s, "f-"), dibs::testing::conformance_failure);
 }
@@ -100,7 +100,7 @@ TEST_CASE("a Message-ID, a URL and bytes that are not text are keys like any oth
   for (const auto& k : keys) CHECK(s.read(k)->value == k);
 }
 
-TEST_CASE("memory_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once") {
+TEST_CASE("memory_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once", "[conformance]") {
   dibs::memory_store s;
   REQUIRE_NOTHROW(dibs::testing::check_queue(s, "q-"));
   REQUIRE_NOTHROW(dibs::testing::check_queue_race_threads(s, 8, 400, "race-"));

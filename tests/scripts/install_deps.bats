@@ -42,3 +42,25 @@ deps() { "$BATS_TEST_DIRNAME/../../scripts/install-deps.sh" "$@"; }
   [ "$status" -eq 64 ]
   [[ "$output" == *"unknown group 'nosuch'"* ]]
 }
+
+@test "a preset's tests install only what it builds and runs with" {
+  run deps --list --preset default
+  [ "$status" -eq 0 ]
+  for p in wine wine64 g++-mingw-w64-x86-64-posix clang libbenchmark-dev; do
+    if grep -qx "$p" <<<"$output"; then
+      echo "the default preset installs $p" >&2
+      return 1
+    fi
+  done
+  for p in postgresql dovecot-imapd catch2 bats g++; do grep -qx "$p" <<<"$output"; done
+  run deps --list --preset asan
+  grep -qx libclang-rt-14-dev <<<"$output"
+  ! grep -qx wine64 <<<"$output"
+  run deps --list --preset windows
+  grep -qx wine64 <<<"$output"
+  grep -qx libcli11-dev <<<"$output"
+  ! grep -qx postgresql <<<"$output"
+  run deps --list --preset nosuch
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"unknown preset 'nosuch'"* ]]
+}

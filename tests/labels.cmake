@@ -1,0 +1,26 @@
+# Run by ctest (from each test program's <name>_labels.cmake, made by
+# dibs_test() in tests/CMakeLists.txt) after the program's test cases were
+# added: labels each one with the program's kind (unit or server) and with
+# its Catch2 tags among [chaos] and [conformance], so that `ctest -L unit`,
+# `ctest -L chaos` or `ctest -LE chaos` select by what a test is.
+#
+# In:  dibs_program (the test program), dibs_prefix ("NAME: "), dibs_tests
+#      (the ctest names the discovery added), dibs_kind.
+if(NOT EXISTS "${dibs_program}")
+  return()
+endif()
+foreach(tag IN ITEMS chaos conformance)
+  execute_process(COMMAND "${dibs_program}" "[${tag}]" --list-test-names-only
+                  OUTPUT_VARIABLE names RESULT_VARIABLE rc ERROR_QUIET)
+  string(REPLACE "\n" ";" names "${names}")
+  foreach(n IN LISTS names)
+    if(NOT n STREQUAL "")
+      string(MD5 key "${dibs_prefix}${n}")
+      list(APPEND dibs_tags_${key} ${tag})
+    endif()
+  endforeach()
+endforeach()
+foreach(t IN LISTS dibs_tests)
+  string(MD5 key "${t}")
+  set_tests_properties("${t}" PROPERTIES LABELS "${dibs_kind};${dibs_tags_${key}}")
+endforeach()
