@@ -2,9 +2,10 @@
 # dibs_test() in tests/CMakeLists.txt) after the program's test cases were
 # added: labels each one with the program's kind (unit or server) and with
 # its Catch2 tags among [chaos] and [conformance], so that `ctest -L unit`,
-# `ctest -L chaos` or `ctest -LE chaos` select by what a test is.
+# `ctest -L chaos` or `ctest -LE chaos` select by what a test is. A test of
+# a unit program that has a tag is labelled by its tags only.
 #
-# In:  dibs_program (the test program), dibs_prefix ("NAME: "), dibs_tests
+# In:  dibs_program (the test program), dibs_prefix ("NAME:"), dibs_tests
 #      (the ctest names the discovery added), dibs_kind.
 if(NOT EXISTS "${dibs_program}")
   return()
@@ -15,12 +16,23 @@ foreach(tag IN ITEMS chaos conformance)
   string(REPLACE "\n" ";" names "${names}")
   foreach(n IN LISTS names)
     if(NOT n STREQUAL "")
-      string(MD5 key "${dibs_prefix}${n}")
+      string(MD5 key "${n}")
       list(APPEND dibs_tags_${key} ${tag})
     endif()
   endforeach()
 endforeach()
+string(LENGTH "${dibs_prefix}" prefix_length)
 foreach(t IN LISTS dibs_tests)
-  string(MD5 key "${t}")
-  set_tests_properties("${t}" PROPERTIES LABELS "${dibs_kind};${dibs_tags_${key}}")
+  # The discovery may keep or drop the blank after the prefix's ":".
+  string(SUBSTRING "${t}" ${prefix_length} -1 n)
+  string(STRIP "${n}" n)
+  string(MD5 key "${n}")
+  # A tagged test of a unit program is that tag's, not "unit" (ctest -L unit
+  # stays quick); a server test stays "server" as well.
+  if(dibs_tags_${key} AND dibs_kind STREQUAL "unit")
+    set(labels "${dibs_tags_${key}}")
+  else()
+    set(labels "${dibs_kind};${dibs_tags_${key}}")
+  endif()
+  set_tests_properties("${t}" PROPERTIES LABELS "${labels}")
 endforeach()
