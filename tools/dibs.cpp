@@ -550,8 +550,11 @@ int cmd_log(log_args& a) {
   try {
     opened.emplace(a.path, o);
   } catch (const std::system_error& e) {
+#if !defined(_WIN32)
     // The log's lock file beside it is allocated whole at its first use: on
     // a nearly full filesystem it is what does not fit, before any line.
+    // (On Windows there is no shared state to allocate: each record is
+    // written by its own writer.)
     std::error_code ec;
     const auto dir = std::filesystem::absolute(native_path(a.path), ec).parent_path();
     const auto space = std::filesystem::space(dir, ec);
@@ -561,6 +564,7 @@ int cmd_log(log_args& a) {
                                   "too). Nothing was written ({})",
                                   a.path, (sizeof(dibs::detail::log_shared_state) + 1023) / 1024,
                                   space.available / 1024, e.what()));
+#endif
     throw;
   }
   dibs::shared_log& log = *opened;
