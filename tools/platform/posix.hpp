@@ -133,7 +133,7 @@ struct exec_args {
                                            : " (is it on PATH?)";
   const std::string msg = fmt::format("dibs: cannot run '{}': {}{}\n", a.argv[0], std::strerror(e), hint);
   (void)!::write(2, msg.data(), msg.size());
-  ::_exit(e == ENOENT ? ex::not_found : ex::cannot_exec);
+  ::_exit(exec_failure_code != 0 ? exec_failure_code : e == ENOENT ? ex::not_found : ex::cannot_exec);
 }
 
 // Waits for `pid`, forwarding signals to it; calls `tick` every `period`
