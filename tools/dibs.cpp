@@ -1241,6 +1241,8 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("-V,--version", fmt::format("dibs {}.{}.{}", DIBS_VERSION_MAJOR, DIBS_VERSION_MINOR, DIBS_VERSION_PATCH));
   app.footer(std::string("\n") + exit_code_table + "\n" + store_table +
+             "\nStarted as flock, lockfile or dotlockfile (a link of that name to dibs), dibs reads that\n"
+             "tool's own command line and exits with its codes.\n"
              "\nSee 'dibs SUBCOMMAND --help' and docs/guide-shell.md.");
 
   lock_args la;

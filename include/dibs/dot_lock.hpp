@@ -166,7 +166,7 @@ struct dot_lock_options {
   /// included, judges it by its age alone (stale_after): only for a lock
   /// that must look exactly like theirs (dibs's lockfile and dotlockfile
   /// names). on_behalf_of is then not used.
-  std::optional<std::string> content;
+  std::optional<std::string> content{};
 };
 
 namespace detail {
