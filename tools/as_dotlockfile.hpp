@@ -135,6 +135,7 @@ int dotlockfile_run(int argc, char** argv, bool& quiet) {
     a.dot_options = o;
     a.command = std::move(command);
     exec_failure_code = 127;  // dotlockfile's, whatever the reason
+    exec_failure_who = "dotlockfile";
     const int status = cmd_lock(a);
     if (status == code::conflict_marker) return code::max_tries;
     return pass_status ? status : 0;

@@ -72,6 +72,7 @@ int as_flock(int argc, char** argv) {
   a.kernel = true;
   a.who = "flock";
   exec_failure_code = 69;  // EX_UNAVAILABLE: flock(1)'s "failed to execute"
+  exec_failure_who = "flock";
   enum { verbose_option = 1000 };
   static const ::option long_options[] = {
       {"shared", no_argument, nullptr, 's'},

@@ -141,6 +141,7 @@ constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
 // not found, 126 otherwise); flock(1)'s name sets 69 and dotlockfile's 127,
 // as those tools exit.
 int exec_failure_code = 0;
+const char* exec_failure_who = "dibs";  // what its message begins with: the name dibs runs as
 #endif
 
 // An error that ends the program with `code` after printing `msg`.
