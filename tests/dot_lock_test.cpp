@@ -590,3 +590,50 @@ TEST_CASE("a held dot_lock moved into a vector and an optional and out stays hel
   x.unlock();
   CHECK_FALSE(fs::exists(path));
 }
+
+// What dibs's lockfile and dotlockfile names need (tools/compat_names.hpp):
+// a lock file exactly as the other tools write it, a lock left held when its
+// taker ends, and the question dotlockfile -c asks.
+TEST_CASE("dot_lock: content is written as given and judged by age alone; release leaves the file held") {
+  temp_dir d;
+  const auto lock = d.path / "x.lock";
+  CHECK(!dibs::dot_lock::is_held(lock));
+  {
+    dibs::dot_lock left{lock, {.stale_after = 2s, .touch = false, .mode = 0444, .content = std::string{"0"}}};
+    REQUIRE(left.try_lock());
+    CHECK(dibs_test::slurp(lock) == "0");
+    CHECK((fs::status(lock).permissions() & fs::perms::all) ==
+          (fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read));
+    CHECK(left.release());
+    CHECK(!left.release());  // holds nothing now
+  }  // its destructor removes nothing: the hold was given up, not the lock
+  REQUIRE(fs::exists(lock));
+  CHECK(dibs::dot_lock::is_held(lock, {.stale_after = 2s}));
+  dibs::dot_lock waiter{lock, {.stale_after = 2s}};
+  CHECK(!waiter.try_lock());
+  if (has_dotlockfile()) CHECK(sh("dotlockfile -r 0 " + lock.string()) == 4);  // L_MAXTRYS: held for it too
+  age_file(lock, 3s);
+  CHECK(!dibs::dot_lock::is_held(lock, {.stale_after = 2s}));
+  CHECK(dibs_test::slurp(lock) == "0");  // is_held reads only: nothing broken
+  CHECK(waiter.try_lock());
+  waiter.unlock();
+  CHECK(!fs::exists(lock));
+}
+
+TEST_CASE("dot_lock: a record left by release() for another process is held while it lives, and not once it is gone") {
+  temp_dir d;
+  const auto lock = d.path / "x.lock";
+  dibs_test::child caller{bash("exec sleep 60")};
+  {
+    dibs::dot_lock left{lock, {.touch = false, .on_behalf_of = static_cast<dibs::detail::process_id>(caller.pid())}};
+    REQUIRE(left.try_lock());
+    REQUIRE(left.release());
+  }
+  CHECK(dibs_test::slurp(lock).rfind(std::to_string(caller.pid()) + "\n", 0) == 0);
+  CHECK(dibs::dot_lock::is_held(lock));
+  dibs::dot_lock waiter{lock};
+  CHECK(!waiter.try_lock());
+  caller.kill();
+  CHECK(!dibs::dot_lock::is_held(lock));  // its holder is provably gone
+  CHECK(waiter.try_lock());
+}

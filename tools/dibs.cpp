@@ -14,6 +14,7 @@
 #include <shellapi.h>
 #else
 #include <fcntl.h>
+#include <getopt.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -43,6 +44,7 @@ extern char** environ;
 #include <map>
 #include <memory>
 #include <iostream>
+#include <list>
 #include <optional>
 #include <regex>
 #include <string>
@@ -133,6 +135,14 @@ constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
   126/127  COMMAND not executable / not found
   128+N    COMMAND (or, for retry, the wait) ended by signal N
 )";
+
+#if !defined(_WIN32)
+// The exit status of a COMMAND that cannot be run: 0 for the shell's (127
+// not found, 126 otherwise); flock(1)'s name sets 69 and dotlockfile's 127,
+// as those tools exit.
+int exec_failure_code = 0;
+const char* exec_failure_who = "dibs";  // what its message begins with: the name dibs runs as
+#endif
 
 // An error that ends the program with `code` after printing `msg`.
 struct failure {
@@ -316,18 +326,22 @@ struct lock_args {
   std::string sleep;      // -s/-i/--sleep between retries
   std::string stale;      // -l: a lock file older than this is stale (unless its holder lives and touches it)
   bool pid = false;       // -p: the pid is always recorded; accepted for dotlockfile's scripts
+  // For the flock, lockfile and dotlockfile names (tools/compat_names.hpp):
+  std::string who = "dibs lock";  // what --verbose's lines begin with ("flock" under that name)
+  std::optional<dibs::dot_lock_options> dot_options;  // the presence lock's, instead of -l's
+  std::function<milliseconds(int)> pause_for;  // the pause before retry n, instead of --sleep's
 };
 
 // --verbose, as flock(1) says it (on standard output).
 void say_took(const lock_args& a, steady::time_point start) {
   if (!a.verbose) return;
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - start).count();
-  fmt::print("dibs lock: getting lock took {}.{:06} seconds\n", us / 1'000'000, us % 1'000'000);
+  fmt::print("{}: getting lock took {}.{:06} seconds\n", a.who, us / 1'000'000, us % 1'000'000);
   std::fflush(stdout);
 }
 void say_executing(const lock_args& a) {
   if (!a.verbose || a.command.empty()) return;
-  fmt::print("dibs lock: executing {}\n", a.command[0]);
+  fmt::print("{}: executing {}\n", a.who, a.command[0]);
   std::fflush(stdout);  // before fork or exec: nothing buffered is printed twice or lost
 }
 
@@ -377,8 +391,8 @@ struct dot_kind {
   const lock_args& a;
   std::optional<dibs::dot_lock> lk;
   void open(dibs::detail::process_id behalf) {
-    dibs::dot_lock_options o;
-    if (!a.stale.empty()) o.stale_after = parse_duration("dibs lock -l", a.stale);
+    dibs::dot_lock_options o = a.dot_options.value_or(dibs::dot_lock_options{});
+    if (!a.dot_options && !a.stale.empty()) o.stale_after = parse_duration("dibs lock -l", a.stale);
     if (o.stale_after < milliseconds{3}) fail(ex::usage, "dibs lock: -l must be at least 3ms");
     o.on_behalf_of = behalf;
     lk.emplace(native_path(a.path), o);
@@ -443,13 +457,15 @@ std::variant<bool, int> acquire(const lock_args& a, std::optional<milliseconds> 
       // Nothing that ends the wait (a SIGCHLD of no child's end): wait on.
     }
   }
-  const milliseconds pause = a.sleep.empty() ? milliseconds{1000} : parse_duration("dibs lock -s", a.sleep);
+  const milliseconds sleep = a.sleep.empty() ? milliseconds{1000} : parse_duration("dibs lock -s", a.sleep);
   for (int tries = 0;;) {
     const auto left = std::chrono::duration_cast<milliseconds>(until - steady::now());
     if (left <= milliseconds{0}) return false;
     {
       if (kind.try_for(milliseconds{0})) return true;
-      if (a.retries >= 0 && tries++ >= a.retries) return false;
+      if (a.retries >= 0 && tries >= a.retries) return false;
+      const milliseconds pause = a.pause_for ? a.pause_for(tries) : sleep;
+      ++tries;
       for (auto end = std::min(until, steady::now() + pause); steady::now() < end;) {
         const auto slice = std::chrono::duration_cast<milliseconds>(end - steady::now());
         if (const std::optional<int> code = stopped(std::max(slice, milliseconds{1}))) return *code;
@@ -1175,7 +1191,45 @@ Options go first: the first argument that is not an option (or '--') ends
 them, and it and everything after it are data, taken as written, whatever
 they look like (a key '--next=x', a log line '--help').)";
 
+#if !defined(_WIN32)
+#include "compat_names.hpp"
+#endif
+
+// Returns: the tool dibs was started as, if argv[0]'s basename is one of
+// the names it answers to (flock, lockfile, dotlockfile; tools/
+// compat_names.hpp), else "".
+std::string_view compat_name(const char* arg0) {
+  if (!arg0) return {};
+  std::string_view base{arg0};
+  if (const auto slash = base.find_last_of(
+#if defined(_WIN32)
+          "/\\"
+#else
+          "/"
+#endif
+          );
+      slash != std::string_view::npos)
+    base.remove_prefix(slash + 1);
+#if defined(_WIN32)
+  if (base.size() > 4 && (base.substr(base.size() - 4) == ".exe" || base.substr(base.size() - 4) == ".EXE"))
+    base.remove_suffix(4);
+#endif
+  for (const std::string_view name : {"flock", "lockfile", "dotlockfile"})
+    if (base == name) return name;
+  return {};
+}
+
 int run(int argc, char** argv) {
+  if (const std::string_view name = compat_name(argc > 0 ? argv[0] : nullptr); !name.empty()) {
+#if defined(_WIN32)
+    std::cerr << fmt::format("{}: dibs answers to the name {} on POSIX systems only; on Windows use 'dibs lock {}' "
+                             "(docs/guide-shell.md)\n",
+                             name, name, name == "flock" ? "--kernel" : "--dot");
+    return ex::usage;
+#else
+    return run_as(name, argc, argv);
+#endif
+  }
 #if defined(_WIN32)
   // The arguments as UTF-8 (argv is in the ANSI code page).
   std::vector<std::string> utf8_args = utf8_arguments();
@@ -1192,6 +1246,8 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("-V,--version", fmt::format("dibs {}.{}.{}", DIBS_VERSION_MAJOR, DIBS_VERSION_MINOR, DIBS_VERSION_PATCH));
   app.footer(std::string("\n") + exit_code_table + "\n" + store_table +
+             "\nStarted as flock, lockfile or dotlockfile (a link of that name to dibs), dibs reads that\n"
+             "tool's own command line and exits with its codes.\n"
              "\nSee 'dibs SUBCOMMAND --help' and docs/guide-shell.md.");
 
   lock_args la;

@@ -160,6 +160,13 @@ struct dot_lock_options {
   /// the launcher exactly as long as the COMMAND runs. Requires: a live
   /// process of this host and PID namespace (a child not yet reaped).
   detail::process_id on_behalf_of = 0;
+  /// Instead of dibs's record, the lock file's whole content, exactly as
+  /// another tool writes it ("0" as lockfile(1), "0\n" as dotlockfile
+  /// without -p). Such a lock names no holder, so every waiter, dibs's
+  /// included, judges it by its age alone (stale_after): only for a lock
+  /// that must look exactly like theirs (dibs's lockfile and dotlockfile
+  /// names). on_behalf_of is then not used.
+  std::optional<std::string> content{};
 };
 
 namespace detail {
@@ -206,7 +213,7 @@ public:
                               fmt::format("dibs::dot_lock '{}': stale_after must be at least 3 ms", detail::path_text(path_)));
     dir_ = path_.has_parent_path() ? path_.parent_path() : std::filesystem::path{"."};
     detail::dot_file::check_directory(dir_, path_);
-    if (opts_.on_behalf_of != 0) {
+    if (opts_.on_behalf_of != 0 && !opts_.content) {
       // Read once, now: the start time is what tells the process from a
       // later one that reuses its pid.
       behalf_ = detail::other_process(opts_.stale_after, static_cast<long>(opts_.on_behalf_of),
@@ -276,6 +283,30 @@ public:
                               fmt::format("dibs::dot_lock: lock file '{}' left in place: another process has held "
                                           "its flock for a second (is it stopped?)",
                                           detail::path_text(path_)));
+  }
+
+  /// Effects: forgets the hold and leaves the lock file in place, held, as
+  /// `lockfile FILE` and `dotlockfile -l FILE` leave theirs for a later
+  /// `rm -f` or `dotlockfile -u` (std::unique_lock::release, for a file):
+  /// nothing touches it from now on, so it ages like theirs.
+  /// Returns: true if this object held the lock.
+  bool release() {
+    if (!held_.load()) return false;
+    if (touch_id_) detail::renewal_keeper::instance().remove(std::exchange(touch_id_, 0));
+    std::lock_guard g{m_};
+    fd_.reset();
+    return held_.exchange(false) && holder_pid_ == detail::current_pid();
+  }
+
+  /// Returns: true if a lock file is at `file` that a dot_lock with `o`
+  /// would judge held (neither gone nor stale), as `dotlockfile -c` asks;
+  /// reads only: breaks nothing, creates nothing.
+  /// Throws: std::system_error naming the path for a symbolic link, a
+  /// directory or another non-file at the path.
+  static bool is_held(const std::filesystem::path& file, const dot_lock_options& o = {}) {
+    detail::dot_file::handle fd;
+    detail::dot_file::stamp st;
+    return judge_at(file, o, fd, st) == verdict::held;
   }
 
   /// Effects: sets the lock file's mtime to now (what touch does on its own).
@@ -363,8 +394,13 @@ private:
   // Returns: true if this object now holds the lock; false if a file is there.
   bool create_record() {
     const auto pid = detail::current_pid();
-    const detail::owner_id owner = behalf_ ? *behalf_ : detail::this_process(opts_.stale_after);
-    const std::string text = fmt::format("{}\n{}\n{}", owner.pid, detail::dot_lock_magic, detail::format_owner(owner));
+    std::string text;
+    if (opts_.content) {
+      text = *opts_.content;
+    } else {
+      const detail::owner_id owner = behalf_ ? *behalf_ : detail::this_process(opts_.stale_after);
+      text = fmt::format("{}\n{}\n{}", owner.pid, detail::dot_lock_magic, detail::format_owner(owner));
+    }
     detail::dot_file::handle fd;
     detail::dot_file::stamp st;
     if (!detail::dot_file::create(path_, dir_, text, opts_.mode, fd, st)) return false;
@@ -380,19 +416,24 @@ private:
 
   // Opens the file at the path (into `fd`, `st`) and judges it.
   verdict judge(detail::dot_file::handle& fd, detail::dot_file::stamp& st) const {
-    switch (detail::dot_file::open_judged(path_, fd, st)) {
+    return judge_at(path_, opts_, fd, st);
+  }
+  // The rule, for a lock file at `file` judged with `o` (also for is_held).
+  static verdict judge_at(const std::filesystem::path& file, const dot_lock_options& o,
+                          detail::dot_file::handle& fd, detail::dot_file::stamp& st) {
+    switch (detail::dot_file::open_judged(file, fd, st)) {
       case detail::dot_file::look::gone: return verdict::gone;
       case detail::dot_file::look::unreadable: return verdict::held;
       case detail::dot_file::look::opened: break;
     }
     char buf[4096];
     std::size_t n = 0;
-    switch (detail::dot_file::read_head(fd, buf, sizeof buf, n, path_)) {
+    switch (detail::dot_file::read_head(fd, buf, sizeof buf, n, file)) {
       case detail::dot_file::look::gone: return verdict::gone;
       case detail::dot_file::look::unreadable: return verdict::held;
       case detail::dot_file::look::opened: break;
     }
-    auto limit = opts_.stale_after;
+    auto limit = o.stale_after;
     if (const auto owner = detail::parse_dot_lock(std::string_view(buf, n))) {
       if (detail::provably_dead(*owner)) return verdict::stale;
       limit = std::max(limit, owner->lease);  // its holder touches it by its own stale_after

@@ -128,12 +128,12 @@ struct exec_args {
   ::execvpe(a.argv[0], a.argv.data(), a.envp.data());
   const int e = errno;
   const char* hint = e != ENOENT        ? ""
-                     : a.argv[0][0] == '-' ? " (options of dibs go before its PATH, STORE or TARGET: from there on "
+                     : a.argv[0][0] == '-' && exec_failure_code == 0 ? " (options of dibs go before its PATH, STORE or TARGET: from there on "
                                              "every argument is data, and COMMAND begins after them)"
                                            : " (is it on PATH?)";
-  const std::string msg = fmt::format("dibs: cannot run '{}': {}{}\n", a.argv[0], std::strerror(e), hint);
+  const std::string msg = fmt::format("{}: cannot run '{}': {}{}\n", exec_failure_who, a.argv[0], std::strerror(e), hint);
   (void)!::write(2, msg.data(), msg.size());
-  ::_exit(e == ENOENT ? ex::not_found : ex::cannot_exec);
+  ::_exit(exec_failure_code != 0 ? exec_failure_code : e == ENOENT ? ex::not_found : ex::cannot_exec);
 }
 
 // Waits for `pid`, forwarding signals to it; calls `tick` every `period`
@@ -446,7 +446,7 @@ int lock_kernel(const lock_args& a, std::optional<milliseconds> wait) {
   if (a.fd >= 0) {
     if (!flock_fd(a, a.fd, op, wait, fmt::format("descriptor {}", a.fd))) {
       if (a.verbose)
-        std::cerr << fmt::format("dibs lock: descriptor {} is locked by another process (a kernel lock{})\n", a.fd,
+        std::cerr << fmt::format("{}: descriptor {} is locked by another process (a kernel lock{})\n", a.who, a.fd,
                                  !a.nonblock && wait ? ", --wait ran out" : "");
       return a.conflict_code;
     }
@@ -463,9 +463,9 @@ int lock_kernel(const lock_args& a, std::optional<milliseconds> wait) {
   const closer lock{open_lock_path(a)};
   if (!flock_fd(a, lock.fd, op, wait, fmt::format("'{}'", a.path))) {
     if (a.verbose)
-      std::cerr << fmt::format("dibs lock: '{}' is locked by another process (a kernel lock{}); see who with 'fuser "
+      std::cerr << fmt::format("{}: '{}' is locked by another process (a kernel lock{}); see who with 'fuser "
                                "-v {}'\n",
-                               a.path, !a.nonblock && wait ? ", --wait ran out" : "", a.path);
+                               a.who, a.path, !a.nonblock && wait ? ", --wait ran out" : "", a.path);
     return a.conflict_code;
   }
   say_took(a, started);
