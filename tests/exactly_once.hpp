@@ -26,16 +26,21 @@ namespace dibs_test {
 
 /// Effects: `kills` times, after 20-150 ms, SIGKILLs a random one of `pids`
 /// and puts start() in its place (seeded: the same schedule every run).
+/// Returns: how many of the kills found their victim running (it ended by
+/// the SIGKILL, not before it on its own): the callers keep their workers
+/// running until the kills are over, so all of them should.
 template <class Start>
-void kill_and_replace(std::vector<pid_t>& pids, int kills, unsigned seed, Start start) {
+int kill_and_replace(std::vector<pid_t>& pids, int kills, unsigned seed, Start start) {
   std::mt19937 rng(seed);
+  int landed = 0;
   for (int k = 0; k < kills; ++k) {
     std::this_thread::sleep_for(std::chrono::milliseconds{std::uniform_int_distribution<int>{20, 150}(rng)});
     const std::size_t victim = std::uniform_int_distribution<std::size_t>{0, pids.size() - 1}(rng);
     ::kill(pids[victim], SIGKILL);
-    wait_exit(pids[victim]);
+    landed += wait_exit(pids[victim]) == 128 + SIGKILL;
     pids[victim] = start();
   }
+  return landed;
 }
 
 /// open_items() and open_journal() return a new store object (each worker
@@ -43,6 +48,9 @@ void kill_and_replace(std::vector<pid_t>& pids, int kills, unsigned seed, Start 
 /// `during(done)`, if given, runs in the parent beside the workers until
 /// done() (e.g. a thread that crashes and restarts a server): workers take
 /// transient errors as a real worker does (a pause, then on with the loop).
+/// The last tenth of the items is held back (the workers skip them) until
+/// the kills are over and `during` has returned, so that both land while
+/// work remains however fast the machine is: done() is false until then.
 inline void nothing_during(const std::function<bool()>&) {}
 
 template <class OpenItems, class OpenJournal, class During = decltype(&nothing_during)>
@@ -52,6 +60,9 @@ void check_exactly_once_under_crashes(OpenItems open_items, OpenJournal open_jou
   using namespace std::chrono_literals;
   // Keys as a mailbox has them: Message-IDs, with '/', '%' and '+'.
   auto key = [](int i) { return fmt::format("<item/{:04}+%{}@mail.example.com>", i, i % 7); };
+  const int held_back = items / 10;
+  temp_dir flags;
+  const auto gate = flags.path / "open";
   auto start_worker = [&](int seed) {
     return spawn([&, seed]() -> int {
       // Opened again while the store is away for a moment (a server restarting).
@@ -63,8 +74,14 @@ void check_exactly_once_under_crashes(OpenItems open_items, OpenJournal open_jou
       const int offset = std::uniform_int_distribution<int>{0, items - 1}(rng);
       for (;;) {
         bool claimed_any = false, all_done = true;
+        const bool open = std::filesystem::exists(gate);
         for (int j = 0; j < items; ++j) {
-          const std::string k = key((offset + j) % items);
+          const int i = (offset + j) % items;
+          if (!open && i >= items - held_back) {
+            all_done = false;
+            continue;
+          }
+          const std::string k = key(i);
           try {
             if (auto c = claims.try_claim(k)) {
               claimed_any = true;
@@ -97,12 +114,14 @@ void check_exactly_once_under_crashes(OpenItems open_items, OpenJournal open_jou
   std::thread beside;
   if constexpr (!std::is_same_v<During, decltype(&nothing_during)>)
     beside = std::thread([&] { during([&] { return finished.load(); }); });
-  kill_and_replace(pids, kills, 99, [&] { return start_worker(seed++); });
+  const int landed = kill_and_replace(pids, kills, 99, [&] { return start_worker(seed++); });
+  if (beside.joinable()) beside.join();
+  spit(gate, "");
   int failed = 0;
   for (pid_t p : pids) failed += wait_exit(p) != 0;
   finished = true;
-  if (beside.joinable()) beside.join();
   CHECK(failed == 0);
+  CHECK(landed == kills);  // each kill ended a running worker, mid-run
 
   auto store = open_items();
   auto journal = open_journal();
@@ -170,7 +189,8 @@ void check_claim_next_exactly_once(OpenItems open_items, OpenJournal open_journa
   std::vector<pid_t> pids;
   int seed = 1000;
   for (int i = 0; i < workers; ++i) pids.push_back(start_worker(seed++));
-  kill_and_replace(pids, kills, 7, [&] { return start_worker(seed++); });
+  const int landed = kill_and_replace(pids, kills, 7, [&] { return start_worker(seed++); });
+  CHECK(landed == kills);  // each kill ended a running worker (they run until stop_flag)
   auto store = open_items();
   dibs::marker_claim<Store> claims{store};
   const auto deadline = std::chrono::steady_clock::now() + 120s;

@@ -256,7 +256,7 @@ TEST_CASE("a holder killed with SIGKILL releases the lock at once") {
   CHECK(dibs_test::wait_exit(child) == 128 + SIGKILL);
   const auto start = std::chrono::steady_clock::now();
   CHECK(m.try_lock());  // no stale lock: the kernel dropped it with the process
-  CHECK(std::chrono::steady_clock::now() - start < 100ms);
+  CHECK(std::chrono::steady_clock::now() - start < 2s);  // one try, no wait (a few system calls; wide for a loaded machine)
   m.unlock();
   CHECK(fs::exists(path));  // never unlinked
 }
@@ -331,8 +331,8 @@ TEST_CASE("a forked child of a holder does not keep the lock once the holder is 
     std::fflush(nullptr);
     const pid_t g = ::fork();
     if (g < 0) return 2;
-    if (g == 0) {  // the grandchild: works on (never execs, so O_CLOEXEC does not help) for 3 s
-      std::this_thread::sleep_for(3s);
+    if (g == 0) {  // the grandchild: works on (never execs, so O_CLOEXEC does not help) until killed below
+      std::this_thread::sleep_for(120s);  // (a bound only for a run that stops before its kill)
       ::_exit(0);
     }
     ready.send(std::to_string(g));
@@ -345,16 +345,16 @@ TEST_CASE("a forked child of a holder does not keep the lock once the holder is 
   CHECK_FALSE(m.try_lock());  // held
   CHECK(holder.kill() == 128 + SIGKILL);
   const auto t0 = std::chrono::steady_clock::now();
-  const bool got = m.try_lock_for(1s);
+  const bool got = m.try_lock_for(10s);
   const auto took = dibs_test::ms_since(t0);
   const bool grandchild_alive = ::kill(grandchild, 0) == 0;
-  INFO("after the holder was killed, try_lock_for(1s) returned " << got << " after " << took << " ms; its child "
+  INFO("after the holder was killed, try_lock_for(10s) returned " << got << " after " << took << " ms; its child "
                                                                  << grandchild << (grandchild_alive ? " still runs" : " has ended"));
-  CHECK(grandchild_alive);  // else the case proves nothing
+  CHECK(grandchild_alive);  // it still ran after the lock was taken: the lock was not freed by its end
   CHECK(got);
-  CHECK(took < 500);
+  CHECK(took < 5000);  // at once (a few ms), not at the end of the wait; wide for a loaded machine
   if (got) m.unlock();
-  // Not our child (its parent died): it ends by itself within 3 s; end it now.
+  // Not our child (its parent died): it would end by itself after 120 s; end it now.
   if (grandchild_alive) ::kill(grandchild, SIGKILL);
 }
 
@@ -367,7 +367,7 @@ TEST_CASE("a file_mutex wait ends promptly with errc::cancelled when a stop is r
     const auto r = dibs_test::cancel_after(200ms, wait);
     CHECK(r.code == dibs::errc::cancelled);
     CHECK(r.waited >= 200ms);
-    CHECK(r.waited < 200ms + 500ms);  // well before the 4 s limit: a loaded sanitizer run is slow to schedule
+    CHECK(r.waited < 200ms + 1500ms);  // well before the 4 s limit: a loaded sanitizer run is slow to schedule
   };
   SECTION("held by another process (a wait in the kernel)") {
     int ready[2];

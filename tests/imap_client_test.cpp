@@ -409,7 +409,7 @@ TEST_CASE("imap::session: connecting to a server whose accept queue is full give
   CHECK(dibs::is_transient(e.code()));
   CHECK_THAT(e.what(), Catch::Contains("cannot connect to 127.0.0.1:" + server.port + " within 2000 ms"));
   CHECK(took >= std::chrono::milliseconds{1900});
-  CHECK(took < std::chrono::seconds{3});
+  CHECK(took < std::chrono::seconds{10});  // its 2 s, not the kernel's minutes; wide for a loaded machine
   // The store opens its session the same way.
   const auto start = steady_clock::now();
   try {
@@ -419,7 +419,7 @@ TEST_CASE("imap::session: connecting to a server whose accept queue is full give
     CHECK(e2.code() == dibs::errc::timed_out);
     CHECK_THAT(e2.what(), Catch::Contains("127.0.0.1:" + server.port));
   }
-  CHECK(steady_clock::now() - start < std::chrono::seconds{3});
+  CHECK(steady_clock::now() - start < std::chrono::seconds{10});
 }
 
 TEST_CASE("imap::session: options::timeout bounds the whole connect, not each step of it") {
@@ -440,7 +440,9 @@ TEST_CASE("imap::session: options::timeout bounds the whole connect, not each st
   const auto [e, took] = refused(o);
   CHECK(e.code() == dibs::errc::timed_out);
   CHECK_THAT(e.what(), Catch::Contains("u@127.0.0.1:" + server.port) && Catch::Contains("no reply within 2000 ms"));
-  CHECK(took < std::chrono::milliseconds{2500});
+  // A timeout of each step would have let the session open (the FAIL in
+  // refused()); the time is a bound a loaded machine keeps, not the proof.
+  CHECK(took < std::chrono::seconds{10});
 }
 
 TEST_CASE("STARTTLS: a server that accepts the STARTTLS and never answers the handshake is timed_out, naming it") {
@@ -457,7 +459,7 @@ TEST_CASE("STARTTLS: a server that accepts the STARTTLS and never answers the ha
   CHECK(e.code() == dibs::errc::timed_out);
   CHECK(dibs::is_transient(e.code()));
   CHECK_THAT(e.what(), Catch::Contains("127.0.0.1:" + server.port) && Catch::Contains("TLS handshake did not finish"));
-  CHECK(took < std::chrono::seconds{3});
+  CHECK(took < std::chrono::seconds{10});  // its 2 s; wide for a loaded machine
 }
 
 namespace {
@@ -600,7 +602,7 @@ TEST_CASE("imap::session: a literal larger than options::max_line is refused bef
       check_malformed(e, server.port, "* 1 FETCH (UID 1 BODY[TEXT] {2000000000}");
       CHECK_THAT(e.what(), Catch::Contains("a literal of 2000000000 bytes, more than options::max_line (67108864 bytes)"));
     }
-    CHECK(steady_clock::now() - start < std::chrono::seconds{1});
+    CHECK(steady_clock::now() - start < std::chrono::seconds{10});  // refused at the literal's size, not read
   }
   CHECK(sent < 64u << 20);  // what the socket buffers took before the client hung up; never read into memory
   // At a small limit: a line that fits passes, a literal or a line without

@@ -117,7 +117,19 @@ TEST_CASE("a write that lands after its writer gave up on it, and is then made a
   }
   CHECK(a.read("k") == dibs::record{"first", v1});  // the read-back: not applied (yet)
   REQUIRE(::kill(mine, SIGCONT) == 0);
-  std::this_thread::sleep_for(500ms);  // the stopped process applies the write it had
+  // The stopped process applies the write it had: seen by another session,
+  // not assumed after 500 ms (were it applied after the write below, the
+  // case would be another one).
+  {
+    dibs::imap_store probe{server, {.folder = f}};
+    const auto give_up = std::chrono::steady_clock::now() + 60s;
+    auto landed = [&] {
+      const auto r = probe.read("k");
+      return r && r->value == "mine";
+    };
+    while (!landed() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(20ms);
+    REQUIRE(landed());
+  }
   // The policies make the write again (detail::store_replace): it is
   // recognised as the one that landed late, not reported as a lost race.
   const auto again = a.replace("k", v1, "mine");

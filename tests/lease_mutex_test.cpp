@@ -276,8 +276,8 @@ TEST_CASE("stale recovery: a killed holder at once, a reused pid is not the owne
   ::kill(holder, SIGKILL);
   dibs_test::wait_exit(holder);
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK(lock.try_lock_for(1s));  // proof of death: broken at once, not after 60 s
-  CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
+  CHECK(lock.try_lock_for(10s));  // proof of death: broken at once, not after 60 s
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);  // a few ms; wide for a loaded machine, far below the lease
   lock.unlock();
 
   // A record naming a live process of this host and boot, but with another
@@ -331,8 +331,8 @@ TEST_CASE("a zombie holder: one that exited but is not reaped yet is gone and it
   REQUIRE(::waitid(P_PID, static_cast<id_t>(holder), &si, WEXITED | WNOWAIT) == 0);
   dibs::lock_file lock{path, {.lease = 60s}};
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK(lock.try_lock_for(1s));
-  CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
+  CHECK(lock.try_lock_for(10s));
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);  // at once (a few ms), not after the 60 s lease; wide for a loaded machine
   lock.unlock();
   dibs_test::wait_exit(holder);
 }
@@ -360,13 +360,16 @@ TEST_CASE("a holder whose first thread ended while another runs on is alive, tho
   });
   char c;
   REQUIRE(::read(ready[0], &c, 1) == 1);
-  // Wait until /proc shows the first thread as exited.
-  for (int i = 0; i < 500; ++i) {
+  // Wait until /proc shows the first thread as exited: the case is about
+  // that state, so it must be seen, not assumed after a second.
+  bool shown_exited = false;
+  for (const auto end = std::chrono::steady_clock::now() + 30s; !shown_exited && std::chrono::steady_clock::now() < end;) {
     std::ifstream stat(fmt::format("/proc/{}/stat", holder));
     std::string text((std::istreambuf_iterator<char>(stat)), {});
-    if (dibs::detail::stat_exited(text)) break;
-    std::this_thread::sleep_for(2ms);
+    shown_exited = dibs::detail::stat_exited(text);
+    if (!shown_exited) std::this_thread::sleep_for(2ms);
   }
+  REQUIRE(shown_exited);
   dibs::lock_file lock{path, {.lease = 60s}};
   CHECK_FALSE(lock.try_lock_for(300ms));  // alive: its lock stands
   ::kill(holder, SIGKILL);
@@ -387,8 +390,11 @@ TEST_CASE("a holder that stops renewing loses the lock after its lease, and is t
     dibs::lock_file lock{path, {.lease = 300ms, .on_lost = [&] { lost = true; }}};
     lock.lock();
     if (::write(ready[1], "r", 1) != 1) return 2;
-    // The test stops us here (SIGSTOP) for longer than the lease, then lets us go on.
-    std::this_thread::sleep_for(3s);
+    // The test stops us here (SIGSTOP) for longer than the lease, then lets
+    // us go on: the renewal then finds the lease lost and says so (a fixed
+    // 3 s here ran out before the test's own steps on a loaded machine).
+    for (const auto end = std::chrono::steady_clock::now() + 60s; !lost && std::chrono::steady_clock::now() < end;)
+      std::this_thread::sleep_for(10ms);
     return lost.load() && lock.lost() ? 0 : 5;
   });
   char c;
@@ -633,7 +639,7 @@ TEST_CASE("a process stopped while it holds the lock file's flock delays try_loc
     INFO("try_lock_for(300ms) returned " << got << " after " << took << " ms"
                                          << (dog.fired() ? " (only because the watchdog killed the stopped process)" : ""));
     CHECK_FALSE(got);
-    CHECK(took < 500);
+    CHECK(took < 2500);  // by its time, not the watchdog's 3 s (300 ms; wide for a loaded machine)
   }
   SECTION("try_lock() returns false at once") {
     const bool got = lock.try_lock();
@@ -642,14 +648,14 @@ TEST_CASE("a process stopped while it holds the lock file's flock delays try_loc
     INFO("try_lock() returned " << got << " after " << took << " ms"
                                 << (dog.fired() ? " (only because the watchdog killed the stopped process)" : ""));
     CHECK_FALSE(got);
-    CHECK(took < 200);
+    CHECK(took < 2500);  // at once (a few ms), not at the watchdog's 3 s; wide for a loaded machine
   }
   SECTION("other lock files of the directory are not held up") {
     dibs::lock_file other{dir.path / "other.lock"};
     const bool got = other.try_lock();
     const auto took = ms_since(t0);
     CHECK(got);
-    CHECK(took < 200);
+    CHECK(took < 2500);  // at once (a few ms), not at the watchdog's 3 s; wide for a loaded machine
     if (got) other.unlock();
   }
   CHECK_FALSE(dog.fired());
@@ -671,10 +677,16 @@ TEST_CASE("validity rule: a lease whose renewal is stuck is lost by its end, and
     dibs::lock_file b{b_path, {.lease = lease}};
     if (!a.try_lock() || !b.try_lock()) return 2;
     ready.send(fmt::format("{} {}", a.token(), b.token()));
-    long long lost_at = 0;  // when a.lost() was first seen true
-    while (!ask.receive(1ms))
-      if (!lost_at && a.lost()) lost_at = dibs_test::steady_ns();
-    answer.send(fmt::format("{} {} {} {} {}", lost_at, on_lost_at.load(), a.lost(), b.lost(), b.token()));
+    // When a.lost() was first seen true, and when it was last seen false:
+    // a busy machine may delay the looks, which makes the first later, but
+    // never the last false one later than the truth.
+    long long lost_at = 0, last_held_at = 0;
+    while (!ask.receive(1ms)) {
+      const auto now = dibs_test::steady_ns();
+      if (!a.lost()) last_held_at = now;
+      else if (!lost_at) lost_at = now;
+    }
+    answer.send(fmt::format("{} {} {} {} {} {}", lost_at, on_lost_at.load(), a.lost(), b.lost(), b.token(), last_held_at));
     // Killed by the test (before issue 11, unlocking A would wait for ever on the stopped process's flock).
     for (;;) ::pause();
   })};
@@ -701,8 +713,8 @@ TEST_CASE("validity rule: a lease whose renewal is stuck is lost by its end, and
   const auto a = answer.receive();
   REQUIRE(a);
   const auto w = words(*a);
-  REQUIRE(w.size() == 5);
-  const long long lost_at = std::stoll(w[0]), on_lost_at = std::stoll(w[1]);
+  REQUIRE(w.size() == 6);
+  const long long lost_at = std::stoll(w[0]), on_lost_at = std::stoll(w[1]), last_held_at = std::stoll(w[5]);
   auto after_flock = [&](long long ns) {
     return ns == 0 ? std::string("never")
                    : std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -710,25 +722,34 @@ TEST_CASE("validity rule: a lease whose renewal is stuck is lost by its end, and
                                         .count()) +
                          " ms after the flock";
   };
-  INFO("lease " << lease.count() << " ms; A.lost() true: " << after_flock(lost_at) << "; on_lost of A: "
+  INFO("lease " << lease.count() << " ms; A.lost() last false: " << after_flock(last_held_at) << ", first true: "
+                << after_flock(lost_at) << "; on_lost of A: "
                 << after_flock(on_lost_at) << "; A.lost() " << w[2] << ", B.lost() " << w[3] << ", B.token() " << w[4]
                 << " (was " << tokens[1] << "); the waiter " << (got_b ? "TOOK B, token " + std::to_string(stolen) : std::string("did not take B"))
                 << " after " << waited << " ms; B's record version " << b_before->version << " -> "
                 << (b_after ? std::to_string(b_after->version) : std::string("none")));
   const auto bound = flocked + lease + 200ms;
-  // (i) A is known lost by the end of its lease, counted from before its last confirmed renewal.
+  // (i) A is known lost by the end of its lease, counted from before its
+  // last confirmed renewal: never seen held after it. (When the holder's
+  // looks first saw it lost depends on when it was scheduled; the last look
+  // that saw it held cannot come late.) on_lost is a notice from the
+  // renewal thread: it came, after the renewals got stuck, and within a
+  // bound a loaded machine keeps.
   CHECK(w[2] == "true");
   CHECK(lost_at != 0);
   CHECK(on_lost_at != 0);
-  CHECK(dibs_test::from_steady_ns(lost_at) <= bound);
-  CHECK(dibs_test::from_steady_ns(on_lost_at) <= bound);
+  CHECK(dibs_test::from_steady_ns(last_held_at) <= bound);
+  CHECK(dibs_test::from_steady_ns(on_lost_at) <= bound + 2s);
   CHECK(dibs_test::from_steady_ns(lost_at) >= flocked);  // not before its renewals got stuck
+  CHECK(dibs_test::from_steady_ns(on_lost_at) >= flocked);
   // (ii) B is renewed all along: the waiter never gets it, its holder never loses it.
   CHECK_FALSE(got_b);
   CHECK(w[3] == "false");
   CHECK(w[4] == tokens[1]);
   REQUIRE(b_after);
-  CHECK(b_after->version >= b_before->version + 5);  // about one renewal every 300 ms
+  // About one renewal every 300 ms; at least one each lease of the 3 s the
+  // waiter waited, or it would have taken B (a rate a loaded machine keeps).
+  CHECK(b_after->version >= b_before->version + 3);
 }
 
 TEST_CASE("fork: a child's copy of a held lock_file neither releases nor renews the parent's hold") {
@@ -825,7 +846,7 @@ TEST_CASE("paths: a symbolic link at a lock path is refused by name, never follo
                   << (dog.fired() ? " (only because the watchdog removed the link)" : "") << "; error: " << what);
   CHECK_FALSE(got);
   CHECK_THAT(what, Contains(path.string()) && Contains("symbolic link"));
-  CHECK(took < 1000);
+  CHECK(took < 2500);  // at once, not at the watchdog's 3 s; wide for a loaded machine
   CHECK(fs::is_symlink(fs::symlink_status(path)));
   if (!target_before.empty()) CHECK(slurp(target) == target_before);  // nothing written through the link
   CHECK_FALSE(fs::exists("/nonexistent/x"));
@@ -978,11 +999,11 @@ TEST_CASE("a lock_file wait ends promptly with errc::cancelled when a stop is re
   SECTION("lock(stop_token)") {
     const auto waited = cancelled_after([&](std::stop_token st) { lock.lock(st); });
     CHECK(waited >= 200ms);
-    CHECK(waited < 200ms + 150ms);
+    CHECK(waited < 200ms + 1500ms);  // at the stop, not the wait's end (never, or 4 s); wide for a loaded machine
   }
   SECTION("try_lock_for(4s, stop_token)") {
     const auto waited = cancelled_after([&](std::stop_token st) { (void)lock.try_lock_for(4s, st); });
-    CHECK(waited < 200ms + 150ms);
+    CHECK(waited < 200ms + 1500ms);  // at the stop, not the wait's end (never, or 4 s); wide for a loaded machine
   }
   CHECK(lock.token() == 0);
   CHECK(dibs_test::slurp(path).find(fmt::format("pid {}\n", holder.pid())) != std::string::npos);  // still the holder's
@@ -1361,9 +1382,9 @@ TEST_CASE("on_behalf_of: the record names the child, alive nobody breaks the loc
   REQUIRE(dead);
   CHECK(dead->gone);
   const auto t1 = std::chrono::steady_clock::now();
-  CHECK(other.try_lock_for(2s));
-  CHECK(ms_since(t1) < 1000);
-  CHECK(dibs_test::eventually([&] { return held.lost(); }, 3s));
+  CHECK(other.try_lock_for(10s));
+  CHECK(ms_since(t1) < 3000);  // at once (a few ms), not after the 4 s lease `held` renews; wide for a loaded machine
+  CHECK(dibs_test::eventually([&] { return held.lost(); }, 20s));
   other.unlock();
   ::close(p[1]);
   CHECK(dibs_test::wait_exit(child) == 128 + SIGKILL);

@@ -80,24 +80,29 @@ TEST_CASE("by default a given-back item waits 0.5-1 s after its first attempt, 1
   dibs::marker_claim<dibs::memory_store> claims{store};
   using clock = std::chrono::system_clock;
   auto waits = [&] { return claims.status("job").not_before - clock::now(); };
+  // The release happened between `before` and `after`: the wait is counted
+  // from then, so the bounds hold however long the lines between take.
+  auto not_before = [&] { return claims.status("job").not_before; };
+  auto before = clock::now();
   {
     auto c = claims.try_claim("job");  // left without complete(): a failed attempt
     REQUIRE(c);
   }
+  auto after = clock::now();
   CHECK(claims.status("job").state == dibs::claim_state::released);
-  auto w = waits();
-  CHECK(w > 400ms);  // 500 ms at least, less what the lines above took
-  CHECK(w <= 1000ms);
+  CHECK(not_before() >= before + 500ms);
+  CHECK(not_before() <= after + 1000ms);
   CHECK_FALSE(claims.try_claim("job"));
   CHECK_FALSE(claims.claim_next(""));
-  std::this_thread::sleep_for(w + 20ms);
+  std::this_thread::sleep_for(std::max<clock::duration>(waits(), 0ms) + 20ms);
   auto c2 = claims.try_claim("job");
   REQUIRE(c2);
   CHECK(c2->attempts() == 2);
+  before = clock::now();
   REQUIRE(c2->release("still broken"));
-  w = waits();
-  CHECK(w > 900ms);
-  CHECK(w <= 2000ms);
+  after = clock::now();
+  CHECK(not_before() >= before + 1000ms);
+  CHECK(not_before() <= after + 2000ms);
   CHECK_FALSE(claims.try_claim("job"));
   // The caller's own wait wins, including none.
   dibs::marker_claim<dibs::memory_store> other{store};
@@ -111,13 +116,15 @@ TEST_CASE("a claim that stops renewing is taken over after its lease, and its la
   dibs::memory_store store;
   // renew off: a worker that renews nothing by itself (with renew on, the
   // claim would renew itself: the test below for that).
-  dibs::marker_claim<dibs::memory_store> a{store, {.lease = 200ms, .renew = false}}, b{store, {.lease = 200ms}};
+  // A lease of 1 s: a look at 300 ms is inside it with room for a loaded
+  // machine's late wake-ups (at 200 ms and a look at 100 ms, it was not).
+  dibs::marker_claim<dibs::memory_store> a{store, {.lease = 1s, .renew = false}}, b{store, {.lease = 1s}};
   auto slow = a.try_claim("item");
   REQUIRE(slow);
   CHECK_FALSE(b.try_claim("item"));  // the worker is alive (this process): only the lease can end it
-  std::this_thread::sleep_for(100ms);
+  std::this_thread::sleep_for(300ms);
   CHECK_FALSE(b.try_claim("item"));
-  std::this_thread::sleep_for(150ms);
+  std::this_thread::sleep_for(900ms);
   auto fast = b.try_claim("item");
   REQUIRE(fast);
   CHECK(fast->token() > slow->token());
@@ -252,7 +259,7 @@ TEST_CASE("a stopped process holding one item's record makes try_claim skip that
   // As if a worker was stopped (SIGSTOP) inside a store operation on the item.
   dibs_test::stopped_flock_holder stopped{store.path_of("blocked")};
   // The code before issue 11 waited for its flock for ever: end that wait, so the test fails on its timing.
-  dibs_test::watchdog dog{5s, [&] { stopped.kill(); }};
+  dibs_test::watchdog dog{30s, [&] { stopped.kill(); }};
 
   SECTION("try_claim of that item returns nothing at once") {
     const auto t0 = std::chrono::steady_clock::now();
@@ -262,7 +269,7 @@ TEST_CASE("a stopped process holding one item's record makes try_claim skip that
                                                                  << " ms"
                                                                  << (dog.fired() ? " (only because the watchdog killed the stopped process)" : ""));
     CHECK_FALSE(c);
-    CHECK(took < 200);
+    CHECK(took < 2500);  // at once (a few ms), not at the watchdog's 30 s; wide for a loaded machine
   }
   SECTION("4 workers complete the 20 other items exactly once") {
     // 4 worker processes each run down the list, the held item first,
@@ -277,7 +284,7 @@ TEST_CASE("a stopped process holding one item's record makes try_claim skip that
       procs.emplace_back(dibs_test::spawn([&]() -> int {
         dibs::file_store s{dir.path};
         dibs::marker_claim<dibs::file_store> mine{s, {.renew = false}};
-        const auto end = std::chrono::steady_clock::now() + 15s;
+        const auto end = std::chrono::steady_clock::now() + 60s;
         while (std::chrono::steady_clock::now() < end) {
           int completed = 0;
           for (const auto& k : keys) {
@@ -302,7 +309,7 @@ TEST_CASE("a stopped process holding one item's record makes try_claim skip that
                                      << "; " << times.size() << " items completed (the held one "
                                      << (times.count("blocked") ? "too" : "not") << ")");
     CHECK(failed == 0);
-    CHECK(took < 3000);
+    CHECK(took < 20000);  // under a second on an idle machine; the old code waited for the watchdog's 30 s
     CHECK(times.count("blocked") == 0);
     for (const auto& k : keys) {
       if (k == "blocked") continue;
@@ -457,11 +464,19 @@ TEST_CASE("a claim whose renewal is stuck behind a stopped process is lost by it
   auto c = claims.try_claim("stuck");
   REQUIRE(c);
   dibs_test::stopped_flock_holder holder{store.path_of("stuck")};
-  REQUIRE(dibs_test::eventually([&] { return lost_at_ns.load() != 0; }, 3s));
+  // The validity rule: by its lease's end (counted from before its last
+  // confirmed renewal, so from before the flock), lost() says so. A look
+  // that a busy machine makes late still has to see it.
+  std::this_thread::sleep_until(holder.locked_at() + 600ms + 200ms);
+  CHECK(c->lost());
+  REQUIRE(dibs_test::eventually([&] { return lost_at_ns.load() != 0; }, 20s));
   const auto lost_after = std::chrono::duration_cast<std::chrono::milliseconds>(
       dibs_test::from_steady_ns(lost_at_ns.load()) - holder.locked_at());
   INFO("on_lost came " << lost_after.count() << " ms after the record was locked");
-  CHECK(lost_after <= 600ms + 200ms);
+  // lost() (the validity rule, by the clock) is checked below; on_lost is a
+  // notice from the renewal thread, which a loaded machine may run late.
+  CHECK(lost_after <= 600ms + 2000ms);
+  CHECK(lost_after >= 0ms);
   CHECK(c->lost());
   {
     std::lock_guard g{m};

@@ -286,8 +286,12 @@ TEST_CASE("one budget shared by many threads pays for exactly its capacity of re
 TEST_CASE("cancellation stops a real sleep promptly") {
   std::stop_source stop;
   auto p = dibs::retry_policy{}.unlimited_attempts().schedule([](std::uint64_t, ns, double) -> ns { return 30s; });
-  int calls = 0;
+  std::atomic<int> calls{0};
+  // The stop comes after the first attempt (so: in the sleep after it), not
+  // after 50 ms that a late start of this thread could make "before it".
   std::jthread canceller([&] {
+    for (const auto end = std::chrono::steady_clock::now() + 60s; calls.load() == 0 && std::chrono::steady_clock::now() < end;)
+      std::this_thread::sleep_for(1ms);
     std::this_thread::sleep_for(50ms);
     stop.request_stop();
   });

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <string>
 #include <thread>
 
@@ -102,16 +103,21 @@ TEST_CASE("a store operation waits out another connection's write lock instead o
   REQUIRE(s.create("k", "0"));
   dibs::sqlite::connection other{path};
   other.begin();  // holds the write lock
+  std::atomic<long long> committing_ns{0};
   std::jthread release([&] {
     std::this_thread::sleep_for(200ms);
+    committing_ns = dibs_test::steady_ns();
     other.commit();
   });
-  const auto t0 = std::chrono::steady_clock::now();
   const auto r = s.read("k");
   REQUIRE(r);  // WAL: a reader is not blocked by the writer
   const auto v = s.replace("k", r->version, "1");
+  const auto replaced_ns = dibs_test::steady_ns();
   CHECK(v);
-  CHECK(std::chrono::steady_clock::now() - t0 >= 150ms);
+  // It waited for the lock: it returned after the other connection began to
+  // commit (an order, not a time that a late start of this thread shortens).
+  CHECK(committing_ns.load() != 0);
+  CHECK(replaced_ns >= committing_ns.load());
   release.join();
 
   // With a short budget the caller is told, by name, why it gave up.

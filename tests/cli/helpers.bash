@@ -12,12 +12,19 @@ dibs_children() {
   pgrep -x dibs -P "$*" 2>/dev/null || true
 }
 
-# kill_random_dibs N PERIOD PID...: SIGKILLs a random dibs child of the PIDs
-# about every PERIOD seconds, N times; prints how many it killed.
+# kill_random_dibs TARGET PERIOD PID...: about every PERIOD seconds,
+# SIGKILLs a random dibs child of the PIDs, until TARGET kills have landed
+# (or 120 s have passed, or all the PIDs have ended); prints how many it
+# killed. The PIDs' loops should run until the test says stop after this
+# returns, so that the kills do not depend on how fast the machine works
+# through a fixed amount of work.
 kill_random_dibs() {
-  local n=$1 period=$2 killed=0
+  local target=$1 period=$2 killed=0 p alive end=$((SECONDS + 120))
   shift 2
-  for ((k = 0; k < n; k++)); do
+  while ((killed < target && SECONDS < end)); do
+    alive=0
+    for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    ((alive)) || break
     sleep "$period"
     mapfile -t victims < <(dibs_children "$@")
     ((${#victims[@]})) || continue
@@ -28,16 +35,17 @@ kill_random_dibs() {
 
 # kill_dibs_while_running TARGET PERIOD PID...: every PERIOD seconds,
 # SIGKILLs the dibs children of the PIDs running at that instant, until
-# TARGET were killed or all the PIDs have ended; prints how many it killed.
-# For dibs processes that live a millisecond or two: pkill kills what it
-# finds as it finds it, where a pgrep-then-kill often finds its victim gone.
+# TARGET were killed, all the PIDs have ended or 120 s have passed; prints
+# how many it killed. For dibs processes that live a millisecond or two:
+# pkill kills what it finds as it finds it, where a pgrep-then-kill often
+# finds its victim gone.
 kill_dibs_while_running() {
-  local target=$1 period=$2 killed=0 p alive n
+  local target=$1 period=$2 killed=0 p alive n end=$((SECONDS + 120))
   shift 2
   local IFS=,
   local parents="$*"
   unset IFS
-  while ((killed < target)); do
+  while ((killed < target && SECONDS < end)); do
     alive=0
     for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
     ((alive)) || break
@@ -81,3 +89,20 @@ wait_for_file() { wait_until "no $1" test -e "$1"; }
 
 # wait_for_kernel_free FILE: until nobody holds FILE's kernel lock.
 wait_for_kernel_free() { wait_until "the kernel lock of $1 was still held" flock -n "$1" true; }
+
+# queued PID QUEUE: PID holds a ticket in a lock_file's waiter queue (the
+# file .dibs-queue.NAME beside lock file NAME): it has queued, and a waiter
+# that queues after it is behind it. The page's layout is that of
+# include/dibs/detail/posix/waiter_queue.hpp: a 64-byte header, then slots
+# of 64 bytes: ticket (8 bytes, 0 if free), wake (4), pid (4).
+queued() {
+  od -An -v -t d4 -w64 -j 64 "$2" 2>/dev/null | awk -v p="$1" '$4 == p && ($1 != 0 || $2 != 0) { f = 1 } END { exit !f }'
+}
+
+# flock_waiter FILE: someone is blocked in flock(2) on FILE (a "->" line
+# of /proc/locks on its inode): a -w locker is waiting, not yet running.
+flock_waiter() {
+  local ino
+  ino=$(stat -c %i "$1") || return 1
+  grep -Eq -- "-> FLOCK .*:$ino " /proc/locks
+}

@@ -34,19 +34,21 @@ flock_cases() {
   # exclusive: as non-block, with -x written out (and --nb).
   run "$@" --nb --exclusive --conflict-exit-code 123 lockfile echo "You will never see this!"
   [ "$status" -eq 123 ]
-  # fd: the descriptor form, on a descriptor of the calling shell; no file
-  # named "4" is made.
-  exec 4<> lockfile
-  run "$@" --nonblocking --exclusive --conflict-exit-code 123 4
-  exec 4>&-
+  # fd: the descriptor form, on a descriptor of the calling shell (one bash
+  # chooses free, not a number assumed free); no file of its number is made.
+  exec {fd}<> lockfile
+  run "$@" --nonblocking --exclusive --conflict-exit-code 123 "$fd"
+  exec {fd}>&-
   [ "$status" -eq 123 ]
-  [ ! -e 4 ]
+  [ ! -e "$fd" ]
   # timeout: -w waits for the shared holder to end, then runs. Its COMMAND
   # says whether the holder was already told to end when it ran: only a
   # locker that waited can see ./release.
   "$@" --timeout 20 --conflict-exit-code 5 lockfile sh -c '[ -e release ] && echo "After timeout."' >> out 2>&1 &
   waiter=$!
-  sleep 0.5
+  # The waiter is blocked in flock(2) behind the holder before the holder is
+  # told to end (a fixed pause could end before a loaded machine started it).
+  wait_until "the -w locker did not wait in flock(2)" flock_waiter lockfile
   touch release
   rc=0
   wait "$waiter" || rc=$?
@@ -67,30 +69,31 @@ flock_cases() {
 }
 
 @test "util-linux's close case: with -o COMMAND does not inherit the descriptor (EX_DATAERR, 65), without it does (0)" {
-  exec 9<> lock
-  run dibs lock --kernel --exclusive --close --fd 9 --command "dibs lock --kernel --exclusive --nonblock --fd 9 true"
+  exec {fd}<> lock
+  run dibs lock --kernel --exclusive --close --fd "$fd" --command "dibs lock --kernel --exclusive --nonblock --fd $fd true"
   [ "$status" -eq 65 ]
-  [[ "$output" == "dibs lock: descriptor 9: Bad file descriptor"* ]]
-  run dibs lock --kernel --exclusive --fd 9 --command "dibs lock --kernel --exclusive --nonblock --fd 9 true"
+  [[ "$output" == "dibs lock: descriptor $fd: Bad file descriptor"* ]]
+  run dibs lock --kernel --exclusive --fd "$fd" --command "dibs lock --kernel --exclusive --nonblock --fd $fd true"
   [ "$status" -eq 0 ]
-  exec 9>&-
+  exec {fd}>&-
 }
 
 # unlock_case LOCKER...: util-linux's unlock case; prints its output with
 # the times and the program's name taken out.
-# The descriptor cases use fd 9, not util-linux's 10: bash keeps its own
-# saved descriptors at 10 and up ("may conflict with file descriptors the
-# shell uses internally", bash(1)), and in a CI run fd 10 came out wrong for
-# flock(1) itself.
+# The descriptor cases let bash choose the descriptor ({fd}), not util-linux's
+# fixed 10: bash keeps its own saved descriptors at 10 and up ("may conflict
+# with file descriptors the shell uses internally", bash(1)), and in a CI run
+# fd 10 came out wrong for flock(1) itself; a fixed 9 assumes bats left it free.
 unlock_case() {
-  exec 9<> lock
+  local fd
+  exec {fd}<> lock
   {
-    "$@" --exclusive --nonblock --verbose 9
-    "$@" --unlock 9
-    # -w 0 is -n: it gets the lock only because -u unlocked fd 9.
+    "$@" --exclusive --nonblock --verbose "$fd"
+    "$@" --unlock "$fd"
+    # -w 0 is -n: it gets the lock only because -u unlocked the descriptor.
     "$@" --exclusive --wait 0 --verbose lock true
   } > out 2>&1
-  exec 9>&-
+  exec {fd}>&-
   sed -E -e 's/took [0-9]+\.[0-9]{6} seconds/took <n> seconds/' -e 's/^(flock|dibs lock): /LOCKER: /' out
 }
 
@@ -118,7 +121,7 @@ unlock_case() {
   [ "$output" = "42 token" ]
   run dibs lock -c 'exit 9' x.lock
   [ "$status" -eq 9 ]
-  run dibs lock --kernel x.lock --command 'echo "$DIBS_LOCK_FD" | grep -qx "[0-9]*"'
+  run dibs lock --kernel x.lock --command 'echo "$DIBS_LOCK_FD" | grep -qx "[0-9][0-9]*"'
   [ "$status" -eq 0 ]
   run dibs lock x.lock -c echo two words
   [ "$status" -eq 64 ]
@@ -193,35 +196,35 @@ unlock_case() {
 }
 
 @test "the descriptor form: -s, -x, -n, -w and -E apply; the shell keeps the lock after dibs ends; the lease lock refuses it" {
-  exec 9> k.lock
-  run dibs lock --kernel -n 9
+  exec {fd}> k.lock
+  run dibs lock --kernel -n "$fd"
   [ "$status" -eq 0 ]
   run flock -n k.lock true
   [ "$status" -eq 1 ]
-  run dibs lock --kernel -s 9  # converts the shell's lock to shared
+  run dibs lock --kernel -s "$fd"  # converts the shell's lock to shared
   [ "$status" -eq 0 ]
   run flock -s -n k.lock true
   [ "$status" -eq 0 ]
-  exec 9>&-
+  exec {fd}>&-
   flock -x k.lock sh -c "$HOLD" &
   wait_for_file held
-  exec 8> k.lock
-  run dibs lock --kernel --verbose -w 0.3 -E 7 8
+  exec {fd2}> k.lock
+  run dibs lock --kernel --verbose -w 0.3 -E 7 "$fd2"
   [ "$status" -eq 7 ]
   [[ "$output" == *"--wait ran out"* ]]
   touch release
   wait
-  run dibs lock --kernel -x -w 10 8
+  run dibs lock --kernel -x -w 10 "$fd2"
   [ "$status" -eq 0 ]
-  exec 8>&-
-  exec 9> k.lock
-  run dibs lock 9
+  exec {fd2}>&-
+  exec {fd}> k.lock
+  run dibs lock "$fd"
   [ "$status" -eq 64 ]
-  [[ "$output" == *"dibs lock --kernel 9"* ]]
-  run dibs lock -u 9
+  [[ "$output" == *"dibs lock --kernel $fd"* ]]
+  run dibs lock -u "$fd"
   [ "$status" -eq 64 ]
   [[ "$output" == *"--kernel -u"* ]]
-  exec 9>&-
+  exec {fd}>&-
 }
 
 @test "bad flock-style input: -E outside 0-255, lockfile options without --dot" {

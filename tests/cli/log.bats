@@ -17,24 +17,29 @@ n=${DIBS_CLI_LOG_LINES:-1000}
 
 @test "8 jobs x 1,000 lines through dibs log, some over 4 KiB, with SIGKILLs: acknowledged lines once, none torn" {
   pids=()
+  # Each job writes at least n lines, and on until the killer is done: the
+  # kills land while the jobs write, however fast the machine is.
   for j in 1 2 3 4 5 6 7 8; do
     (
-      for ((i = 1; i <= n; i++)); do
+      for ((i = 1; ; i++)); do
+        ((i <= n)) || [ ! -e stop ] || break
         line "$j" "$i"
         if dibs log out.log "$l"; then printf '%s\n' "$l" >> "acked.$j"; fi
       done
     ) &
     pids+=($!)
   done
-  # Two more jobs write 1,000 lines each through standard input, and are
-  # SIGKILLed midway (their lines are acknowledged by nobody).
+  # Two more jobs write lines through standard input until they are
+  # SIGKILLed midway (their lines are acknowledged by nobody): their dibs
+  # log reads until its input ends, which nothing ends before the kill.
   stdin_jobs=()
   for j in 9 10; do
-    (for ((i = 1; i <= 1000; i++)); do line "$j" "$i"; printf '%s\n' "$l"; sleep 0.002; done) | dibs log out.log &
+    (for ((i = 1; ; i++)); do line "$j" "$i"; printf '%s\n' "$l" || break; sleep 0.002; done) | dibs log out.log &
     stdin_jobs+=($!)
   done
   killed=$(kill_dibs_while_running 60 0.005 "${pids[@]}")
-  kill -KILL "${stdin_jobs[@]}"  # still writing: they take over 2 s
+  kill -KILL "${stdin_jobs[@]}"  # fails (and so the test) if either had ended
+  touch stop
   wait
   echo "killed $killed per-line dibs processes and 2 reading standard input" >&3
   [ "$killed" -gt 10 ]
