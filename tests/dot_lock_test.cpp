@@ -596,7 +596,7 @@ TEST_CASE("a held dot_lock moved into a vector and an optional and out stays hel
 // What dibs's lockfile and dotlockfile names need (tools/compat_names.hpp):
 // a lock file exactly as the other tools write it, a lock left held when its
 // taker ends, and the question dotlockfile -c asks.
-TEST_CASE("dot_lock: content is written as given and judged by age alone; release leaves the file held") {
+TEST_CASE("dot_lock: content is written as given and judged by age alone, and release leaves the file held") {
   temp_dir d;
   const auto lock = d.path / "x.lock";
   CHECK(!dibs::dot_lock::is_held(lock));
