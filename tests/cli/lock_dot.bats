@@ -123,13 +123,15 @@ EOF
     dots+=($!)
   done
   pids=()
-  # Each dibs loop runs at least 40 times, and on until the killer is done:
-  # the kills land while they work, however fast the machine is.
+  # Each dibs loop runs at least 40 times (DIBS_CLI_DOT_RUNS: fewer under the
+  # sanitizer presets), and on until the killer is done: the kills land
+  # while they work, however fast the machine is.
+  local runs_min=${DIBS_CLI_DOT_RUNS:-40}
   for l in 1 2 3 4; do
     (
       acked=0
       for ((i = 0; ; i++)); do
-        ((i < 40)) || [ ! -e stop ] || break
+        ((i < runs_min)) || [ ! -e stop ] || break
         if dibs lock --dot -w 60s counter.lock sh crit.sh dibs; then acked=$((acked + 1)); fi
       done
       echo "$acked" > "acked.$l"
