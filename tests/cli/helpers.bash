@@ -106,3 +106,34 @@ flock_waiter() {
   ino=$(stat -c %i "$1") || return 1
   grep -Eq -- "-> FLOCK .*:$ino " /proc/locks
 }
+
+# wait_while_growing FILE SECONDS PID...: waits until the PIDs have ended,
+# as long as FILE keeps growing: if it stays the same size for SECONDS while
+# some still run, they are stuck (a dibs waiting for something that never
+# comes): prints what each of their dibs children is doing (its state and
+# kernel wait channel), kills them, and fails, so a hang is a failure that
+# says where, not a ctest timeout.
+wait_while_growing() {
+  local file=$1 quiet=$2 size last_size=-1 since=$SECONDS p alive d
+  shift 2
+  for (( ; ; )); do
+    alive=()
+    for p in "$@"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
+    ((${#alive[@]})) || break
+    size=$(stat -c %s "$file" 2>/dev/null || echo 0)
+    if [ "$size" != "$last_size" ]; then
+      last_size=$size
+      since=$SECONDS
+    elif ((SECONDS - since >= quiet)); then
+      echo "$file did not grow for $quiet s while ${#alive[@]} loops still ran; their dibs processes:" >&2
+      for d in $(dibs_children "${alive[@]}"); do
+        echo "  pid $d: $(tr '\0' ' ' < "/proc/$d/cmdline" 2>/dev/null | head -c 120)" \
+          "state $(awk '{ print $3 }' "/proc/$d/stat" 2>/dev/null) wchan $(cat "/proc/$d/wchan" 2>/dev/null)" >&2
+      done
+      kill -KILL "${alive[@]}" $(dibs_children "${alive[@]}") 2>/dev/null
+      return 1
+    fi
+    sleep 0.2
+  done
+  wait "$@" 2>/dev/null || true
+}

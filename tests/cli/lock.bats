@@ -3,6 +3,11 @@
 # lock's life tied to COMMAND's.
 load helpers
 
+# A failed check must not leave the loops running (bats would wait for them).
+teardown() {
+  touch "$BATS_TEST_TMPDIR/stop"
+}
+
 # The critical section, shell builtins only: checks that nobody else is
 # inside (the marker is empty), marks itself, increments, checks the mark is
 # still its own, journals the increment, clears the mark.

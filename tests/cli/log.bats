@@ -15,6 +15,14 @@ line() {
 # to start; the invariants checked are the same).
 n=${DIBS_CLI_LOG_LINES:-1000}
 
+# A failed check must not leave the writers looping (bats would wait for
+# them until ctest's timeout): they stop once ./stop exists, and the jobs
+# reading standard input are killed.
+teardown() {
+  touch "$BATS_TEST_TMPDIR/stop"
+  kill -KILL "${stdin_jobs[@]}" 2>/dev/null || true
+}
+
 @test "8 jobs x 1,000 lines through dibs log, some over 4 KiB, with SIGKILLs: acknowledged lines once, none torn" {
   pids=()
   # Each job writes at least n lines, and on until the killer is done: the
@@ -34,12 +42,24 @@ n=${DIBS_CLI_LOG_LINES:-1000}
   # log reads until its input ends, which nothing ends before the kill.
   stdin_jobs=()
   for j in 9 10; do
-    (for ((i = 1; ; i++)); do line "$j" "$i"; printf '%s\n' "$l" || break; sleep 0.002; done) | dibs log out.log &
+    (for ((i = 1; ; i++)); do line "$j" "$i"; printf '%s\n' "$l" || break; sleep 0.002; done) |
+      dibs log out.log 2> "stdin_err.$j" &
     stdin_jobs+=($!)
   done
   killed=$(kill_dibs_while_running 60 0.005 "${pids[@]}")
-  kill -KILL "${stdin_jobs[@]}"  # fails (and so the test) if either had ended
+  # Both are still reading: a dibs log that gave up under the kills of the
+  # others fails the test, saying why.
+  for j in 0 1; do
+    if ! kill -KILL "${stdin_jobs[j]}"; then
+      wait "${stdin_jobs[j]}" && rc=0 || rc=$?
+      echo "dibs log reading standard input (job $((j + 9))) had ended, exit $rc: $(cat "stdin_err.$((j + 9))")" >&3
+      false
+    fi
+  done
   touch stop
+  # The lines each job still owes are written on (a hang fails, naming
+  # what the stuck dibs processes wait for).
+  wait_while_growing out.log 60 "${pids[@]}"
   wait
   echo "killed $killed per-line dibs processes and 2 reading standard input" >&3
   [ "$killed" -gt 10 ]
