@@ -69,6 +69,7 @@
 #include <fmt/format.h>
 
 #include <dibs/backoff.hpp>
+#include <dibs/detail/claim_record.hpp>
 #include <dibs/detail/format.hpp>
 #include <dibs/detail/owner.hpp>
 #include <dibs/detail/sys.hpp>
@@ -139,24 +140,6 @@ concept claim_queue_store = requires(S& s, std::string_view prefix, std::string_
   { s.take_claimable(prefix, rest, n, t) } -> std::same_as<std::vector<std::pair<std::string, record>>>;
   { s.processing_keys(prefix) } -> std::same_as<std::vector<std::string>>;
 };
-
-/// `damaged`: the item's record cannot be read as a claim (a damaged file, a
-/// foreign value). It is never taken for absent: claim loops skip it, and
-/// status() says what is wrong, naming the key (and the file).
-enum class claim_state { absent, offered, processing, released, completed, failed, damaged };
-
-inline const char* to_string(claim_state s) noexcept {
-  switch (s) {
-    case claim_state::absent: return "absent";
-    case claim_state::offered: return "offered";
-    case claim_state::processing: return "processing";
-    case claim_state::released: return "released";
-    case claim_state::completed: return "completed";
-    case claim_state::failed: return "failed";
-    case claim_state::damaged: return "damaged";
-  }
-  return "?";
-}
 
 /// Who holds a lease or a claim, as its record says (host, boot id, pid,
 /// start time, PID and time namespaces, lease).
@@ -938,9 +921,8 @@ private:
     return out;
   }
 
-  // The record: the state and attempts on lines 2 and 3 (postgres_store's
-  // generated columns and the sqlite view read them there), then the
-  // priority and not_before lines if they are not 0 (read by name).
+  // The record: its head by the codec (detail/claim_record.hpp, which the
+  // stores' queue indexes read too), then the rest (append_rest).
   // Appended piece by piece into one string: every claim and completion
   // makes one, and fmt's parsing and the temporaries were a tenth of a
   // claim's instructions over sqlite_store.
@@ -949,22 +931,11 @@ private:
                      std::chrono::system_clock::time_point not_before = {}) const {
     std::string v;
     v.reserve(s == claim_state::processing ? 384 : 128 + error.size() + result.size());
-    v += "dibs-claim 1\nstate ";
-    v += to_string(s);
-    v += "\nattempts ";
-    detail::append_number(v, attempts);
-    v += '\n';
-    if (priority != 0) {
-      v += "priority ";
-      detail::append_number(v, priority);
-      v += '\n';
-    }
-    if (not_before != std::chrono::system_clock::time_point{}) {
-      // Rounded up: never claimable before the time asked for.
-      v += "not_before ";
-      detail::append_number(v, std::chrono::ceil<std::chrono::milliseconds>(not_before.time_since_epoch()).count());
-      v += '\n';
-    }
+    std::optional<std::int64_t> nb;
+    // Rounded up: never claimable before the time asked for.
+    if (not_before != std::chrono::system_clock::time_point{})
+      nb = std::chrono::ceil<std::chrono::milliseconds>(not_before.time_since_epoch()).count();
+    detail::claim_record::append_head(v, s, attempts, priority, nb);
     append_rest(v, s, error, result, token);
     return v;
   }
@@ -997,27 +968,23 @@ private:
       return std::system_error(make_error_code(errc::corrupt_record),
                                fmt::format("dibs::marker_claim '{}': the record is not a dibs claim ({})", key, why));
     };
-    if (std::string_view(r.value).substr(0, 13) != "dibs-claim 1\n") throw bad("it does not start 'dibs-claim 1'");
+    const auto head = detail::claim_record::parse_head(r.value);
+    if (!head) throw bad("it does not start 'dibs-claim 1'");
     claim_status s;
     s.version = r.version;
-    const auto state = detail::field(r.value, "state");
-    if (!state) throw bad("no state");
-    if (*state == "processing") s.state = claim_state::processing;
-    else if (*state == "released") s.state = claim_state::released;
-    else if (*state == "offered") s.state = claim_state::offered;
-    else if (*state == "completed") s.state = claim_state::completed;
-    else if (*state == "failed") s.state = claim_state::failed;
-    else throw bad(fmt::format("unknown state '{}'", *state));
-    const auto attempts = detail::number_field<std::uint32_t>(r.value, "attempts");
-    if (!attempts) throw bad("no attempt count");
-    s.attempts = *attempts;
+    if (head->state_word.empty()) throw bad("no state on its second line");
+    if (head->state == claim_state::damaged) throw bad(fmt::format("unknown state '{}'", head->state_word));
+    s.state = head->state;
+    if (!head->attempts) throw bad("no attempt count on its third line");
+    s.attempts = *head->attempts;
+    if (head->priority >= INT32_MIN && head->priority <= INT32_MAX)
+      s.priority = static_cast<std::int32_t>(head->priority);
+    if (head->not_before_ms)
+      s.not_before = std::chrono::system_clock::time_point{std::chrono::milliseconds{*head->not_before_ms}};
     if (auto ms = detail::number_field<std::int64_t>(r.value, "changed"))
       s.changed = std::chrono::system_clock::time_point{std::chrono::milliseconds{*ms}};
     if (auto e = detail::field(r.value, "error")) s.error = std::string(*e);
     if (auto res = detail::field(r.value, "result")) s.result = std::string(*res);
-    if (auto p = detail::number_field<std::int32_t>(r.value, "priority")) s.priority = *p;
-    if (auto ms = detail::number_field<std::int64_t>(r.value, "not_before"))
-      s.not_before = std::chrono::system_clock::time_point{std::chrono::milliseconds{*ms}};
     if (s.state == claim_state::processing) s.owner = detail::parse_owner(r.value);
     return s;
   }

@@ -106,6 +106,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/claim_record.hpp>
 #include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/postgres/connection.hpp>
@@ -529,44 +530,16 @@ private:
     }
 
     explicit queue_row(std::string_view v) {
-      if (!v.starts_with("dibs-claim 1\n")) return;
-      const auto lower = [](char c) { return c >= 'a' && c <= 'z'; };
-      const auto digit = [](char c) { return c >= '0' && c <= '9'; };
-      const auto all_of = [](std::string_view s, auto pred) { return std::all_of(s.begin(), s.end(), pred); };
-      // Line n (0-based), without its newline.
-      std::array<std::string_view, 3> head{};
-      for (std::size_t pos = 0, n = 0; n < head.size() && pos <= v.size(); ++n) {
-        const auto nl = v.find('\n', pos);
-        head[n] = v.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
-        if (nl == std::string_view::npos) break;
-        pos = nl + 1;
-      }
-      if (head[1].starts_with("state ") && head[1].size() > 6 && head[1].size() <= 26 &&
-          all_of(head[1].substr(6), lower)) {
-        state_ = head[1].substr(6);
+      const auto h = detail::claim_record::parse_head(v);
+      if (!h) return;
+      if (!h->state_word.empty()) {
+        state_ = h->state_word;
         state_null_ = false;
       }
-      if (head[2].starts_with("attempts ") && head[2].size() > 9 && head[2].size() <= 18 &&
-          all_of(head[2].substr(9), digit))
-        attempts_ = head[2].substr(9);
-      // The first line "priority <-?1 to 18 digits>"; likewise not_before.
-      const auto first = [&](std::string_view name, bool sign) -> std::optional<std::string_view> {
-        for (std::size_t pos = 0; pos < v.size();) {
-          const auto nl = v.find('\n', pos);
-          const auto l = v.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
-          if (l.starts_with(name)) {
-            const auto num = l.substr(name.size());
-            const auto digits = sign && num.starts_with('-') ? num.substr(1) : num;
-            if (!digits.empty() && digits.size() <= 18 && all_of(digits, digit)) return num;
-          }
-          if (nl == std::string_view::npos) break;
-          pos = nl + 1;
-        }
-        return std::nullopt;
-      };
-      if (const auto p = first("priority ", true)) priority_ = *p;
-      if (const auto n = first("not_before ", false)) {
-        not_before_ = *n;
+      if (h->attempts) attempts_ = std::to_string(*h->attempts);
+      priority_ = std::to_string(h->priority);
+      if (h->not_before_ms) {
+        not_before_ = std::to_string(*h->not_before_ms);
         not_before_null_ = false;
       }
     }
@@ -714,15 +687,7 @@ private:
   // returns: the same bytes, built here rather than sent back with the rest
   // the client already has (a take returned the whole record, ~200 bytes).
   static std::string claim_head(dibs::version attempts, std::int64_t priority) {
-    std::string v = "dibs-claim 1\nstate processing\nattempts ";
-    v += std::to_string(attempts);
-    v += '\n';
-    if (priority != 0) {
-      v += "priority ";
-      v += std::to_string(priority);
-      v += '\n';
-    }
-    return v;
+    return detail::claim_record::taken_head(attempts, priority);
   }
 
   // claim_next's statement: up to $4 claimable rows whose not_before has
