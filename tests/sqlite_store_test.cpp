@@ -660,7 +660,7 @@ TEST_CASE("sqlite_store passes the queue checks: priorities, schedules, backoffs
   REQUIRE_NOTHROW(dibs::testing::check_queue_race_processes([&] { return dibs::sqlite_store{db}; }, 4, 150, "race-"));
 }
 
-TEST_CASE("over sqlite_store, list() and claim_next read the table in one statement, and a record that is not a claim is listed as damaged") {
+TEST_CASE("over sqlite_store, list() reads the table in one statement and lists a record that is not a claim as damaged; claim_next never reads it") {
   temp_dir dir;
   dibs::sqlite_store s{dir.path / "q.db"};
   static_assert(dibs::snapshot_store<dibs::sqlite_store>);
@@ -679,7 +679,8 @@ TEST_CASE("over sqlite_store, list() and claim_next read the table in one statem
   auto c = claims.claim_next("q-");
   REQUIRE(c);
   CHECK(c->key() == "q-1");  // the higher priority
-  CHECK(damaged == std::vector<std::string>{"q-lock"});
+  // claim_next reads the queue index, which holds only claimable records.
+  CHECK(damaged.empty());
   c->complete();
 }
 
@@ -775,3 +776,205 @@ TEST_CASE("values are stored as TEXT exactly when they are UTF-8 without a NUL, 
   }
   CHECK(n == 3 * (9 + 16 + 17 + 40));
 }
+
+namespace {
+// A client of a dibs without the queue index: the same table through the
+// shared_store operations alone, so marker_claim finds work by reading
+// every record (its scan path), as such a process does.
+struct scanning_client {
+  dibs::sqlite_store s;
+  explicit scanning_client(const std::filesystem::path& db) : s(db) {}
+  std::optional<dibs::record> read(std::string_view k) { return s.read(k); }
+  std::optional<dibs::version> create(std::string_view k, std::string_view v) { return s.create(k, v); }
+  std::optional<dibs::version> replace(std::string_view k, dibs::version e, std::string_view v) {
+    return s.replace(k, e, v);
+  }
+  bool erase(std::string_view k, dibs::version e) { return s.erase(k, e); }
+  std::vector<std::string> keys(std::string_view p) { return s.keys(p); }
+  std::vector<std::pair<std::string, dibs::record>> records(std::string_view p) { return s.records(p); }
+};
+static_assert(!dibs::claim_queue_store<scanning_client>);
+static_assert(dibs::claim_queue_store<dibs::sqlite_store>);
+
+// What SQLite did to run the statements of claim_next that read the queue:
+// rows stepped through by full scans, sorts, and virtual machine steps
+// (sqlite3_stmt_status), summed over the statements the connection
+// finished while it was watched.
+struct queue_reads {
+  long long fullscan = 0, sorts = 0, vm_steps = 0;
+  explicit queue_reads(dibs::sqlite::connection& db) {
+    ::sqlite3_trace_v2(
+        db.native_handle(), SQLITE_TRACE_PROFILE,
+        [](unsigned, void* self, void* p, void*) -> int {
+          auto* stmt = static_cast<::sqlite3_stmt*>(p);
+          if (!std::string_view(::sqlite3_sql(stmt)).starts_with("SELECT key, value, version")) return 0;
+          auto& r = *static_cast<queue_reads*>(self);
+          r.fullscan += ::sqlite3_stmt_status(stmt, SQLITE_STMTSTATUS_FULLSCAN_STEP, 1);
+          r.sorts += ::sqlite3_stmt_status(stmt, SQLITE_STMTSTATUS_SORT, 1);
+          r.vm_steps += ::sqlite3_stmt_status(stmt, SQLITE_STMTSTATUS_VM_STEP, 1);
+          return 0;
+        },
+        this);
+  }
+};
+
+// Effects: writes `done` completed and `waiting` offered claim records with
+// keys "<prefix>done-N" and "<prefix>item-N", in one transaction.
+void fill_queue(dibs::sqlite_store& s, int done, int waiting, const std::string& prefix = "") {
+  dibs::marker_claim<dibs::sqlite_store> claims{s, {.renew = false}};
+  s.connection().begin();
+  for (int i = 0; i < done; ++i) {
+    auto c = claims.try_claim(fmt::format("{}done-{:05}", prefix, i));
+    REQUIRE(c);
+    c->complete();
+  }
+  for (int i = 0; i < waiting; ++i) REQUIRE(claims.offer(fmt::format("{}item-{:05}", prefix, i)));
+  s.connection().commit();
+}
+}  // namespace
+
+TEST_CASE("claim_next on sqlite_store reads the queue index alone: its cost does not grow with completed items") {
+  temp_dir dir;
+  // The same queue of 5 offered items, beside 20 and beside 2,000 completed
+  // ones: claiming all 5 takes as many steps of SQLite's machine either way,
+  // with no full scan and no sort.
+  auto cost = [&](int done) {
+    dibs::sqlite_store s{dir.path / fmt::format("q{}.db", done)};
+    fill_queue(s, done, 5);
+    dibs::marker_claim<dibs::sqlite_store> claims{s, {.renew = false}};
+    queue_reads reads{s.connection()};
+    for (int i = 0; i < 5; ++i) {
+      auto c = claims.claim_next();
+      REQUIRE(c);
+      CHECK(c->key() == fmt::format("item-{:05}", i));  // one priority: in key order
+      c->complete();
+    }
+    CHECK_FALSE(claims.claim_next());
+    CHECK(reads.fullscan == 0);
+    CHECK(reads.sorts == 0);
+    return reads.vm_steps;
+  };
+  const auto few = cost(20), many = cost(2'000);
+  INFO("machine steps beside 20 completed items: " << few << ", beside 2,000: " << many);
+  CHECK(many == few);
+}
+
+TEST_CASE("sqlite_store's queue index agrees with the record codec, and take_claimable honours priority, not_before, prefix and n") {
+  temp_dir dir;
+  dibs::sqlite_store s{dir.path / "q.db"};
+  dibs::marker_claim<dibs::sqlite_store> claims{s, {.renew = false, .retry_backoff = std::nullopt}};
+  const auto later = std::chrono::system_clock::now() + 1h;
+  REQUIRE(claims.offer("a-low", {.priority = -3}));
+  REQUIRE(claims.offer("a-mid"));
+  REQUIRE(claims.offer("a-high", {.priority = 7}));
+  REQUIRE(claims.offer("a-later", {.not_before = later, .priority = 9}));
+  REQUIRE(claims.offer("b-other", {.priority = 100}));
+  REQUIRE(s.create("a-foreign", "not a claim"));
+  // Released with a priority and an attempt: comes back with both.
+  {
+    auto c = claims.try_claim("a-again");
+    REQUIRE(c);
+    REQUIRE(c->release("try again"));
+  }
+  // Damaged by hand: claimable on line 2, no attempt count on line 3 (the
+  // codec reads it as damaged): the index may hold it, the take leaves it.
+  REQUIRE(s.create("a-damaged", "dibs-claim 1\nstate offered\nnot an attempt count\n"));
+
+  // Every record, read by the codec and by the index's SQL: the same facts.
+  auto q = s.connection().prepare(
+      "SELECT key, value, key IN (SELECT key FROM dibs_records INDEXED BY dibs_records_queue WHERE " +
+      std::string("(CAST(substr(value, 1, 27) AS BLOB) = X'646962732d636c61696d20310a7374617465206f6666657265640a' OR "
+                  "CAST(substr(value, 1, 28) AS BLOB) = X'646962732d636c61696d20310a73746174652072656c65617365640a')") +
+      ") FROM dibs_records WHERE value IS NOT NULL");
+  int rows = 0;
+  while (q.step()) {
+    ++rows;
+    const auto key = q.column_blob(0);
+    const auto head = dibs::detail::claim_record::parse_head(q.column_blob(1));
+    INFO(key);
+    CHECK((q.column_int64(2) != 0) == (head && head->waiting()));
+  }
+  CHECK(rows == 8);
+
+  // The take: prefix "a-", by priority, the one scheduled later and the
+  // damaged one left alone.
+  const auto got = s.take_claimable("a-", "rest\n", 10);
+  std::vector<std::string> keys;
+  for (const auto& [k, r] : got) keys.push_back(k);
+  CHECK(keys == std::vector<std::string>{"a-high", "a-again", "a-mid", "a-low"});
+  REQUIRE(got.size() == 4);
+  CHECK(got[0].second.value == "dibs-claim 1\nstate processing\nattempts 1\npriority 7\nrest\n");
+  CHECK(got[1].second.value == "dibs-claim 1\nstate processing\nattempts 2\nrest\n");
+  CHECK(got[0].second == *s.read("a-high"));
+  CHECK(s.take_claimable("a-", "rest\n", 10).empty());
+  // n: one of the two left under "b-" and "" (b-other, then nothing else).
+  const auto one = s.take_claimable("", "rest\n", 1);
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].first == "b-other");
+  CHECK(claims.status("a-later").state == dibs::claim_state::offered);
+  CHECK(claims.status("a-damaged").state == dibs::claim_state::damaged);
+  CHECK(s.processing_keys("a-").size() == 4);
+  CHECK(s.processing_keys().size() == 5);
+}
+
+TEST_CASE("a sqlite_store table of a dibs without the queue index gets it when opened, with every claimable item in it") {
+  temp_dir dir;
+  const auto db = dir.path / "old.db";
+  {
+    dibs::sqlite_store s{db};
+    fill_queue(s, 30, 20);
+    s.connection().exec("DROP INDEX dibs_records_queue; DROP INDEX dibs_records_processing");
+  }
+  dibs::sqlite_store s{db};
+  CHECK(s.connection().query_int64("SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name IN "
+                                   "('dibs_records_queue', 'dibs_records_processing')") == 2);
+  dibs::marker_claim<dibs::sqlite_store> claims{s, {.renew = false}};
+  int taken = 0;
+  while (auto c = claims.claim_next()) {
+    CHECK(c->key().starts_with("item-"));
+    c->complete();
+    ++taken;
+  }
+  CHECK(taken == 20);
+}
+
+#ifndef _WIN32
+TEST_CASE("processes claiming through the queue index and processes of a dibs that reads every record share one queue: each item handed out once") {
+  temp_dir dir;
+  const auto db = dir.path / "mixed.db";
+  constexpr int items = 300;
+  {
+    dibs::sqlite_store s{db};
+    fill_queue(s, 200, items);
+  }
+  const std::size_t bytes = sizeof(std::atomic<int>) * items;
+  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mem != MAP_FAILED);
+  auto* taken = static_cast<std::atomic<int>*>(mem);
+  for (int i = 0; i < items; ++i) new (&taken[i]) std::atomic<int>{0};
+  auto work = [&](auto& s) {
+    dibs::marker_claim<std::remove_cvref_t<decltype(s)>> claims{s, {.renew = false}};
+    while (auto c = claims.claim_next("item-")) {
+      ++taken[std::stoi(c->key().substr(5))];
+      c->complete();
+    }
+    return 0;
+  };
+  const auto codes = dibs::testing::detail::race_processes(4, [&](int i) {
+    if (i % 2 == 0) {
+      dibs::sqlite_store s{db};
+      return work(s);
+    }
+    scanning_client s{db};
+    return work(s);
+  });
+  int once = 0;
+  for (int i = 0; i < items; ++i) once += taken[i] == 1;
+  ::munmap(mem, bytes);
+  CHECK(codes == std::vector<int>{0, 0, 0, 0});
+  CHECK(once == items);
+  dibs::sqlite_store s{db};
+  CHECK(s.connection().query_int64("SELECT count(*) FROM dibs_records_claims WHERE state = 'completed'") ==
+        items + 200);
+}
+#endif

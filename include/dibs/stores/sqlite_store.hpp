@@ -66,6 +66,7 @@
 #include <fmt/format.h>
 
 #include <dibs/backoff.hpp>
+#include <dibs/detail/claim_record.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/detail/sys.hpp>
 #include <dibs/error.hpp>
@@ -204,6 +205,99 @@ public:
       while (s.step())
         if (auto k = s.column_blob(0); std::string_view(k).starts_with(prefix))
           out.emplace_back(std::move(k), record{s.column_blob(1), static_cast<dibs::version>(s.column_int64(2))});
+      return out;
+    });
+  }
+
+  /// For marker_claim::claim_next and claim_next_n (dibs::claim_queue_store):
+  /// in one write transaction, claims up to `n` claimable items whose key
+  /// starts with `prefix` (offered or released claim records whose
+  /// not_before has come by this machine's clock), the highest priority
+  /// first, then in key order, found through the partial index
+  /// "<table>_queue" (which holds only the claimable rows, so completed items
+  /// cost nothing here). The new value of each is the processing head with
+  /// the attempt counted and the priority kept
+  /// (detail::claim_record::taken_head), then `rest`. Each candidate is read
+  /// by the record codec before it is taken: a record the index holds that
+  /// the codec does not read as claimable (damaged by hand) is left alone.
+  /// Called by a thread with a transaction open on connection(), it is part
+  /// of that transaction.
+  /// Returns: their keys and new records, highest priority first.
+  std::vector<std::pair<std::string, record>> take_claimable(std::string_view prefix, std::string_view rest,
+                                                             std::uint32_t n,
+                                                             dibs::time_limit = dibs::time_limit::max()) {
+    validate_value(prefix, rest);
+    const auto turn = take_turn();
+    // The key range [prefix, upper): upper is prefix with its last byte that
+    // is not 0xff increased and the rest cut; none if there is no such byte.
+    // Keys stored as BLOBs (they hold a NUL) sort after all text: they pass
+    // the range test and are matched below, byte for byte.
+    std::string upper(prefix);
+    while (!upper.empty() && static_cast<unsigned char>(upper.back()) == 0xff) upper.pop_back();
+    if (!upper.empty()) upper.back() = static_cast<char>(static_cast<unsigned char>(upper.back()) + 1);
+    const bool own = !db_.in_transaction_of_this_thread();
+    return dibs::retry(opts_.busy, [&] {
+      std::vector<std::pair<std::string, record>> out;
+      if (own) (void)begin_->step();  // BEGIN IMMEDIATE: busy here is retried, nothing changed yet
+      try {
+        const auto now = detail::wall_ms();
+        // The candidates first, then the updates: a statement that walks an
+        // index while the same connection changes it sees an undefined mix.
+        struct candidate {
+          std::string key;
+          dibs::version version;
+          std::string head;
+        };
+        std::vector<candidate> got;
+        auto& s = *take_;
+        // (An empty view may have no data, which SQLite would bind as NULL.)
+        s.bind(1, prefix.empty() ? std::string_view{""} : prefix).bind(2, now);
+        if (upper.empty()) s.bind(3, nullptr);
+        else s.bind(3, std::string_view{upper});
+        while (got.size() < n && s.step()) {
+          std::string k = s.column_blob(0);
+          if (!std::string_view(k).starts_with(prefix)) continue;
+          const std::string v = s.column_blob(1);
+          const auto h = detail::claim_record::parse_head(v);
+          if (!h || !h->attempts || !h->claimable_at(now)) continue;
+          got.push_back({std::move(k), static_cast<dibs::version>(s.column_int64(2)),
+                         detail::claim_record::taken_head(*h->attempts + std::uint64_t{1}, h->priority)});
+        }
+        s.reset();
+        out.reserve(got.size());
+        for (auto& c : got) {
+          std::string value = std::move(c.head);
+          value += rest;
+          auto& u = *replace_;
+          bind_key(u, 1, c.key);
+          u.bind(2, to_column(c.version));
+          bind_value(u, 3, value);
+          (void)u.step();
+          // Under the write lock since the read: the version cannot have moved.
+          if (db_.changes() != 1)
+            throw std::logic_error(fmt::format("dibs::sqlite_store: record '{}' changed inside a write transaction",
+                                               detail::show_key(c.key)));
+          out.emplace_back(std::move(c.key), record{std::move(value), c.version + 1});
+        }
+        if (own) (void)commit_->step();
+      } catch (...) {
+        if (own) db_.rollback();
+        throw;
+      }
+      return out;
+    });
+  }
+
+  /// For marker_claim's sweeps (dibs::claim_queue_store). Returns: the keys
+  /// that start with `prefix` whose record is a processing claim, through
+  /// the partial index "<table>_processing" (only those rows).
+  std::vector<std::string> processing_keys(std::string_view prefix = {}) {
+    const auto turn = take_turn();
+    return dibs::retry(opts_.busy, [&] {
+      std::vector<std::string> out;
+      auto& s = *processing_;
+      while (s.step())
+        if (auto k = s.column_blob(0); std::string_view(k).starts_with(prefix)) out.push_back(std::move(k));
       return out;
     });
   }
@@ -367,6 +461,7 @@ private:
       as_open_error(path, opts.table, [&] {
         dibs::retry(setup, [&] { create_version_floor(db, opts.table); });
         dibs::retry(setup, [&] { create_claims_view(db, opts.table); });
+        dibs::retry(setup, [&] { create_queue_indexes(db, opts.table); });
         if (!opts.connection.journal_mode.empty())
           dibs::retry(setup, [&] { db.exec(fmt::format("PRAGMA journal_mode={}", opts.connection.journal_mode)); });
       });
@@ -434,6 +529,50 @@ private:
                         number("pid"), number("lease_ms"), field("error"), field("result")));
   }
 
+  // The queue index: marker_claim's records read in SQL by the rules of the
+  // record codec (detail/claim_record.hpp), so that the index holds exactly
+  // the rows the codec reads as waiting. Lines 1 and 2 are compared as
+  // bytes (a value holding bytes that are not text is a BLOB; CAST makes
+  // both kinds compare alike); priority and not_before are the first line
+  // with their name, as the codec reads them. Indexes of expressions, not
+  // columns: SQLite keeps them up to date on every write, whoever writes
+  // (a dibs before 0.5 that has no idea of them, an application's own
+  // UPDATE), so the table needs no new column and no trigger, and an older
+  // dibs on the same file keeps working beside this one (see docs/stores.md).
+  static std::string head_bytes(claim_state s) {
+    std::string h;
+    detail::claim_record::append_head(h, s, 0);
+    h.resize(h.find("attempts "));  // "dibs-claim 1\nstate <s>\n"
+    return h;
+  }
+  static std::string head_is(claim_state s) {
+    const std::string h = head_bytes(s);
+    std::string hex;
+    for (const unsigned char c : h) hex += fmt::format("{:02x}", c);
+    return fmt::format("CAST(substr(value, 1, {}) AS BLOB) = X'{}'", h.size(), hex);
+  }
+  static std::string queue_condition() {
+    return "(" + head_is(claim_state::offered) + " OR " + head_is(claim_state::released) + ")";
+  }
+  // The first "<name> " line's number (CAST reads the digits up to the
+  // newline); NULL if there is none.
+  static std::string number_line(std::string_view name) {
+    return fmt::format("CAST(substr(value, nullif(instr(value, char(10) || '{0} '), 0) + {1}, 20) AS INTEGER)", name,
+                       name.size() + 2);
+  }
+  static std::string priority_expression() { return "coalesce(" + number_line("priority") + ", 0)"; }
+
+  // Creates the queue's partial indexes if they are missing: on a table of
+  // an older dibs this is its migration, one CREATE INDEX under the write
+  // lock (which the other processes' statements wait for, as for any
+  // write). The names carry the format: a dibs that reads the record
+  // differently gives its index another name.
+  static void create_queue_indexes(sqlite::connection& db, const std::string& table) {
+    db.exec(fmt::format("CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" ({1} DESC, key) WHERE {2}; "
+                        "CREATE INDEX IF NOT EXISTS \"{0}_processing\" ON \"{0}\" (key) WHERE {3}",
+                        table, priority_expression(), queue_condition(), head_is(claim_state::processing)));
+  }
+
   // Returns: false if the table does not exist. Throws errc::corrupt_record
   // naming the table and the file if it exists with another shape.
   static bool check_shape(sqlite::connection& db, const std::string& table) {
@@ -494,11 +633,22 @@ private:
                                       "WHERE key = ?1 AND version = ?2 AND value IS NOT NULL",
                                       t));
     erase_.emplace(db_, fmt::format("UPDATE \"{}\" SET value = NULL WHERE key = ?1 AND version = ?2 AND value IS NOT NULL", t));
+    // claim_next's candidates: the claimable rows in the queue index's
+    // order; the WHERE names the index's condition as it is written there,
+    // so that the planner uses it.
+    take_.emplace(db_, fmt::format("SELECT key, value, version FROM \"{0}\" WHERE {1} "
+                                   "AND ({2} IS NULL OR {2} <= ?2) "
+                                   "AND (typeof(key) = 'blob' OR (key >= ?1 AND (?3 IS NULL OR key < ?3))) "
+                                   "ORDER BY {3} DESC, key",
+                                   t, queue_condition(), number_line("not_before"), priority_expression()));
+    processing_.emplace(db_, fmt::format("SELECT key FROM \"{}\" WHERE {}", t, head_is(claim_state::processing)));
+    begin_.emplace(db_, "BEGIN IMMEDIATE");
+    commit_.emplace(db_, "COMMIT");
   }
 
   sqlite_store_options opts_;
   sqlite::connection db_;
-  std::optional<sqlite::statement> read_, create_, replace_, erase_;
+  std::optional<sqlite::statement> read_, create_, replace_, erase_, take_, processing_, begin_, commit_;
 };
 
 static_assert(listable_store<sqlite_store>);
