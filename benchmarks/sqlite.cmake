@@ -4,6 +4,8 @@
 if(TARGET dibs::sqlite)
   add_executable(sqlite_claim_single sqlite_claim_single.cpp)
   target_link_libraries(sqlite_claim_single PRIVATE dibs::sqlite benchmark::benchmark)
+  add_executable(sqlite_queue_scaling sqlite_queue_scaling.cpp)
+  target_link_libraries(sqlite_queue_scaling PRIVATE dibs::sqlite benchmark::benchmark)
   add_executable(sqlite_claim_procs sqlite_claim_procs.cpp)
   target_link_libraries(sqlite_claim_procs PRIVATE dibs::sqlite)
 endif()

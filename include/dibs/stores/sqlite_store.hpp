@@ -246,6 +246,7 @@ public:
         struct candidate {
           std::string key;
           dibs::version version;
+          std::int64_t rowid;
           std::string head;
         };
         std::vector<candidate> got;
@@ -260,7 +261,7 @@ public:
           const std::string v = s.column_blob(1);
           const auto h = detail::claim_record::parse_head(v);
           if (!h || !h->attempts || !h->claimable_at(now)) continue;
-          got.push_back({std::move(k), static_cast<dibs::version>(s.column_int64(2)),
+          got.push_back({std::move(k), static_cast<dibs::version>(s.column_int64(2)), s.column_int64(3),
                          detail::claim_record::taken_head(*h->attempts + std::uint64_t{1}, h->priority)});
         }
         s.reset();
@@ -268,8 +269,8 @@ public:
         for (auto& c : got) {
           std::string value = std::move(c.head);
           value += rest;
-          auto& u = *replace_;
-          bind_key(u, 1, c.key);
+          auto& u = *take_row_;
+          u.bind(1, c.rowid);
           u.bind(2, to_column(c.version));
           bind_value(u, 3, value);
           (void)u.step();
@@ -288,9 +289,10 @@ public:
     });
   }
 
-  /// For marker_claim's sweeps (dibs::claim_queue_store). Returns: the keys
-  /// that start with `prefix` whose record is a processing claim, through
-  /// the partial index "<table>_processing" (only those rows).
+  /// For marker_claim's sweeps (dibs::claim_queue_store), which run while
+  /// nothing is claimable, at most every third of a lease. Returns: the keys
+  /// that start with `prefix` whose record is a processing claim (a scan of
+  /// the table).
   std::vector<std::string> processing_keys(std::string_view prefix = {}) {
     const auto turn = take_turn();
     return dibs::retry(opts_.busy, [&] {
@@ -461,7 +463,7 @@ private:
       as_open_error(path, opts.table, [&] {
         dibs::retry(setup, [&] { create_version_floor(db, opts.table); });
         dibs::retry(setup, [&] { create_claims_view(db, opts.table); });
-        dibs::retry(setup, [&] { create_queue_indexes(db, opts.table); });
+        dibs::retry(setup, [&] { create_queue_index(db, opts.table); });
         if (!opts.connection.journal_mode.empty())
           dibs::retry(setup, [&] { db.exec(fmt::format("PRAGMA journal_mode={}", opts.connection.journal_mode)); });
       });
@@ -562,15 +564,16 @@ private:
   }
   static std::string priority_expression() { return "coalesce(" + number_line("priority") + ", 0)"; }
 
-  // Creates the queue's partial indexes if they are missing: on a table of
-  // an older dibs this is its migration, one CREATE INDEX under the write
-  // lock (which the other processes' statements wait for, as for any
-  // write). The names carry the format: a dibs that reads the record
-  // differently gives its index another name.
-  static void create_queue_indexes(sqlite::connection& db, const std::string& table) {
-    db.exec(fmt::format("CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" ({1} DESC, key) WHERE {2}; "
-                        "CREATE INDEX IF NOT EXISTS \"{0}_processing\" ON \"{0}\" (key) WHERE {3}",
-                        table, priority_expression(), queue_condition(), head_is(claim_state::processing)));
+  // Creates the queue's partial index if it is missing: on a table of an
+  // older dibs this is its migration, one CREATE INDEX under the write lock
+  // (which the other processes' statements wait for, as for any write). Its
+  // name stands for the format: a dibs that reads the record differently
+  // gives its index another name. No index of the processing records: one
+  // costs a page write at every claim and completion, and processing_keys
+  // runs only while the queue is idle, at most every third of a lease.
+  static void create_queue_index(sqlite::connection& db, const std::string& table) {
+    db.exec(fmt::format("CREATE INDEX IF NOT EXISTS \"{0}_queue\" ON \"{0}\" ({1} DESC, key) WHERE {2}", table,
+                        priority_expression(), queue_condition()));
   }
 
   // Returns: false if the table does not exist. Throws errc::corrupt_record
@@ -636,11 +639,14 @@ private:
     // claim_next's candidates: the claimable rows in the queue index's
     // order; the WHERE names the index's condition as it is written there,
     // so that the planner uses it.
-    take_.emplace(db_, fmt::format("SELECT key, value, version FROM \"{0}\" WHERE {1} "
+    take_.emplace(db_, fmt::format("SELECT key, value, version, rowid FROM \"{0}\" WHERE {1} "
                                    "AND ({2} IS NULL OR {2} <= ?2) "
                                    "AND (typeof(key) = 'blob' OR (key >= ?1 AND (?3 IS NULL OR key < ?3))) "
                                    "ORDER BY {3} DESC, key",
                                    t, queue_condition(), number_line("not_before"), priority_expression()));
+    take_row_.emplace(db_, fmt::format("UPDATE \"{}\" SET value = ?3, version = version + 1 WHERE rowid = ?1 AND "
+                                       "version = ?2",
+                                       t));
     processing_.emplace(db_, fmt::format("SELECT key FROM \"{}\" WHERE {}", t, head_is(claim_state::processing)));
     begin_.emplace(db_, "BEGIN IMMEDIATE");
     commit_.emplace(db_, "COMMIT");
@@ -648,7 +654,7 @@ private:
 
   sqlite_store_options opts_;
   sqlite::connection db_;
-  std::optional<sqlite::statement> read_, create_, replace_, erase_, take_, processing_, begin_, commit_;
+  std::optional<sqlite::statement> read_, create_, replace_, erase_, take_, take_row_, processing_, begin_, commit_;
 };
 
 static_assert(listable_store<sqlite_store>);
