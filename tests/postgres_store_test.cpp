@@ -83,6 +83,15 @@ TEST_CASE("postgres_store passes the queue checks: priorities, schedules, backof
   // compute them all again, and compare.
   dibs::marker_claim<dibs::postgres_store> claims{s, {.renew = false}};
   REQUIRE(claims.offer("later", {.not_before = std::chrono::system_clock::now() + 1h, .priority = -3}));
+  // Batches write the columns through arrays: offered with a not_before and
+  // a priority, and completed (check_queue's batches are in the table too).
+  REQUIRE(claims.offer_n(std::vector<std::string>{"n-later-1", "n-later-2"},
+                         {.not_before = std::chrono::system_clock::now() + 1h, .priority = 6}) == 2);
+  REQUIRE(claims.offer_n(std::vector<std::string>{"n-now-1", "n-now-2", "n-now-3"}) == 3);
+  {
+    auto got = claims.claim_next_n(2, "n-now-");
+    REQUIRE(claims.complete_n(std::span(got), "ok") == std::vector<bool>{true, true});
+  }
   {
     auto c = claims.try_claim("held");
     REQUIRE(c);
@@ -215,6 +224,39 @@ TEST_CASE("a write whose reply was lost is outcome_unknown, never a lost race, a
   // No session of ours is left behind the proxy.
   CHECK(pg::sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dibs' AND state = 'idle' "
                 "AND backend_start < now() - interval '1 hour'") == "0");
+}
+
+TEST_CASE("batches through a lost reply or a lost request: offer_n and complete_n report exactly what the table holds") {
+  const auto t = pg::fresh_table("lostbatch");
+  pg::proxy net;
+  auto s = pg_open(t, net.conninfo());
+  dibs::marker_claim<dibs::postgres_store> claims{s, {.renew = false}};
+  REQUIRE(claims.offer("b-0"));
+  const std::vector<std::string> keys{"b-0", "b-1", "b-2", "b-3"};
+  // Applied, reply lost: read back, the three new ones are counted once.
+  net.lose_reply();
+  CHECK(claims.offer_n(keys) == 3);
+  CHECK(net.lost() == 1);
+  CHECK(pg::sql(fmt::format("SELECT count(*) FROM \"{}\" WHERE state = 'offered'", t)) == "4");
+  // Not applied (the request lost): sent again, the same count.
+  net.lose_request();
+  CHECK(claims.offer_n(std::vector<std::string>{"c-1", "c-2"}) == 2);
+  CHECK(net.lost() == 2);
+  auto got = claims.claim_next_n(4, "b-");
+  REQUIRE(got.size() == 4);
+  // A completion batch whose reply is lost, one of its claims taken over
+  // before: the others completed, that one reported.
+  const auto r = s.read(got[2].key());
+  REQUIRE(s.replace(got[2].key(), r->version, "dibs-claim 1\nstate released\nattempts 1\n"));
+  net.lose_reply();
+  CHECK(claims.complete_n(std::span(got)) == std::vector<bool>{true, true, false, true});
+  CHECK(pg::sql(fmt::format("SELECT count(*) FROM \"{}\" WHERE state = 'completed'", t)) == "3");
+  // Not applied: written again, the same result.
+  auto more = claims.claim_next_n(3, "");
+  REQUIRE(more.size() == 3);
+  net.lose_request();
+  CHECK(claims.complete_n(std::span(more)) == std::vector<bool>{true, true, true});
+  CHECK(pg::sql(fmt::format("SELECT count(*) FROM \"{}\" WHERE state = 'completed'", t)) == "6");
 }
 
 TEST_CASE("a lock taken through a lost reply is held, with the token the record has") {

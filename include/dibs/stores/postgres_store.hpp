@@ -97,6 +97,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <random>
 #include <string>
 #include <string_view>
@@ -223,6 +224,44 @@ public:
     const std::string v = std::to_string(expected);
     const auto r = run(stmt::erase, {key, v}, t, true, "erase");
     return ::PQntuples(r.get()) == 1;
+  }
+
+  /// For marker_claim's offer_n (dibs::batch_store): creates each absent
+  /// key as create() does, in one statement (INSERT ... SELECT FROM unnest
+  /// of arrays ... ON CONFLICT), with each record's queue columns.
+  /// Returns: per item its version, or nothing if the key had a record.
+  /// Throws: errc::invalid_argument, before anything is sent, for a bad key
+  /// or value or a key given twice; otherwise as create().
+  std::vector<std::optional<dibs::version>> create_n(std::span<const key_value> items,
+                                                     dibs::time_limit t = dibs::time_limit::max()) {
+    detail::check_batch(items, "dibs::postgres_store::create_n");
+    batch_arrays a{items.size()};
+    for (const auto& it : items) a.add(it.key, it.value);
+    const auto r = run(stmt::create_n, {a.keys.data(), a.values.data(), a.states.data(), a.attempts.data(),
+                                        a.priorities.data(), a.not_befores.data(), a.claimables.data()},
+                       t, true, "create a batch of records");
+    return per_item(r.get(), items);
+  }
+
+  /// For marker_claim's complete_n (dibs::batch_store): each item's
+  /// compare-and-set as replace() does it, in one statement (UPDATE ... FROM
+  /// unnest of arrays). Returns: per item its new version, or nothing if its
+  /// version had moved. Throws: as create_n.
+  std::vector<std::optional<dibs::version>> replace_n(std::span<const replace_item> items,
+                                                      dibs::time_limit t = dibs::time_limit::max()) {
+    detail::check_batch(items, "dibs::postgres_store::replace_n");
+    batch_arrays a{items.size()};
+    pg_array expected{pg_array::int8_oid, items.size()};
+    for (const auto& it : items) {
+      a.add(it.key, it.value);
+      // A version above what bigint holds is on no row: -1 never matches.
+      expected.int8(it.expected > static_cast<dibs::version>(INT64_MAX) ? -1 : static_cast<std::int64_t>(it.expected));
+    }
+    const auto r = run(stmt::replace_n, {a.keys.data(), expected.data(), a.values.data(), a.states.data(),
+                                         a.attempts.data(), a.priorities.data(), a.not_befores.data(),
+                                         a.claimables.data()},
+                       t, true, "replace a batch of records");
+    return per_item(r.get(), items);
   }
 
   /// For marker_claim::claim_next and claim_next_n (dibs::claim_queue_store):
@@ -359,7 +398,20 @@ private:
   // Renewals (on the renewal keeper's threads) have a connection of their
   // own, so a statement of the application's that waits (a row lock held by
   // an open transaction, a table lock) never holds a lease's renewal up.
-  enum class stmt { read, read_aged, create, create_or_read, replace, erase, keys, take, take_all, processing };
+  enum class stmt {
+    read,
+    read_aged,
+    create,
+    create_or_read,
+    replace,
+    erase,
+    keys,
+    take,
+    take_all,
+    processing,
+    create_n,
+    replace_n
+  };
   static constexpr std::chrono::milliseconds min_statement{250};
   using result = std::unique_ptr<PGresult, decltype(&::PQclear)>;
   static constexpr std::string_view schema_comment = "dibs-store 3";
@@ -394,6 +446,93 @@ private:
     std::string out;
     out.reserve(s.size() * 2);
     for (const char c : s) out += fmt::format("{:02x}", static_cast<unsigned char>(c));
+    return out;
+  }
+
+  // A one-dimensional array in PostgreSQL's binary format (what array_send
+  // writes and array_recv reads): ndim, has-nulls, element type, then the
+  // length and lower bound of the one dimension, then each element as its
+  // length (-1: NULL) and bytes, every integer in network order.
+  class pg_array {
+  public:
+    static constexpr std::uint32_t bool_oid = 16, bytea_oid = 17, int8_oid = 20, int4_oid = 23, text_oid = 25;
+    pg_array(std::uint32_t element, std::size_t n) {
+      put32(1);
+      put32(0);
+      put32(element);
+      put32(static_cast<std::uint32_t>(n));
+      put32(1);
+    }
+    void bytes(std::string_view b) {
+      put32(static_cast<std::uint32_t>(b.size()));
+      buf_ += b;
+    }
+    void null() {
+      put32(0xffffffffu);
+      buf_[7] = 1;  // has-nulls (the low byte of the second word)
+    }
+    void int4(std::int32_t v) {
+      put32(4);
+      put32(static_cast<std::uint32_t>(v));
+    }
+    void int8(std::int64_t v) {
+      put32(8);
+      const auto u = static_cast<std::uint64_t>(v);
+      put32(static_cast<std::uint32_t>(u >> 32));
+      put32(static_cast<std::uint32_t>(u));
+    }
+    void boolean(bool b) {
+      put32(1);
+      buf_ += b ? '\1' : '\0';
+    }
+    std::string_view data() const noexcept { return buf_; }
+
+  private:
+    void put32(std::uint32_t v) {
+      const char b[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+                         static_cast<char>(v)};
+      buf_.append(b, 4);
+    }
+    std::string buf_;
+  };
+
+  // The arrays of a batch: keys, values and each value's queue columns (as
+  // queue_row computes them for one record).
+  struct batch_arrays {
+    pg_array keys, values, states, attempts, priorities, not_befores, claimables;
+    explicit batch_arrays(std::size_t n)
+        : keys{pg_array::bytea_oid, n}, values{pg_array::bytea_oid, n}, states{pg_array::text_oid, n},
+          attempts{pg_array::int4_oid, n}, priorities{pg_array::int8_oid, n}, not_befores{pg_array::int8_oid, n},
+          claimables{pg_array::bool_oid, n} {}
+    void add(std::string_view key, std::string_view value) {
+      keys.bytes(key);
+      values.bytes(value);
+      const auto h = detail::claim_record::parse_head(value);
+      if (h && !h->state_word.empty()) states.bytes(h->state_word);
+      else states.null();
+      attempts.int4(h && h->attempts ? static_cast<std::int32_t>(*h->attempts) : 0);
+      priorities.int8(h ? h->priority : 0);
+      if (h && h->not_before_ms) not_befores.int8(*h->not_before_ms);
+      else not_befores.null();
+      claimables.boolean(h && h->waiting());
+    }
+  };
+
+  // A batch statement's rows (key, version) matched to its items by key
+  // (the keys of a batch are distinct; RETURNING keeps no order).
+  template <class Item>
+  static std::vector<std::optional<dibs::version>> per_item(const PGresult* r, std::span<const Item> items) {
+    std::vector<std::pair<std::string, dibs::version>> rows;
+    for (int i = 0; i < ::PQntuples(r); ++i) rows.emplace_back(bytes(r, i, 0), integer(r, i, 1));
+    std::sort(rows.begin(), rows.end());
+    std::vector<std::optional<dibs::version>> out;
+    out.reserve(items.size());
+    for (const auto& it : items) {
+      const auto f = std::lower_bound(rows.begin(), rows.end(), it.key,
+                                      [](const auto& row, std::string_view k) { return row.first < k; });
+      if (f != rows.end() && f->first == it.key) out.emplace_back(f->second);
+      else out.emplace_back();
+    }
     return out;
   }
 
@@ -759,6 +898,26 @@ private:
                                   t)},
         {stmt::take, take_sql(t, true)},
         {stmt::take_all, take_sql(t, false)},
+        // The batches: create's and replace's statements over the rows of
+        // unnest(arrays), one statement for the whole batch.
+        {stmt::create_n,
+         fmt::format("INSERT INTO \"{0}\" AS r (key, value, version, written, state, attempts, priority, not_before, "
+                     "synced, claimable) SELECT u.k, u.v, {1}, clock_timestamp(), u.st, u.att, u.pri, u.nb, {1}, u.cl "
+                     "FROM unnest($1::bytea[], $2::bytea[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[], "
+                     "$7::boolean[]) AS u(k, v, st, att, pri, nb, cl) ON CONFLICT (key) DO UPDATE "
+                     "SET value = excluded.value, version = GREATEST(r.version + 1, excluded.version), "
+                     "written = clock_timestamp(), state = excluded.state, attempts = excluded.attempts, "
+                     "priority = excluded.priority, not_before = excluded.not_before, "
+                     "synced = GREATEST(r.version + 1, excluded.version), claimable = excluded.claimable "
+                     "WHERE r.value IS NULL RETURNING key, version",
+                     t, first_version)},
+        {stmt::replace_n,
+         fmt::format("UPDATE \"{}\" AS r SET value = u.v, version = r.version + 1, written = clock_timestamp(), "
+                     "state = u.st, attempts = u.att, priority = u.pri, not_before = u.nb, synced = r.version + 1, "
+                     "claimable = u.cl FROM unnest($1::bytea[], $2::bigint[], $3::bytea[], $4::text[], "
+                     "$5::integer[], $6::bigint[], $7::bigint[], $8::boolean[]) AS u(k, ver, v, st, att, pri, nb, cl) "
+                     "WHERE r.key = u.k AND r.version = u.ver AND r.value IS NOT NULL RETURNING r.key, r.version",
+                     t)},
         {stmt::processing, fmt::format("SELECT key FROM \"{}\" WHERE state = 'processing' AND "
                                        "substring(key FROM 1 FOR length($1::bytea)) = $1::bytea",
                                        t)},
@@ -784,6 +943,8 @@ private:
       case stmt::take: return "dibs_take";
       case stmt::take_all: return "dibs_take_all";
       case stmt::processing: return "dibs_processing";
+      case stmt::create_n: return "dibs_create_n";
+      case stmt::replace_n: return "dibs_replace_n";
     }
     return "";
   }
@@ -1035,6 +1196,7 @@ static_assert(listable_store<postgres_store>);
 static_assert(timed_shared_store<postgres_store>);
 static_assert(store_with_clock<postgres_store>);
 static_assert(create_or_read_store<postgres_store>);
+static_assert(batch_store<postgres_store>);
 static_assert(requires(const postgres_store& s) { s.wait_for_change("k", std::chrono::seconds{1}); });
 
 }  // namespace dibs
