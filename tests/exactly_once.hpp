@@ -220,3 +220,96 @@ void check_claim_next_exactly_once(OpenItems open_items, OpenJournal open_journa
 }
 
 }  // namespace dibs_test
+
+#include <dibs/worker_pool.hpp>
+
+namespace dibs_test {
+
+/// Returns: the fencing token a claim record names ("token N"), 0 if none.
+inline dibs::version record_token(const std::optional<dibs::record>& r) {
+  if (!r) return 0;
+  return dibs::detail::number_field<dibs::version>(r->value, "token").value_or(0);
+}
+
+/// The queue invariant for dibs::worker_pool: the parent offers `items`
+/// items with offer_n, `workers` processes each run a pool (4 handler
+/// threads, prefetch 8) whose handler writes the item's fenced effect,
+/// `kills` of them are SIGKILLed on the way (mid-batch: with items
+/// prefetched, running, and handled but not yet completed) and replaced;
+/// at the end every item is completed once and its effect is the
+/// completing claim's (the journal's token is the completed record's).
+template <class OpenItems, class OpenJournal>
+void check_pool_exactly_once(OpenItems open_items, OpenJournal open_journal, int workers, int items, int kills,
+                             std::chrono::milliseconds lease) {
+  using Store = std::remove_cvref_t<decltype(open_items())>;
+  using namespace std::chrono_literals;
+  auto key = [](int i) { return fmt::format("p/<job/{:05}@pool>", i); };
+  {
+    auto store = open_items();
+    dibs::marker_claim<Store> claims{store};
+    std::vector<std::string> keys;
+    for (int i = 0; i < items; ++i) keys.push_back(key(i));
+    for (std::size_t at = 0; at < keys.size(); at += 1000)
+      REQUIRE(claims.offer_n(std::span(keys).subspan(at, std::min<std::size_t>(1000, keys.size() - at))) ==
+              std::min<std::size_t>(1000, keys.size() - at));
+  }
+  temp_dir flags;
+  const auto stop_flag = flags.path / "stop";
+  auto start_worker = [&](int) {
+    return spawn([&]() -> int {
+      const auto forever = dibs::time_limit::max();
+      auto store = dibs::detail::retry_transient(forever, open_items);
+      auto journal = dibs::detail::retry_transient(forever, open_journal);
+      std::mutex journal_m;  // one journal connection, four handler threads
+      dibs::marker_claim<Store> claims{store, {.lease = lease, .max_attempts = 20}};
+      std::atomic<bool> stale{false};
+      dibs::worker_pool pool{claims,
+                             [&](const auto& c) {
+                               std::lock_guard g{journal_m};
+                               if (!write_fenced_effect(journal, c.key(), c.token())) stale = true;
+                             },
+                             {.concurrency = 4, .prefetch = 8, .prefix = "p/", .idle_wait = 20ms,
+                              .on_error = [](const std::exception&) {}}};
+      std::stop_source stop;
+      std::thread watch{[&] {
+        while (!std::filesystem::exists(stop_flag)) std::this_thread::sleep_for(10ms);
+        stop.request_stop();
+      }};
+      (void)pool.run(stop.get_token());
+      watch.join();
+      return stale ? 4 : 0;  // 4: a stale claim's effect, which must never happen
+    });
+  };
+  std::vector<pid_t> pids;
+  int seed = 2000;
+  for (int i = 0; i < workers; ++i) pids.push_back(start_worker(seed++));
+  const int landed = kill_and_replace(pids, kills, 11, [&] { return start_worker(seed++); });
+  CHECK(landed == kills);  // each kill ended a running worker (they run until stop_flag)
+  auto store = open_items();
+  dibs::marker_claim<Store> claims{store};
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  int completed = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    completed = 0;
+    for (const auto& item : claims.list("p/")) completed += item.status.state == dibs::claim_state::completed;
+    if (completed == items) break;
+    std::this_thread::sleep_for(200ms);
+  }
+  spit(stop_flag, "");
+  int failed = 0;
+  for (pid_t p : pids) failed += wait_exit(p) != 0;
+  CHECK(failed == 0);
+  CHECK(completed == items);
+  auto journal = open_journal();
+  int effects_match = 0, retried = 0;
+  for (int i = 0; i < items; ++i) {
+    if (claims.status(key(i)).attempts > 1) ++retried;
+    const auto e = journal.read(key(i));
+    if (e && std::stoull(e->value) == record_token(store.read(key(i)))) ++effects_match;
+  }
+  INFO("items claimed again after a kill: " << retried);
+  CHECK(effects_match == items);
+  CHECK_FALSE(claims.claim_next("p/"));
+}
+
+}  // namespace dibs_test

@@ -660,7 +660,7 @@ TEST_CASE("sqlite_store passes the queue checks: priorities, schedules, backoffs
   REQUIRE_NOTHROW(dibs::testing::check_queue_race_processes([&] { return dibs::sqlite_store{db}; }, 4, 150, "race-"));
 }
 
-TEST_CASE("over sqlite_store, list() reads the table in one statement and lists a record that is not a claim as damaged; claim_next never reads it") {
+TEST_CASE("over sqlite_store, list() reads the table in one statement and lists a record that is not a claim as damaged, and claim_next never reads it") {
   temp_dir dir;
   dibs::sqlite_store s{dir.path / "q.db"};
   static_assert(dibs::snapshot_store<dibs::sqlite_store>);
@@ -939,7 +939,7 @@ TEST_CASE("a sqlite_store table of a dibs without the queue index gets it when o
 }
 
 #ifndef _WIN32
-TEST_CASE("processes claiming through the queue index and processes of a dibs that reads every record share one queue: each item handed out once") {
+TEST_CASE("indexed and scanning processes on one SQLite queue: each item handed out once (the scanning ones as a dibs without the index)") {
   temp_dir dir;
   const auto db = dir.path / "mixed.db";
   constexpr int items = 300;
