@@ -59,6 +59,7 @@
 #include <random>
 #include <ostream>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -238,7 +239,7 @@ public:
         throw std::logic_error(fmt::format("dibs::marker_claim '{}': complete after complete() or release() in the same "
                                            "open transaction",
                                            key_));
-      const std::string value = owner_->encode(claim_state::completed, attempts_, "", result, token_, priority_);
+      const std::string value = completed_value(result);
       bool done = false;
       try {
         done = in_store_transaction() ? finish_in_transaction(value) : finish(value);
@@ -334,6 +335,10 @@ public:
     }
 
     bool in_owner_process() const noexcept { return pid_ == detail::current_pid(); }
+
+    std::string completed_value(std::string_view result) const {
+      return owner_->encode(claim_state::completed, attempts_, "", result, token_, priority_);
+    }
     void check_owner_process(const char* what) const {
       if (owner_ && !in_owner_process())
         throw std::system_error(std::make_error_code(std::errc::operation_not_permitted),
@@ -598,6 +603,108 @@ public:
         .has_value();
   }
 
+  /// Effects: offers every key of `keys` (a range of strings or
+  /// string_views) as offer(key, o) would: in one statement or one
+  /// transaction where the store has batches (dibs::batch_store:
+  /// sqlite_store, postgres_store), else key by key.
+  /// Returns: how many were new (a key that already has a record is left as
+  /// it is).
+  /// Throws: errc::invalid_argument, before anything is written, if `keys`
+  /// is empty or holds more than max_batch keys, an invalid key, or a key
+  /// twice.
+  template <class Keys>
+  std::size_t offer_n(const Keys& keys, offer_options o = {}) {
+    std::vector<std::string_view> ks;
+    for (const auto& k : keys) ks.emplace_back(k);
+    check_batch_size(ks.size(), "dibs::marker_claim::offer_n");
+    std::vector<std::string> values;
+    values.reserve(ks.size());
+    for (std::size_t i = 0; i < ks.size(); ++i)
+      values.push_back(encode(claim_state::offered, 0, "", "", 0, o.priority, o.not_before));
+    std::vector<key_value> items;
+    items.reserve(ks.size());
+    for (std::size_t i = 0; i < ks.size(); ++i) items.push_back({ks[i], values[i]});
+    detail::check_batch(std::span<const key_value>(items), "dibs::marker_claim::offer_n");
+    const auto got = detail::store_create_n(store_, std::span<const key_value>(items),
+                                            std::chrono::steady_clock::now() + opts_.lease);
+    return static_cast<std::size_t>(std::count_if(got.begin(), got.end(), [](const auto& v) { return v.has_value(); }));
+  }
+
+  /// Effects: completes each of `claims` (claims of this marker_claim) as
+  /// claim::complete(result) would, in one statement or one transaction
+  /// where the store has batches (dibs::batch_store), each checked against
+  /// its own version as its own complete() would be: a claim that was taken
+  /// over is never completed, and said so. Called by a thread with a
+  /// transaction open on the store (transaction_aware_store), each is
+  /// completed in it, as complete() does.
+  /// Returns: per claim, true if it was completed, false if it had been
+  /// taken over (the item is someone else's now: do not report it done).
+  /// Every claim is finished when this returns or throws; if it throws (the
+  /// store failed), none was completed by it for sure, and an item that was
+  /// not comes back after its lease.
+  /// Throws: std::logic_error if a claim is finished already, appears twice
+  /// or belongs to another marker_claim; errc::invalid_argument if there are
+  /// more than max_batch; std::errc::operation_not_permitted in a forked
+  /// child of the worker; a failure of the store.
+  std::vector<bool> complete_n(std::span<claim> claims, std::string_view result = {}) {
+    if (claims.empty()) return {};
+    check_batch_size(claims.size(), "dibs::marker_claim::complete_n");
+    for (auto& c : claims) {
+      c.check_owner_process("complete");
+      c.settle();
+      if (c.owner_ != this)
+        throw std::logic_error(fmt::format("dibs::marker_claim::complete_n: the claim of '{}' is {}", c.key_,
+                                           c.owner_ ? "of another marker_claim" : "finished already"));
+      if (c.pending())
+        throw std::logic_error(fmt::format("dibs::marker_claim '{}': complete after complete() or release() in the "
+                                           "same open transaction",
+                                           c.key_));
+    }
+    std::vector<bool> done(claims.size(), false);
+    if constexpr (transaction_aware_store<Store>) {
+      if (store_.in_transaction()) {
+        // Part of the caller's transaction, claim by claim (their effects
+        // are pending until it ends).
+        for (std::size_t i = 0; i < claims.size(); ++i)
+          done[i] = claims[i].finish_in_transaction(claims[i].completed_value(result));
+        return done;
+      }
+    }
+    // As finish() does for one: renewals stopped, then each claim's hold
+    // locked (in address order: a renewal locks one at a time) while its
+    // version is written on.
+    std::vector<typename claim::hold*> holds;
+    for (auto& c : claims) {
+      c.stop_renewal();
+      holds.push_back(c.hold_.get());
+    }
+    std::vector<std::string> values;
+    values.reserve(claims.size());
+    for (auto& c : claims) values.push_back(c.completed_value(result));
+    for (auto& c : claims) c.owner_ = nullptr;
+    auto order = holds;
+    std::sort(order.begin(), order.end());
+    if (std::adjacent_find(order.begin(), order.end()) != order.end())
+      throw std::logic_error("dibs::marker_claim::complete_n: a claim is given twice");
+    std::vector<std::unique_lock<std::mutex>> locks;
+    locks.reserve(order.size());
+    for (auto* h : order) locks.emplace_back(h->m);
+    auto end = std::chrono::steady_clock::time_point::max();
+    std::vector<replace_item> items;
+    items.reserve(claims.size());
+    for (std::size_t i = 0; i < claims.size(); ++i) {
+      end = std::min(end, holds[i]->validity.end());
+      items.push_back({claims[i].key_, holds[i]->version, values[i]});
+    }
+    end = std::max(end, std::chrono::steady_clock::now() + detail::try_wait);
+    const auto got = detail::store_replace_n(store_, std::span<const replace_item>(items), end);
+    for (std::size_t i = 0; i < claims.size(); ++i) done[i] = got[i].has_value();
+    return done;
+  }
+
+  /// The most items offer_n and complete_n take at once.
+  static constexpr std::size_t max_batch = 100'000;
+
   /// Returns: a claim on some claimable item whose key starts with `prefix`
   /// (offered or released, its not_before time come, or held by a worker
   /// that is gone), one of the highest priority, with the guarantees of
@@ -799,6 +906,12 @@ public:
   }
 
 private:
+  static void check_batch_size(std::size_t n, std::string_view call) {
+    if (n == 0 || n > max_batch)
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("{}: a batch holds 1 to {} items (got {})", call, max_batch, n));
+  }
+
   // Returns: true at most every third of a lease (claim_next's sweeps).
   bool sweep_due() {
     const auto now = std::chrono::steady_clock::now();

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -131,6 +132,40 @@ concept create_or_read_store =
     timed_shared_store<S> && requires(S& s, std::string_view key, std::string_view value, dibs::time_limit t) {
       { s.create_or_read(key, value, t) } -> std::same_as<create_or_read_result>;
     };
+
+/// One record of a batch: create_n's key and value.
+struct key_value {
+  std::string_view key;
+  std::string_view value;
+};
+
+/// One compare-and-set of a batch: replace_n's key, the version it expects
+/// and the new value.
+struct replace_item {
+  std::string_view key;
+  dibs::version expected = 0;
+  std::string_view value;
+};
+
+/// Optional: a store that writes many records in one statement or one
+/// transaction (sqlite_store, postgres_store): marker_claim's offer_n and
+/// complete_n use it; elsewhere they write item by item.
+///
+/// | expression | returns | meaning |
+/// | --- | --- | --- |
+/// | `s.create_n(items, t)` | `std::vector<std::optional<version>>` | create each absent key; per item its version, or nothing if the key had a record |
+/// | `s.replace_n(items, t)` | `std::vector<std::optional<version>>` | compare-and-set each; per item its new version, or nothing if it had moved |
+///
+/// A batch is atomic: it is applied whole or not at all (a failure throws,
+/// having changed nothing, or with errc::outcome_unknown). Its keys are
+/// distinct; each item is checked as its single operation would be, before
+/// anything is written.
+template <class S>
+concept batch_store = shared_store<S> && requires(S& s, std::span<const key_value> kv,
+                                                  std::span<const replace_item> ri, dibs::time_limit t) {
+  { s.create_n(kv, t) } -> std::same_as<std::vector<std::optional<dibs::version>>>;
+  { s.replace_n(ri, t) } -> std::same_as<std::vector<std::optional<dibs::version>>>;
+};
 
 /// A store where a create() that finds the key taken costs about as much as
 /// the create that succeeds, and less than a read followed by a create of a
@@ -252,6 +287,72 @@ create_or_read_result store_create_or_read(S& s, std::string_view key, std::stri
   }
 }
 
+// Batches, with an unknown outcome resolved as for single writes: a batch
+// is atomic, so it landed if any item reads back with its own value (each
+// value the policies write names its writer), and then the items found
+// with their own values are its; if none is found, it did not land and is
+// sent again. A store without batches: item by item.
+template <class S>
+std::vector<std::optional<dibs::version>> store_create_n(S& s, std::span<const key_value> items, dibs::time_limit t) {
+  if constexpr (batch_store<S>) {
+    for (;;) {
+      try {
+        return retry_transient(t, [&] { return s.create_n(items, t); });
+      } catch (const std::system_error& e) {
+        if (!outcome_unknown(e)) throw;
+        std::vector<std::optional<dibs::version>> out;
+        bool landed = false;
+        for (const auto& it : items) {
+          const auto r = read_back(s, it.key, t, e);
+          out.push_back(r && r->value == it.value ? std::optional{r->version} : std::nullopt);
+          landed = landed || out.back().has_value();
+        }
+        if (landed) return out;
+      }
+    }
+  } else {
+    std::vector<std::optional<dibs::version>> out;
+    out.reserve(items.size());
+    for (const auto& it : items) out.push_back(store_create(s, it.key, it.value, t));
+    return out;
+  }
+}
+
+template <class S>
+std::vector<std::optional<dibs::version>> store_replace_n(S& s, std::span<const replace_item> items,
+                                                          dibs::time_limit t) {
+  if constexpr (batch_store<S>) {
+    for (;;) {
+      try {
+        return retry_transient(t, [&] { return s.replace_n(items, t); });
+      } catch (const std::system_error& e) {
+        if (!outcome_unknown(e)) throw;
+        std::vector<std::optional<dibs::version>> out;
+        std::vector<bool> unchanged;
+        bool landed = false;
+        for (const auto& it : items) {
+          const auto r = read_back(s, it.key, t, e);
+          const bool mine = r && r->version > it.expected && r->value == it.value;
+          out.push_back(mine ? std::optional{r->version} : std::nullopt);
+          unchanged.push_back(r && r->version == it.expected);
+          landed = landed || mine;
+        }
+        if (landed) return out;
+        // Not applied: the items still as they were are written again (one
+        // by one), the others were moved by someone else (lost races).
+        for (std::size_t i = 0; i < items.size(); ++i)
+          if (unchanged[i]) out[i] = store_replace(s, items[i].key, items[i].expected, items[i].value, t);
+        return out;
+      }
+    }
+  } else {
+    std::vector<std::optional<dibs::version>> out;
+    out.reserve(items.size());
+    for (const auto& it : items) out.push_back(store_replace(s, it.key, it.expected, it.value, t));
+    return out;
+  }
+}
+
 template <class S>
 bool store_erase(S& s, std::string_view key, dibs::version v, dibs::time_limit t) {
   for (;;) {
@@ -353,5 +454,27 @@ inline void validate_value(std::string_view key, std::string_view value) {
                                         detail::show_key(key),
                                         value.size(), key_rules::max_value_size));
 }
+
+namespace detail {
+
+/// Throws: std::system_error(errc::invalid_argument) naming `call` and the
+/// item, before anything is written, if a key or value of a batch breaks its
+/// rules or a key is given twice.
+template <class Item>
+void check_batch(std::span<const Item> items, std::string_view call) {
+  std::vector<std::string_view> keys;
+  keys.reserve(items.size());
+  for (const auto& it : items) {
+    validate_key(it.key, call);
+    validate_value(it.key, it.value);
+    keys.push_back(it.key);
+  }
+  std::sort(keys.begin(), keys.end());
+  if (const auto d = std::adjacent_find(keys.begin(), keys.end()); d != keys.end())
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            fmt::format("{}: key '{}' is given twice in one batch", call, show_key(*d)));
+}
+
+}  // namespace detail
 
 }  // namespace dibs

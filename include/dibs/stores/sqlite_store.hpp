@@ -55,8 +55,10 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -235,55 +237,99 @@ public:
     std::string upper(prefix);
     while (!upper.empty() && static_cast<unsigned char>(upper.back()) == 0xff) upper.pop_back();
     if (!upper.empty()) upper.back() = static_cast<char>(static_cast<unsigned char>(upper.back()) + 1);
-    const bool own = !db_.in_transaction_of_this_thread();
-    return dibs::retry(opts_.busy, [&] {
+    return in_write_transaction([&] {
       std::vector<std::pair<std::string, record>> out;
-      if (own) (void)begin_->step();  // BEGIN IMMEDIATE: busy here is retried, nothing changed yet
-      try {
-        const auto now = detail::wall_ms();
-        // The candidates first, then the updates: a statement that walks an
-        // index while the same connection changes it sees an undefined mix.
-        struct candidate {
-          std::string key;
-          dibs::version version;
-          std::int64_t rowid;
-          std::string head;
-        };
-        std::vector<candidate> got;
-        auto& s = *take_;
-        // (An empty view may have no data, which SQLite would bind as NULL.)
-        s.bind(1, prefix.empty() ? std::string_view{""} : prefix).bind(2, now);
-        if (upper.empty()) s.bind(3, nullptr);
-        else s.bind(3, std::string_view{upper});
-        while (got.size() < n && s.step()) {
-          std::string k = s.column_blob(0);
-          if (!std::string_view(k).starts_with(prefix)) continue;
-          const std::string v = s.column_blob(1);
-          const auto h = detail::claim_record::parse_head(v);
-          if (!h || !h->attempts || !h->claimable_at(now)) continue;
-          got.push_back({std::move(k), static_cast<dibs::version>(s.column_int64(2)), s.column_int64(3),
-                         detail::claim_record::taken_head(*h->attempts + std::uint64_t{1}, h->priority)});
+      const auto now = detail::wall_ms();
+      // The candidates first, then the updates: a statement that walks an
+      // index while the same connection changes it sees an undefined mix.
+      struct candidate {
+        std::string key;
+        dibs::version version;
+        std::int64_t rowid;
+        std::string head;
+      };
+      std::vector<candidate> got;
+      auto& s = *take_;
+      // (An empty view may have no data, which SQLite would bind as NULL.)
+      s.bind(1, prefix.empty() ? std::string_view{""} : prefix).bind(2, now);
+      if (upper.empty()) s.bind(3, nullptr);
+      else s.bind(3, std::string_view{upper});
+      while (got.size() < n && s.step()) {
+        std::string k = s.column_blob(0);
+        if (!std::string_view(k).starts_with(prefix)) continue;
+        const std::string v = s.column_blob(1);
+        const auto h = detail::claim_record::parse_head(v);
+        if (!h || !h->attempts || !h->claimable_at(now)) continue;
+        got.push_back({std::move(k), static_cast<dibs::version>(s.column_int64(2)), s.column_int64(3),
+                       detail::claim_record::taken_head(*h->attempts + std::uint64_t{1}, h->priority)});
+      }
+      s.reset();
+      out.reserve(got.size());
+      for (auto& c : got) {
+        std::string value = std::move(c.head);
+        value += rest;
+        auto& u = *take_row_;
+        u.bind(1, c.rowid);
+        u.bind(2, to_column(c.version));
+        bind_value(u, 3, value);
+        (void)u.step();
+        // Under the write lock since the read: the version cannot have moved.
+        if (db_.changes() != 1)
+          throw std::logic_error(fmt::format("dibs::sqlite_store: record '{}' changed inside a write transaction",
+                                             detail::show_key(c.key)));
+        out.emplace_back(std::move(c.key), record{std::move(value), c.version + 1});
+      }
+      return out;
+    });
+  }
+
+  /// For marker_claim's offer_n (dibs::batch_store): creates each absent key
+  /// as create() does, all in one write transaction (or in the calling
+  /// thread's open one). Returns: per item its version, or nothing if the
+  /// key had a record. Throws: errc::invalid_argument, before anything is
+  /// written, for a bad key or value or a key given twice.
+  std::vector<std::optional<dibs::version>> create_n(std::span<const key_value> items,
+                                                     dibs::time_limit = dibs::time_limit::max()) {
+    detail::check_batch(items, "dibs::sqlite_store::create_n");
+    const auto turn = take_turn();
+    return in_write_transaction([&] {
+      std::vector<std::optional<dibs::version>> out;
+      out.reserve(items.size());
+      for (const auto& it : items) {
+        auto& s = *create_;
+        bind_key(s, 1, it.key);
+        bind_value(s, 2, it.value);
+        if (!s.step()) {
+          out.emplace_back();  // the key holds a record
+          continue;
         }
-        s.reset();
-        out.reserve(got.size());
-        for (auto& c : got) {
-          std::string value = std::move(c.head);
-          value += rest;
-          auto& u = *take_row_;
-          u.bind(1, c.rowid);
-          u.bind(2, to_column(c.version));
-          bind_value(u, 3, value);
-          (void)u.step();
-          // Under the write lock since the read: the version cannot have moved.
-          if (db_.changes() != 1)
-            throw std::logic_error(fmt::format("dibs::sqlite_store: record '{}' changed inside a write transaction",
-                                               detail::show_key(c.key)));
-          out.emplace_back(std::move(c.key), record{std::move(value), c.version + 1});
+        out.emplace_back(static_cast<dibs::version>(s.column_int64(0)));
+        while (s.step()) {
         }
-        if (own) (void)commit_->step();
-      } catch (...) {
-        if (own) db_.rollback();
-        throw;
+      }
+      return out;
+    });
+  }
+
+  /// For marker_claim's complete_n (dibs::batch_store): each item's
+  /// compare-and-set as replace() does it, all in one write transaction (or
+  /// in the calling thread's open one). Returns: per item its new version,
+  /// or nothing if its version had moved. Throws: as create_n.
+  std::vector<std::optional<dibs::version>> replace_n(std::span<const replace_item> items,
+                                                      dibs::time_limit = dibs::time_limit::max()) {
+    detail::check_batch(items, "dibs::sqlite_store::replace_n");
+    const auto turn = take_turn();
+    return in_write_transaction([&] {
+      std::vector<std::optional<dibs::version>> out;
+      out.reserve(items.size());
+      for (const auto& it : items) {
+        auto& s = *replace_;
+        bind_key(s, 1, it.key);
+        s.bind(2, to_column(it.expected));
+        bind_value(s, 3, it.value);
+        (void)s.step();
+        if (db_.changes() == 1) out.emplace_back(it.expected + 1);
+        else out.emplace_back();
       }
       return out;
     });
@@ -364,6 +410,26 @@ public:
   }
 
 private:
+  // Runs `f` in one write transaction (BEGIN IMMEDIATE ... COMMIT), or in
+  // the calling thread's open transaction; a busy write lock is retried
+  // like every statement (nothing was written yet), and a failure rolls
+  // the store's own transaction back. Requires: the caller has its turn.
+  template <class F>
+  auto in_write_transaction(F f) -> decltype(f()) {
+    const bool own = !db_.in_transaction_of_this_thread();
+    return dibs::retry(opts_.busy, [&] {
+      if (own) (void)begin_->step();
+      try {
+        auto out = f();
+        if (own) (void)commit_->step();
+        return out;
+      } catch (...) {
+        if (own) db_.rollback();
+        throw;
+      }
+    });
+  }
+
   // A key goes in as TEXT, as every key did before keys could hold any
   // bytes, unless it holds a NUL, which SQLite's TEXT does not keep apart
   // reliably: then as a BLOB, which never equals a TEXT. So each key has one
@@ -659,5 +725,6 @@ private:
 
 static_assert(listable_store<sqlite_store>);
 static_assert(snapshot_store<sqlite_store>);
+static_assert(batch_store<sqlite_store>);
 
 }  // namespace dibs

@@ -33,6 +33,7 @@
 #include <concepts>
 #include <cstdio>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -440,6 +441,61 @@ auto poll_next(Claims& claims, const std::string& prefix, std::chrono::milliseco
 
 }  // namespace detail
 
+namespace detail {
+
+/// Returns: true if `f()` throws std::system_error with code `code`.
+template <class F>
+bool throws_code(F f, std::error_code code) {
+  try {
+    f();
+  } catch (const std::system_error& e) {
+    return e.code() == code;
+  }
+  return false;
+}
+
+}  // namespace detail
+
+/// marker_claim's batches over `s`: offer_n makes the absent keys offered
+/// and counts them, leaving the others as they were; bad batches (empty,
+/// a key twice, an invalid key) are refused before anything is written;
+/// complete_n completes the claims it still holds and reports, never
+/// completes, one that was taken over.
+template <listable_store S>
+void check_batches(marker_claim<S>& claims, S& s, const std::string& p) {
+  detail::expect(claims.offer(p + "0"), "offer() creates an offered item");
+  const std::vector<std::string> keys{p + "0", p + "1", p + "2", p + "3"};
+  detail::expect(claims.offer_n(keys, {.priority = 4}) == 3, "offer_n counts the keys it made (3 of 4 were new)");
+  detail::expect(claims.status(p + "0").priority == 0, "offer_n leaves a key that had a record as it was");
+  detail::expect(claims.status(p + "2").state == claim_state::offered && claims.status(p + "2").priority == 4,
+                 "offer_n makes offered items with the priority given");
+  const auto invalid = make_error_code(errc::invalid_argument);
+  detail::expect(detail::throws_code([&] { (void)claims.offer_n(std::vector<std::string>{}); }, invalid),
+                 "offer_n of no keys is refused as invalid_argument");
+  detail::expect(detail::throws_code([&] { (void)claims.offer_n(std::vector<std::string>{p + "x", p + "x"}); }, invalid),
+                 "offer_n of a key twice is refused as invalid_argument");
+  detail::expect(detail::throws_code([&] { (void)claims.offer_n(std::vector<std::string>{p + "y", ""}); }, invalid),
+                 "offer_n with an empty key is refused as invalid_argument");
+  detail::expect(!s.read(p + "x") && !s.read(p + "y"), "a refused batch writes nothing");
+  // complete_n: three held, one of them taken over by another worker.
+  auto got = claims.claim_next_n(4, p);
+  detail::expect(got.size() == 4, fmt::format("claim_next_n(4) takes the 4 offered items (took {})", got.size()));
+  const auto& stolen = got[1].key();
+  const auto r = s.read(stolen);
+  detail::expect(r && s.replace(stolen, r->version, "dibs-claim 1\nstate released\nattempts 1\n").has_value(),
+                 "the record of a claim can be changed by another writer");
+  const auto done = claims.complete_n(std::span(got), "batch done");
+  detail::expect(done == std::vector<bool>{true, false, true, true},
+                 "complete_n completes the claims it holds and reports the one taken over");
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto st = claims.status(got[i].key());
+    detail::expect((st.state == claim_state::completed) == (i != 1) && (i == 1 || st.result == "batch done"),
+                   "complete_n's items are completed with the result, the one taken over is not");
+  }
+  detail::expect(claims.complete_n(std::span<typename marker_claim<S>::claim>{}).empty(),
+                 "complete_n of no claims does nothing");
+}
+
 /// The queue operations of marker_claim over `s`, in one process: higher
 /// priorities first, a scheduled item not before its time, an item
 /// released with a retry_after (or by claim_options::retry_backoff) not
@@ -540,6 +596,7 @@ void check_queue(S& s, std::string_view prefix) {
     refused = e.code() == dibs::errc::invalid_argument;
   }
   detail::expect(refused, "claim_next_n(0) is refused as invalid_argument");
+  check_batches(claims, s, p + "batch-");
 }
 
 /// `threads` workers share `s` and take `items` offered items with
