@@ -9,17 +9,17 @@
 //   pg_claims --bench next    --way <dibs|hand|floor|shape> --procs P --items M
 //       M queued items, P workers take them without knowing keys: claim_next
 //       + complete, against the usual SKIP LOCKED loop over a partial index
-//   pg_claims --bench drain   --way dibs --procs P --items M [--batch N]
+//   pg_claims --bench drain   --way <dibs|complete_n> --procs P --items M [--batch N]
 //       M items offered beforehand (not timed), P workers each looping
-//       claim_next_n(N) (default 100) + complete() of each until the queue is
-//       empty; the time from the gate (every worker's first claim) to the
+//       claim_next_n(N) (default 100) + complete() of each (dibs), or
+//       complete_n of the N in one statement (complete_n), until the queue
+//       is empty; the time from the gate (every worker's first claim) to the
 //       last completion of any (benchmarks/run_queue_peers.sh runs it beside
 //       graphile-worker)
 //   pg_claims --bench enqueue --way <dibs|offer_n> --items M [--batch B]
 //       one process puts M new items in the queue: offer() one by one, or
 //       marker_claim::offer_n, B keys a call (default: all M at once); the
-//       time of the offers alone. offer_n is used where marker_claim has it
-//       (found at compile time); a build without it exits 3 for that way.
+//       time of the offers alone
 //
 // `floor`: the hand-written statements, but on dibs's own table (made by
 // postgres_store: its columns, indexes and triggers; for `next` the items
@@ -236,34 +236,22 @@ struct floor_queue {
 
 using queue = dibs::marker_claim<dibs::postgres_store>;
 
-// A marker_claim with a batch offer: offer_n(keys) puts the keys that have
-// no record in the queue, in one statement, and returns how many it put.
-template <class C>
-concept batch_offer = requires(C& c, const std::vector<std::string>& keys) {
-  { c.offer_n(keys) } -> std::convertible_to<std::size_t>;
-};
-
-// The hook for the batch offer: marker_claim::offer_n where this build's
-// marker_claim has it (found by the concept, so the same source builds
-// before and after it lands), otherwise nothing (main refuses the way).
-template <class C>
-std::size_t offer_batch(C& claims, const std::vector<std::string>& keys) {
-  if constexpr (batch_offer<C>) return claims.offer_n(keys);
-  else throw std::logic_error("marker_claim has no offer_n in this build");
-}
-
-// Fills `table` with `items` offered items, untimed: P processes, each
-// session without waiting for its commits to be flushed (a drain measures
-// the taking, not the filling; on a shared disk 20,000 flushed commits one
-// by one take minutes).
-void fill_queue(const std::string& table, long items, int procs) {
-  dibs_bench::run_procs(procs, [&](int p, dibs_bench::gate& g) {
-    dibs::postgres_store store{conninfo() + " options='-c synchronous_commit=off'", {.table = table}};
-    queue claims{store};
-    g.wait();
-    for (long k = p * items / procs; k < (p + 1) * items / procs; ++k)
-      if (!claims.offer(key_of(k))) throw std::runtime_error("fill: " + key_of(k) + " was already in the queue");
-  });
+// Fills `table` with `items` offered items, untimed (a drain measures the
+// taking, not the filling): offer_n in batches of 1,000, in a session that
+// does not wait for its commits to be flushed, since postgres_store has no
+// batches yet (offer_n goes key by key there, and 20,000 flushed commits
+// take long on a shared disk).
+void fill_queue(const std::string& table, long items) {
+  dibs::postgres_store store{conninfo() + " options='-c synchronous_commit=off'", {.table = table}};
+  queue claims{store};
+  std::vector<std::string> keys;
+  for (long k = 0; k < items; ++k) {
+    keys.push_back(key_of(k));
+    if (keys.size() == 1000 || k + 1 == items) {
+      if (claims.offer_n(keys) != keys.size()) throw std::runtime_error("fill: some keys were already in the queue");
+      keys.clear();
+    }
+  }
 }
 
 // The store without wait_for_change: lease_mutex then polls.
@@ -297,17 +285,15 @@ int main(int argc, char** argv) {
     else if (a == "--batch") batch = std::atol(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: pg_claims --bench <claim|next|drain|enqueue|handoff> --way <dibs|hand|floor|shape> "
-                           "(handoff: <notify|poll>; enqueue: <dibs|offer_n>) [--procs P] [--items M] [--batch N]\n");
+                           "(handoff: <notify|poll>; drain: <dibs|complete_n>; enqueue: <dibs|offer_n>) [--procs P] [--items M] "
+                           "[--batch N]\n");
       return 2;
     }
   }
   try {
     if (procs < 1 || procs > 64 || items < 1 || items > 200'000 || batch < 0 || batch > 200'000) return 2;
-    if (bench == "enqueue" && way == "offer_n" && !batch_offer<queue>) {
-      std::fprintf(stderr, "pg_claims: this build's marker_claim has no offer_n (merge it, rebuild)\n");
-      return 3;
-    }
-    if ((bench == "drain" || bench == "enqueue") && way != "dibs" && way != "offer_n") return 2;
+    if (bench == "drain" && way != "dibs" && way != "complete_n") return 2;
+    if (bench == "enqueue" && way != "dibs" && way != "offer_n") return 2;
     if (way == "shape") {
       short_rows = true;
       way = "floor";
@@ -380,7 +366,7 @@ int main(int argc, char** argv) {
     } else if (bench == "drain") {
       if (batch == 0) batch = 100;
       if (batch > 10'000) return 2;  // claim_next_n's limit
-      fill_queue(table, items, procs);
+      fill_queue(table, items);
       admin.exec(fmt::format("VACUUM ANALYZE \"{}\"", table));
       secs = dibs_bench::run_procs(procs, [&](int p, dibs_bench::gate& g) {
         dibs::postgres_store store{conninfo(), {.table = table}};
@@ -392,7 +378,13 @@ int main(int argc, char** argv) {
         for (;;) {
           auto got = claims.claim_next_n(static_cast<std::size_t>(batch));
           if (got.empty()) break;
-          for (auto& c : got) c.complete();
+          if (way == "complete_n") {
+            const auto done = claims.complete_n(got);
+            if (std::count(done.begin(), done.end(), true) != static_cast<long>(got.size()))
+              throw std::runtime_error("drain: a claim was taken over before its completion");
+          } else {
+            for (auto& c : got) c.complete();
+          }
           won += static_cast<long>(got.size());
           // The time ends at the last completion, not at the empty claim
           // (and the recovery sweep it may run) that tells a worker it is done.
@@ -415,7 +407,7 @@ int main(int argc, char** argv) {
       if (way == "dibs") {
         for (long k = 0; k < items; ++k) total += claims.offer(key_of(k));
       } else {
-        for (const auto& b : batches) total += static_cast<long>(offer_batch(claims, b));
+        for (const auto& b : batches) total += static_cast<long>(claims.offer_n(b));
       }
       secs = static_cast<double>(mono_ns() - t0) / 1e9;
       if (way == "offer_n") extra = fmt::format(", \"batch\": {}", batch);
