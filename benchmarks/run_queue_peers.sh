@@ -11,15 +11,17 @@
 #
 # drain: 20,000 no-op items queued beforehand (not timed). dibs: P worker
 #   processes (pg_claims --bench drain), each looping claim_next_n(N) +
-#   complete(); from the first claim to the last completion. graphile-
+#   complete(), and once more with complete_n of each batch; from the
+#   first claim to the last completion. graphile-
 #   worker: one Node.js runner with its docs' throughput settings
 #   (benchmarks/peers/graphile/bench.js says which and why); from the first
 #   job's start to an empty jobs table.
 # enqueue: 10,000 new items from one process. dibs: offer() one by one,
-#   and marker_claim::offer_n in calls of 1,000 and of all 10,000 where this
-#   build has it (pg_claims finds it when compiled; without it those rows
-#   show "-"). graphile-worker: addJobs, one call of all 10,000 (its docs'
-#   figure) and calls of 1,000.
+#   and marker_claim::offer_n in calls of 1,000 and of all 10,000.
+#   graphile-worker: addJobs, one call of all 10,000 (its docs' figure) and
+#   calls of 1,000.
+# (postgres_store has no batches yet: offer_n and complete_n go key by key
+# on it, so their rows are what a user calling them gets today.)
 # Every run uses a table (dibs) or schema (graphile-worker) of its own,
 # dropped at its end.
 #
@@ -47,7 +49,7 @@ while (($#)); do
       runs_given=1
       shift
       ;;
-    -h | --help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "run_queue_peers.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -77,15 +79,6 @@ mkdir -p "$OUT"
 echo "== starting a throwaway PostgreSQL server (durable: fsync and synchronous commit on)"
 bench_server pg --durable
 
-# Does this pg_claims have marker_claim::offer_n? (exit 3: built without it)
-offer_n=1
-if "$B" --bench enqueue --way offer_n --items 1 >/dev/null 2>&1; then :; else
-  rc=$?
-  [[ $rc == 3 ]] || { echo "run_queue_peers.sh: pg_claims --way offer_n failed (exit $rc)" >&2; exit 1; }
-  offer_n=0
-  echo "== this dibs has no marker_claim::offer_n: its rows show '-'"
-fi
-
 # run NAME ROUND COMMAND...: runs one way, checks it printed its object,
 # tags it with the row name and round, and keeps it in $OUT/queue_peers.jsonl.
 results=$OUT/queue_peers.jsonl
@@ -104,11 +97,10 @@ echo "== $runs round(s): drain $drain_items items, enqueue $enqueue_items items"
 for ((r = 1; r <= runs; r++)); do
   run dibs_drain $r "$B" --bench drain --way dibs --procs "$procs" --items $drain_items --batch "$batch"
   run gw_drain $r gw --bench drain --items $drain_items
+  run dibs_drain_complete_n $r "$B" --bench drain --way complete_n --procs "$procs" --items $drain_items --batch "$batch"
   run dibs_offer $r "$B" --bench enqueue --way dibs --items $enqueue_items
-  if [[ $offer_n == 1 ]]; then
-    run dibs_offer_n_chunk $r "$B" --bench enqueue --way offer_n --items $enqueue_items --batch $chunk
-    run dibs_offer_n_all $r "$B" --bench enqueue --way offer_n --items $enqueue_items
-  fi
+  run dibs_offer_n_chunk $r "$B" --bench enqueue --way offer_n --items $enqueue_items --batch $chunk
+  run dibs_offer_n_all $r "$B" --bench enqueue --way offer_n --items $enqueue_items
   run gw_add_all $r gw --bench enqueue --items $enqueue_items
   run gw_add_chunk $r gw --bench enqueue --items $enqueue_items --batch $chunk
 done
@@ -139,6 +131,8 @@ echo "Medians of $runs round(s), items (jobs) per second; ratio: dibs / graphile
 echo "(of the medians, then the median of the per-round ratios)"
 printf '%-30s %-34s %9s   %-30s %9s   %7s   %s\n' figure dibs items/s graphile-worker jobs/s ratio per-round
 row "drain $drain_items no-op items" "$procs procs, claim_next_n($batch)" dibs_drain \
+  "1 proc, 24 at once, local 500" gw_drain
+row "drain, completions batched" "$procs procs, + complete_n" dibs_drain_complete_n \
   "1 proc, 24 at once, local 500" gw_drain
 row "enqueue $enqueue_items items" "offer() one by one" dibs_offer "addJobs, one call" gw_add_all
 row "enqueue $enqueue_items, batches" "offer_n, $chunk a call" dibs_offer_n_chunk "addJobs, $chunk a call" gw_add_chunk
