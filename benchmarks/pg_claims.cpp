@@ -9,6 +9,17 @@
 //   pg_claims --bench next    --way <dibs|hand|floor|shape> --procs P --items M
 //       M queued items, P workers take them without knowing keys: claim_next
 //       + complete, against the usual SKIP LOCKED loop over a partial index
+//   pg_claims --bench drain   --way <dibs|complete_n> --procs P --items M [--batch N]
+//       M items offered beforehand (not timed), P workers each looping
+//       claim_next_n(N) (default 100) + complete() of each (dibs), or
+//       complete_n of the N in one statement (complete_n), until the queue
+//       is empty; the time from the gate (every worker's first claim) to the
+//       last completion of any (benchmarks/run_queue_peers.sh runs it beside
+//       graphile-worker)
+//   pg_claims --bench enqueue --way <dibs|offer_n> --items M [--batch B]
+//       one process puts M new items in the queue: offer() one by one, or
+//       marker_claim::offer_n, B keys a call (default: all M at once); the
+//       time of the offers alone
 //
 // `floor`: the hand-written statements, but on dibs's own table (made by
 // postgres_store: its columns, indexes and triggers; for `next` the items
@@ -223,6 +234,26 @@ struct floor_queue {
   }
 };
 
+using queue = dibs::marker_claim<dibs::postgres_store>;
+
+// Fills `table` with `items` offered items, untimed (a drain measures the
+// taking, not the filling): offer_n in batches of 1,000, in a session that
+// does not wait for its commits to be flushed, since postgres_store has no
+// batches yet (offer_n goes key by key there, and 20,000 flushed commits
+// take long on a shared disk).
+void fill_queue(const std::string& table, long items) {
+  dibs::postgres_store store{conninfo() + " options='-c synchronous_commit=off'", {.table = table}};
+  queue claims{store};
+  std::vector<std::string> keys;
+  for (long k = 0; k < items; ++k) {
+    keys.push_back(key_of(k));
+    if (keys.size() == 1000 || k + 1 == items) {
+      if (claims.offer_n(keys) != keys.size()) throw std::runtime_error("fill: some keys were already in the queue");
+      keys.clear();
+    }
+  }
+}
+
 // The store without wait_for_change: lease_mutex then polls.
 struct polling_store {
   dibs::postgres_store& s;
@@ -244,21 +275,25 @@ struct polling_store {
 int main(int argc, char** argv) {
   std::string bench = "claim", way = "dibs";
   int procs = 1;
-  long items = 5000;
+  long items = 5000, batch = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--bench") bench = argv[i + 1];
     else if (a == "--way") way = argv[i + 1];
     else if (a == "--procs") procs = std::atoi(argv[i + 1]);
     else if (a == "--items") items = std::atol(argv[i + 1]);
+    else if (a == "--batch") batch = std::atol(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: pg_claims --bench <claim|next|handoff> --way <dibs|hand|floor|shape> "
-                           "(handoff: <notify|poll>) [--procs P] [--items M]\n");
+      std::fprintf(stderr, "usage: pg_claims --bench <claim|next|drain|enqueue|handoff> --way <dibs|hand|floor|shape> "
+                           "(handoff: <notify|poll>; drain: <dibs|complete_n>; enqueue: <dibs|offer_n>) [--procs P] [--items M] "
+                           "[--batch N]\n");
       return 2;
     }
   }
   try {
-    if (procs < 1 || procs > 64 || items < 1 || items > 200'000) return 2;
+    if (procs < 1 || procs > 64 || items < 1 || items > 200'000 || batch < 0 || batch > 200'000) return 2;
+    if (bench == "drain" && way != "dibs" && way != "complete_n") return 2;
+    if (bench == "enqueue" && way != "dibs" && way != "offer_n") return 2;
     if (way == "shape") {
       short_rows = true;
       way = "floor";
@@ -328,6 +363,54 @@ int main(int argc, char** argv) {
         }
         sh->done[p] = won;
       });
+    } else if (bench == "drain") {
+      if (batch == 0) batch = 100;
+      if (batch > 10'000) return 2;  // claim_next_n's limit
+      fill_queue(table, items);
+      admin.exec(fmt::format("VACUUM ANALYZE \"{}\"", table));
+      secs = dibs_bench::run_procs(procs, [&](int p, dibs_bench::gate& g) {
+        dibs::postgres_store store{conninfo(), {.table = table}};
+        // No renewal thread: a batch is held for a few milliseconds, far
+        // within a lease (graphile-worker's jobs, alike, have no heartbeat).
+        queue claims{store, {.renew = false}};
+        long won = 0;
+        g.wait();
+        for (;;) {
+          auto got = claims.claim_next_n(static_cast<std::size_t>(batch));
+          if (got.empty()) break;
+          if (way == "complete_n") {
+            const auto done = claims.complete_n(got);
+            if (std::count(done.begin(), done.end(), true) != static_cast<long>(got.size()))
+              throw std::runtime_error("drain: a claim was taken over before its completion");
+          } else {
+            for (auto& c : got) c.complete();
+          }
+          won += static_cast<long>(got.size());
+          // The time ends at the last completion, not at the empty claim
+          // (and the recovery sweep it may run) that tells a worker it is done.
+          g.end();
+        }
+        sh->done[p] = won;
+      });
+      extra = fmt::format(", \"batch\": {}", batch);
+    } else if (bench == "enqueue") {
+      procs = 1;
+      if (batch == 0) batch = items;
+      dibs::postgres_store store{conninfo(), {.table = table}};
+      queue claims{store};
+      std::vector<std::vector<std::string>> batches;
+      for (long k = 0; k < items; k += batch) {
+        batches.emplace_back();
+        for (long i = k; i < std::min(items, k + batch); ++i) batches.back().push_back(key_of(i));
+      }
+      const auto t0 = mono_ns();
+      if (way == "dibs") {
+        for (long k = 0; k < items; ++k) total += claims.offer(key_of(k));
+      } else {
+        for (const auto& b : batches) total += static_cast<long>(claims.offer_n(b));
+      }
+      secs = static_cast<double>(mono_ns() - t0) / 1e9;
+      if (way == "offer_n") extra = fmt::format(", \"batch\": {}", batch);
     } else if (bench == "handoff") {
       procs = 2;
       dibs::postgres_store{conninfo(), {.table = table}};
@@ -375,13 +458,15 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (bench != "handoff") {
-      for (int p = 0; p < procs; ++p) total += sh->done[p];
-      const std::string check = bench == "claim" ? "SELECT count(*) FROM {} WHERE value LIKE '%completed%'"
+      if (bench != "enqueue")
+        for (int p = 0; p < procs; ++p) total += sh->done[p];
+      const std::string check = bench == "claim"     ? "SELECT count(*) FROM {} WHERE value LIKE '%completed%'"
+                                : bench == "enqueue" ? "SELECT count(*) FROM {} WHERE position('state offered'::bytea IN value) > 0"
                                 : way != "hand"  ? "SELECT count(*) FROM {} WHERE position('state completed'::bytea IN value) > 0"
                                                  : "SELECT count(*) FROM {} WHERE state = 'completed'";
       const long completed = std::stol(admin.first(fmt::format(fmt::runtime(check), table)));
       if (total != items || completed != items) {
-        std::fprintf(stderr, "check failed: %ld taken, %ld completed, of %ld\n", total, completed, items);
+        std::fprintf(stderr, "check failed: %ld taken, %ld in the expected state, of %ld\n", total, completed, items);
         return 1;
       }
     }

@@ -19,6 +19,9 @@
 #   windows   the Windows cross build and Wine to run its tests
 #             (scripts/test.sh windows), and npm if there is none, which
 #             fetches SQLite's amalgamation for it
+#   peers     what benchmarks/run_queue_peers.sh runs the other projects with:
+#             Node.js and npm (graphile-worker comes from npm into the build
+#             directory); no test needs it, so `all` leaves it out
 #   all       everything the tests and benchmarks of every preset need
 #
 # scripts/test.sh installs only the groups of the preset it runs
@@ -69,6 +72,12 @@ group_clang=(
   clang libclang-rt-14-dev                         # the clang and sanitizer presets
   libbenchmark-dev                                 # the benchmarks (built by the clang preset)
 )
+# Debian's Node.js (18 on Debian 12: graphile-worker 0.17 runs on it) and npm,
+# each only where there is none at all, as for the windows group: a Node.js
+# from elsewhere (nodesource, nvm) is used as it is.
+group_peers=()
+if ! command -v node > /dev/null; then group_peers+=(nodejs); fi
+if ! command -v npm > /dev/null; then group_peers+=(npm); fi
 group_all=(
   "${group_demo[@]}" "${group_postgres[@]}" "${group_imap[@]}" "${group_tests[@]}" "${group_clang[@]}"
   "${group_windows[@]}"
@@ -104,8 +113,8 @@ while (($#)); do
       read -ra more <<<"$preset_groups"
       groups+=("${more[@]}")
       shift ;;
-    demo | postgres | imap | tests | clang | windows | all) groups+=("$1") ;;
-    *) echo "install-deps.sh: unknown group '$1' (demo, postgres, imap, tests, clang, windows, all)" >&2; exit 64 ;;
+    demo | postgres | imap | tests | clang | windows | peers | all) groups+=("$1") ;;
+    *) echo "install-deps.sh: unknown group '$1' (demo, postgres, imap, tests, clang, windows, peers, all)" >&2; exit 64 ;;
   esac
   shift
 done
