@@ -9,11 +9,13 @@
 //   pg_claims --bench next    --way <dibs|hand|floor|shape> --procs P --items M
 //       M queued items, P workers take them without knowing keys: claim_next
 //       + complete, against the usual SKIP LOCKED loop over a partial index
-//   pg_claims --bench drain   --way <dibs|complete_n> --procs P --items M [--batch N]
+//   pg_claims --bench drain   --way <dibs|complete_n|pool> --procs P --items M [--batch N] [--threads T]
 //       M items offered beforehand (not timed), P workers each looping
 //       claim_next_n(N) (default 100) + complete() of each (dibs), or
 //       complete_n of the N in one statement (complete_n), until the queue
-//       is empty; the time from the gate (every worker's first claim) to the
+//       is empty; or each running a dibs::worker_pool of T handler threads
+//       (default 8) with a local queue of N, drained (pool; pool_renew: with
+//       the claims renewing themselves, claim_options' default); the time from the gate (every worker's first claim) to the
 //       last completion of any (benchmarks/run_queue_peers.sh runs it beside
 //       graphile-worker)
 //   pg_claims --bench enqueue --way <dibs|offer_n> --items M [--batch B]
@@ -39,6 +41,7 @@
 // The server: the conninfo in $DIBS_PG_CONNINFO. Prints one JSON object.
 #include <dibs/lease_mutex.hpp>
 #include <dibs/marker_claim.hpp>
+#include <dibs/worker_pool.hpp>
 #include <dibs/stores/postgres_store.hpp>
 
 #include <libpq-fe.h>
@@ -275,7 +278,7 @@ struct polling_store {
 int main(int argc, char** argv) {
   std::string bench = "claim", way = "dibs";
   int procs = 1;
-  long items = 5000, batch = 0;
+  long items = 5000, batch = 0, threads = 8;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--bench") bench = argv[i + 1];
@@ -283,16 +286,18 @@ int main(int argc, char** argv) {
     else if (a == "--procs") procs = std::atoi(argv[i + 1]);
     else if (a == "--items") items = std::atol(argv[i + 1]);
     else if (a == "--batch") batch = std::atol(argv[i + 1]);
+    else if (a == "--threads") threads = std::atol(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: pg_claims --bench <claim|next|drain|enqueue|handoff> --way <dibs|hand|floor|shape> "
-                           "(handoff: <notify|poll>; drain: <dibs|complete_n>; enqueue: <dibs|offer_n>) [--procs P] [--items M] "
-                           "[--batch N]\n");
+                           "(handoff: <notify|poll>; drain: <dibs|complete_n|pool|pool_renew>; enqueue: <dibs|offer_n>) [--procs P] "
+                           "[--items M] [--batch N] [--threads T]\n");
       return 2;
     }
   }
   try {
     if (procs < 1 || procs > 64 || items < 1 || items > 200'000 || batch < 0 || batch > 200'000) return 2;
-    if (bench == "drain" && way != "dibs" && way != "complete_n") return 2;
+    if (bench == "drain" && way != "dibs" && way != "complete_n" && way != "pool" && way != "pool_renew") return 2;
+    if (threads < 1 || threads > 1024) return 2;
     if (bench == "enqueue" && way != "dibs" && way != "offer_n") return 2;
     if (way == "shape") {
       short_rows = true;
@@ -372,8 +377,21 @@ int main(int argc, char** argv) {
         dibs::postgres_store store{conninfo(), {.table = table}};
         // No renewal thread: a batch is held for a few milliseconds, far
         // within a lease (graphile-worker's jobs, alike, have no heartbeat).
-        queue claims{store, {.renew = false}};
+        queue claims{store, {.renew = way == "pool_renew"}};
         long won = 0;
+        if (way == "pool" || way == "pool_renew") {
+          std::atomic<long> handled{0};
+          dibs::worker_pool pool{claims, [&](const auto&) { ++handled; },
+                                 {.concurrency = static_cast<std::size_t>(threads),
+                                  .prefetch = static_cast<std::size_t>(batch)}};
+          g.wait();
+          const auto st = pool.drain();
+          g.end();
+          if (st.completed != static_cast<std::uint64_t>(handled.load()) || st.errors != 0)
+            throw std::runtime_error("drain: the pool did not complete every item it handled");
+          sh->done[p] = static_cast<long>(st.completed);
+          return;
+        }
         g.wait();
         for (;;) {
           auto got = claims.claim_next_n(static_cast<std::size_t>(batch));
@@ -392,7 +410,8 @@ int main(int argc, char** argv) {
         }
         sh->done[p] = won;
       });
-      extra = fmt::format(", \"batch\": {}", batch);
+      extra = way.starts_with("pool") ? fmt::format(", \"batch\": {}, \"threads\": {}", batch, threads)
+                            : fmt::format(", \"batch\": {}", batch);
     } else if (bench == "enqueue") {
       procs = 1;
       if (batch == 0) batch = items;

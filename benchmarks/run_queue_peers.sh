@@ -11,8 +11,11 @@
 #
 # drain: 20,000 no-op items queued beforehand (not timed). dibs: P worker
 #   processes (pg_claims --bench drain), each looping claim_next_n(N) +
-#   complete(), and once more with complete_n of each batch; from the
-#   first claim to the last completion. graphile-
+#   complete(), and once more with complete_n of each batch; then
+#   dibs::worker_pool drained, as graphile-worker is set up (1 process, 24
+#   handler threads, a local queue of 500) and as 2 processes x 12; from
+#   the first claim to the last completion (the pool: to drain()'s return,
+#   one empty claim later). graphile-
 #   worker: one Node.js runner with its docs' throughput settings
 #   (benchmarks/peers/graphile/bench.js says which and why); from the first
 #   job's start to an empty jobs table.
@@ -20,8 +23,6 @@
 #   and marker_claim::offer_n in calls of 1,000 and of all 10,000.
 #   graphile-worker: addJobs, one call of all 10,000 (its docs' figure) and
 #   calls of 1,000.
-# (postgres_store has no batches yet: offer_n and complete_n go key by key
-# on it, so their rows are what a user calling them gets today.)
 # Every run uses a table (dibs) or schema (graphile-worker) of its own,
 # dropped at its end.
 #
@@ -98,6 +99,9 @@ for ((r = 1; r <= runs; r++)); do
   run dibs_drain $r "$B" --bench drain --way dibs --procs "$procs" --items $drain_items --batch "$batch"
   run gw_drain $r gw --bench drain --items $drain_items
   run dibs_drain_complete_n $r "$B" --bench drain --way complete_n --procs "$procs" --items $drain_items --batch "$batch"
+  run dibs_pool $r "$B" --bench drain --way pool --procs 1 --threads 24 --items $drain_items --batch 500
+  run dibs_pool_renew $r "$B" --bench drain --way pool_renew --procs 1 --threads 24 --items $drain_items --batch 500
+  run dibs_pool_two $r "$B" --bench drain --way pool --procs 2 --threads 12 --items $drain_items --batch 250
   run dibs_offer $r "$B" --bench enqueue --way dibs --items $enqueue_items
   run dibs_offer_n_chunk $r "$B" --bench enqueue --way offer_n --items $enqueue_items --batch $chunk
   run dibs_offer_n_all $r "$B" --bench enqueue --way offer_n --items $enqueue_items
@@ -134,13 +138,19 @@ row "drain $drain_items no-op items" "$procs procs, claim_next_n($batch)" dibs_d
   "1 proc, 24 at once, local 500" gw_drain
 row "drain, completions batched" "$procs procs, + complete_n" dibs_drain_complete_n \
   "1 proc, 24 at once, local 500" gw_drain
+row "drain, worker_pool" "1 proc, 24 threads, prefetch 500" dibs_pool \
+  "1 proc, 24 at once, local 500" gw_drain
+row "drain, worker_pool, renewing" "the same, claims renewed" dibs_pool_renew \
+  "1 proc, 24 at once, local 500" gw_drain
+row "drain, worker_pool x 2" "2 procs x 12 threads, prefetch 250" dibs_pool_two \
+  "1 proc, 24 at once, local 500" gw_drain
 row "enqueue $enqueue_items items" "offer() one by one" dibs_offer "addJobs, one call" gw_add_all
 row "enqueue $enqueue_items, batches" "offer_n, $chunk a call" dibs_offer_n_chunk "addJobs, $chunk a call" gw_add_chunk
 row "enqueue $enqueue_items, one batch" "offer_n, one call" dibs_offer_n_all "addJobs, one call" gw_add_all
 echo
 echo "Versions: dibs $dibs_commit; graphile-worker $gw_version (node-postgres $pg_version) on Node.js $(node --version);"
 echo "  PostgreSQL $server (scripts/pg.sh --durable); results in $results"
-echo "Settings: dibs: marker_claim<postgres_store>, renew off, claim_next_n($batch) per worker process;"
+echo "Settings: dibs: marker_claim<postgres_store>, renew off (on in the renewing row), claim_next_n($batch) per worker process;"
 echo "  graphile-worker: concurrentJobs 24, maxPoolSize 25, localQueue.size 500, completeJobBatchDelay 0,"
 echo "  failJobBatchDelay 0, prepared statements on (its default): the configuration of its docs' figures"
 echo "  (worker.graphile.org/docs/performance)"
