@@ -238,9 +238,11 @@ inline dibs::version record_token(const std::optional<dibs::record>& r) {
 /// prefetched, running, and handled but not yet completed) and replaced;
 /// at the end every item is completed once and its effect is the
 /// completing claim's (the journal's token is the completed record's).
-template <class OpenItems, class OpenJournal>
+/// `during(done)`, if given, runs in the parent beside the workers (a
+/// thread that kills and restarts a server, say) until it returns.
+template <class OpenItems, class OpenJournal, class During = decltype(&nothing_during)>
 void check_pool_exactly_once(OpenItems open_items, OpenJournal open_journal, int workers, int items, int kills,
-                             std::chrono::milliseconds lease) {
+                             std::chrono::milliseconds lease, During during = &nothing_during) {
   using Store = std::remove_cvref_t<decltype(open_items())>;
   using namespace std::chrono_literals;
   auto key = [](int i) { return fmt::format("p/<job/{:05}@pool>", i); };
@@ -283,7 +285,11 @@ void check_pool_exactly_once(OpenItems open_items, OpenJournal open_journal, int
   std::vector<pid_t> pids;
   int seed = 2000;
   for (int i = 0; i < workers; ++i) pids.push_back(start_worker(seed++));
+  std::thread beside;
+  if constexpr (!std::is_same_v<During, decltype(&nothing_during)>)
+    beside = std::thread([&] { during([] { return false; }); });
   const int landed = kill_and_replace(pids, kills, 11, [&] { return start_worker(seed++); });
+  if (beside.joinable()) beside.join();
   CHECK(landed == kills);  // each kill ended a running worker (they run until stop_flag)
   auto store = open_items();
   dibs::marker_claim<Store> claims{store};

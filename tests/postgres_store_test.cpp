@@ -1,5 +1,6 @@
 #include <dibs/lease_mutex.hpp>
 #include <dibs/marker_claim.hpp>
+#include <dibs/worker_pool.hpp>
 #include <dibs/stores/postgres_store.hpp>
 #include <dibs/testing/store_conformance.hpp>
 
@@ -392,6 +393,48 @@ TEST_CASE("claim_next on PostgreSQL: 8 workers take 3,000 offered items without 
   const auto items = pg::fresh_table("queue"), journal = pg::fresh_table("queue_journal");
   dibs_test::check_claim_next_exactly_once([&] { return pg_open(items); }, [&] { return pg_open(journal); }, 8, 3000, 10,
                                            1500ms);
+}
+
+TEST_CASE("worker_pool on PostgreSQL: 6 pool processes take 3,000 items while the server is SIGKILLed and restarted and 10 workers are SIGKILLed, each completed once", "[chaos]") {
+  if (dibs_test::no_fork_with_threads) {  // workers are started again while the killer thread runs
+    WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
+    return;
+  }
+  const auto items = pg::fresh_table("pool_items"), journal = pg::fresh_table("pool_journal");
+  dibs_test::check_pool_exactly_once([&] { return pg_open(items); }, [&] { return pg_open(journal); }, 6, 3000, 10,
+                                     2s, [&](const std::function<bool()>&) {
+                                       std::this_thread::sleep_for(400ms);
+                                       pg::script("kill");
+                                       pg::script("restart");
+                                     });
+}
+
+TEST_CASE("an idle worker_pool on PostgreSQL wakes on an offer (NOTIFY), not on its next look") {
+  const auto t = pg::fresh_table("poolwake");
+  auto s = pg_open(t);
+  dibs::marker_claim<dibs::postgres_store> claims{s};
+  std::atomic<long long> ran_ns{0};
+  std::stop_source stop;
+  // After its first look, it would look again only after idle_wait, 60 s.
+  dibs::worker_pool pool{claims, [&](const auto&) { ran_ns = dibs_test::steady_ns(); }, {.idle_wait = 60s}};
+  std::thread runner{[&] { (void)pool.run(stop.get_token()); }};
+  const auto listening =
+      fmt::format("SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"dibs_{}_offered\"'", t);
+  const auto give_up = std::chrono::steady_clock::now() + 60s;
+  while (pg::sql(listening) == "0" && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(10ms);
+  REQUIRE(pg::sql(listening) != "0");
+  auto other = pg_open(t);
+  dibs::marker_claim<dibs::postgres_store> producer{other};
+  const auto offered_ns = dibs_test::steady_ns();
+  REQUIRE(producer.offer_n(std::vector<std::string>{"w-1", "w-2"}) == 2);
+  while (ran_ns == 0 && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(5ms);
+  const auto woke_ms = (ran_ns.load() - offered_ns) / 1'000'000;
+  INFO("an item ran " << woke_ms << " ms after its offer");
+  CHECK(ran_ns != 0);
+  CHECK(woke_ms < 30'000);  // far below the 60 s to the next look: a loaded machine keeps it by a wide margin
+  stop.request_stop();
+  runner.join();
+  CHECK(dibs_test::eventually([&] { return claims.status("w-2").state == dibs::claim_state::completed; }));
 }
 
 TEST_CASE("claim_next takes rows an application inserted with value NULL, and never a purged one") {

@@ -523,6 +523,9 @@ public:
       throw std::system_error(make_error_code(errc::invalid_argument), "dibs::marker_claim: lease must be positive");
   }
 
+  /// The store the claims are kept in.
+  Store& store() const noexcept { return store_; }
+
   /// Effects: claims `key` if it is absent, released, or held by a worker
   /// that is provably gone (see the top of this header).
   /// Returns: the claim, or nothing if the item is taken, done or failed,

@@ -200,12 +200,21 @@ private:
         room = opts_.prefetch - st.ready.size();
       }
       std::vector<claim> got;
+      bool failed = false;
       try {
         got = claims_.claim_next_n(room, opts_.prefix);
       } catch (const std::exception& e) {
         report(st, e);
+        failed = true;
       }
       std::unique_lock g{st.m};
+      if (failed) {
+        // The store is away (a server restarting): again after a pause,
+        // doubling, not at once.
+        st.cv.wait_for(g, pause, [&] { return stop.stop_requested(); });
+        pause = std::min(pause * 2, opts_.idle_wait);
+        continue;
+      }
       if (!got.empty()) {
         for (auto& c : got) st.ready.push_back(std::move(c));
         st.cv.notify_all();
@@ -213,8 +222,25 @@ private:
         continue;
       }
       if (until_empty && st.ready.empty() && st.running == 0 && st.done.empty() && !st.completing) return;
-      // Idle: wait, doubling, for an offer, a stop, or a handler's end
-      // (which may have given an item back).
+      if constexpr (requires(Store& s) { s.wait_for_offer(std::chrono::milliseconds{1}); }) {
+        // The store says when an item is offered (postgres_store: NOTIFY):
+        // wait for that, for at most idle_wait (a stop is seen then). Not
+        // while draining: what ends a drain is the pool's own last item.
+        if (!until_empty) {
+          g.unlock();
+          // In slices of at most 100 ms, each only a look at the LISTEN
+          // connection (no statement), so that a stop is seen soon.
+          const auto until = std::chrono::steady_clock::now() + opts_.idle_wait;
+          for (auto now = std::chrono::steady_clock::now(); now < until && !stop.stop_requested();
+               now = std::chrono::steady_clock::now())
+            if (claims_.store().wait_for_offer(std::min<std::chrono::nanoseconds>(until - now,
+                                                                                  std::chrono::milliseconds{100})))
+              break;
+          continue;
+        }
+      }
+      // Idle: wait, doubling, for a stop or a handler's end (which may have
+      // given an item back).
       const auto before = st.generation;
       st.cv.wait_for(g, pause, [&] { return stop.stop_requested() || st.generation != before; });
       pause = std::min(pause * 2, opts_.idle_wait);

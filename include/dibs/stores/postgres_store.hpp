@@ -67,7 +67,10 @@
 //
 // Waking: an erase notifies (a trigger, NOTIFY dibs_<table> with the key in
 // hex); wait_for_change(key, timeout) LISTENs on a second connection, so a
-// lock waiter wakes when the holder lets go instead of polling.
+// lock waiter wakes when the holder lets go instead of polling. An offer
+// (create, create_n of a claimable record) notifies dibs_<table>_offered
+// in its own statement; wait_for_offer(timeout) LISTENs on a third, so an
+// idle worker_pool wakes when work comes.
 //
 // Thread-safe: each connection is used by one thread at a time, and
 // renewals (on the renewal threads) have a connection of their own, so an
@@ -145,7 +148,8 @@ public:
     // A forked child's copies of the connections are the parent's sessions.
     for (session* ses : {&main_, &renewals_})
       if (ses->conn && ses->owner == ::getpid()) ::PQfinish(ses->conn);
-    if (listen_ && listen_owner_ == ::getpid()) ::PQfinish(listen_);
+    for (listener* l : {&changes_, &offers_})
+      if (l->conn && l->owner == ::getpid()) ::PQfinish(l->conn);
   }
 
   std::optional<record> read(std::string_view key) { return read(key, dibs::time_limit::max()); }
@@ -334,36 +338,15 @@ public:
   /// be missed; callers re-read after at most `timeout` anyway.
   /// Returns: true if an erase of the key was seen.
   bool wait_for_change(std::string_view key, std::chrono::nanoseconds timeout) const {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    std::lock_guard g{listen_m_};
-    if (listen_ && listen_owner_ != ::getpid()) listen_ = nullptr;  // a forked child's copy: the parent's
-    const std::string want = hex(key);
-    auto opened = std::chrono::steady_clock::time_point{};
-    for (;;) {
-      // The server may end the LISTEN session while it waits (it is idle to
-      // the server: idle_session_timeout; a restart): listen on a new one,
-      // at most every 200 ms (a server that ends every new session).
-      if (!listen_ || ::PQstatus(listen_) != CONNECTION_OK) {
-        if (std::chrono::steady_clock::now() - opened < std::chrono::milliseconds{200})
-          std::this_thread::sleep_until(std::min(end, opened + std::chrono::milliseconds{200}));
-        if (std::chrono::steady_clock::now() >= end) return false;
-        opened = std::chrono::steady_clock::now();
-        if (!listen()) return sleep_until(end);
-      }
-      ::PQconsumeInput(listen_);
-      while (PGnotify* n = ::PQnotifies(listen_)) {
-        const bool ours = want == n->extra;
-        ::PQfreemem(n);
-        if (ours) return true;
-      }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return false;
-      if (::PQstatus(listen_) != CONNECTION_OK) continue;
-      pollfd p{::PQsocket(listen_), POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count() + 1, 60'000))) < 0 && errno != EINTR)
-        return sleep_until(end);
-    }
+    return wait_notified(changes_, hex(key), timeout);
   }
+
+  /// For dibs::worker_pool: blocks until an offer() or offer_n() of any
+  /// process made a claimable item in the table (they NOTIFY dibs_<table>_offered
+  /// in their statement) or `timeout` passes; an offer made before the first
+  /// call may be missed, and a notification may be for an item taken since.
+  /// Returns: true if an offer was seen.
+  bool wait_for_offer(std::chrono::nanoseconds timeout) const { return wait_notified(offers_, {}, timeout); }
 
   const std::string& table() const noexcept { return opts_.table; }
   /// Returns: "host:port/database" of the server, for messages.
@@ -421,20 +404,65 @@ private:
   static constexpr std::string_view schema_1_comment = "dibs-store 1";
   static constexpr std::string_view schema_2_comment = "dibs-store 2";
 
-  // Requires: listen_m_ held. Opens the LISTEN connection (again).
+  // A LISTEN connection and the waiters' turn on it; one per channel, so
+  // that a lock waiter and a worker pool's fetcher do not wait for each other.
+  struct listener {
+    explicit listener(std::string c) : channel(std::move(c)) {}
+    std::string channel;
+    std::mutex m;
+    PGconn* conn = nullptr;
+    pid_t owner = 0;
+  };
+
+  // Requires: l.m held. Opens the LISTEN connection (again).
   // Returns: false if that failed (the waiter then polls).
-  bool listen() const {
-    if (listen_) ::PQfinish(listen_);
-    listen_ = postgres::detail::open(conninfo_, opts_.dead_peer);
-    listen_owner_ = ::getpid();
-    if (!listen_) return false;
-    ::PQsetNoticeReceiver(listen_, [](void*, const PGresult*) {}, nullptr);  // its end is seen by its status
+  bool listen(listener& l) const {
+    if (l.conn) ::PQfinish(l.conn);
+    l.conn = postgres::detail::open(conninfo_, opts_.dead_peer);
+    l.owner = ::getpid();
+    if (!l.conn) return false;
+    ::PQsetNoticeReceiver(l.conn, [](void*, const PGresult*) {}, nullptr);  // its end is seen by its status
     std::unique_ptr<PGresult, decltype(&::PQclear)> r{
-        ::PQexec(listen_, fmt::format("LISTEN \"dibs_{}\"", opts_.table).c_str()), ::PQclear};
-    if (::PQstatus(listen_) == CONNECTION_OK && ::PQresultStatus(r.get()) == PGRES_COMMAND_OK) return true;
-    ::PQfinish(listen_);
-    listen_ = nullptr;
+        ::PQexec(l.conn, fmt::format("LISTEN \"{}\"", l.channel).c_str()), ::PQclear};
+    if (::PQstatus(l.conn) == CONNECTION_OK && ::PQresultStatus(r.get()) == PGRES_COMMAND_OK) return true;
+    ::PQfinish(l.conn);
+    l.conn = nullptr;
     return false;
+  }
+
+  // Blocks until a notification on l's channel whose payload is `want`
+  // (any, if `want` is empty) or until `timeout` passes. Returns: true if
+  // one came.
+  bool wait_notified(listener& l, std::string_view want, std::chrono::nanoseconds timeout) const {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    std::lock_guard g{l.m};
+    if (l.conn && l.owner != ::getpid()) l.conn = nullptr;  // a forked child's copy: the parent's
+    auto opened = std::chrono::steady_clock::time_point{};
+    for (;;) {
+      // The server may end the LISTEN session while it waits (it is idle to
+      // the server: idle_session_timeout; a restart): listen on a new one,
+      // at most every 200 ms (a server that ends every new session).
+      if (!l.conn || ::PQstatus(l.conn) != CONNECTION_OK) {
+        if (std::chrono::steady_clock::now() - opened < std::chrono::milliseconds{200})
+          std::this_thread::sleep_until(std::min(end, opened + std::chrono::milliseconds{200}));
+        if (std::chrono::steady_clock::now() >= end) return false;
+        opened = std::chrono::steady_clock::now();
+        if (!listen(l)) return sleep_until(end);
+      }
+      ::PQconsumeInput(l.conn);
+      bool seen = false;
+      while (PGnotify* n = ::PQnotifies(l.conn)) {
+        seen = seen || want.empty() || want == n->extra;
+        ::PQfreemem(n);
+      }
+      if (seen) return true;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      if (::PQstatus(l.conn) != CONNECTION_OK) continue;
+      pollfd p{::PQsocket(l.conn), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count() + 1, 60'000))) < 0 && errno != EINTR)
+        return sleep_until(end);
+    }
   }
 
   static bool sleep_until(std::chrono::steady_clock::time_point end) {
@@ -863,6 +891,15 @@ private:
   // version and this.
   static constexpr const char* first_version = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint";
 
+  // The condition of a create statement's result that also tells the
+  // waiters of wait_for_offer(): NOTIFY dibs_<table>_offered once (pg_notify
+  // in a subquery run once) if a claimable record was made; always true.
+  static std::string offered_notify(const std::string& t) {
+    return fmt::format("(SELECT count(*) FROM (SELECT pg_notify('dibs_{}_offered', '') FROM ins WHERE claimable "
+                       "LIMIT 1) n) >= 0",
+                       t);
+  }
+
   void prepare(PGconn* c) {
     const std::string& t = opts_.table;
     const std::pair<stmt, std::string> all[] = {
@@ -870,16 +907,16 @@ private:
         {stmt::read_aged, fmt::format("SELECT value, version, (extract(epoch FROM clock_timestamp() - written) * 1000)::bigint "
                                       "FROM \"{}\" WHERE key = $1",
                                       t)},
-        {stmt::create, fmt::format("INSERT INTO \"{0}\" AS r (key, value, version, written, state, attempts, priority, "
-                                   "not_before, synced, claimable) VALUES ($1, $2, {1}, clock_timestamp(), $3, "
+        {stmt::create, fmt::format("WITH ins AS (INSERT INTO \"{0}\" AS r (key, value, version, written, state, attempts, "
+                                   "priority, not_before, synced, claimable) VALUES ($1, $2, {1}, clock_timestamp(), $3, "
                                    "$4::integer, $5::bigint, $6::bigint, {1}, $7::boolean) ON CONFLICT (key) DO UPDATE "
                                    "SET value = excluded.value, version = GREATEST(r.version + 1, excluded.version), "
                                    "written = clock_timestamp(), state = excluded.state, attempts = excluded.attempts, "
                                    "priority = excluded.priority, not_before = excluded.not_before, "
                                    "synced = GREATEST(r.version + 1, excluded.version), "
                                    "claimable = excluded.claimable WHERE r.value IS NULL "
-                                   "RETURNING version",
-                                   t, first_version)},
+                                   "RETURNING version, claimable) SELECT version FROM ins WHERE {2}",
+                                   t, first_version, offered_notify(t))},
         {stmt::create_or_read,
          fmt::format("WITH ins AS (INSERT INTO \"{0}\" (key, value, version, written, state, attempts, priority, "
                      "not_before, synced, claimable) VALUES ($1, $2, {1}, clock_timestamp(), $3, $4::integer, "
@@ -901,16 +938,16 @@ private:
         // The batches: create's and replace's statements over the rows of
         // unnest(arrays), one statement for the whole batch.
         {stmt::create_n,
-         fmt::format("INSERT INTO \"{0}\" AS r (key, value, version, written, state, attempts, priority, not_before, "
-                     "synced, claimable) SELECT u.k, u.v, {1}, clock_timestamp(), u.st, u.att, u.pri, u.nb, {1}, u.cl "
+         fmt::format("WITH ins AS (INSERT INTO \"{0}\" AS r (key, value, version, written, state, attempts, priority, "
+                     "not_before, synced, claimable) SELECT u.k, u.v, {1}, clock_timestamp(), u.st, u.att, u.pri, u.nb, {1}, u.cl "
                      "FROM unnest($1::bytea[], $2::bytea[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[], "
                      "$7::boolean[]) AS u(k, v, st, att, pri, nb, cl) ON CONFLICT (key) DO UPDATE "
                      "SET value = excluded.value, version = GREATEST(r.version + 1, excluded.version), "
                      "written = clock_timestamp(), state = excluded.state, attempts = excluded.attempts, "
                      "priority = excluded.priority, not_before = excluded.not_before, "
                      "synced = GREATEST(r.version + 1, excluded.version), claimable = excluded.claimable "
-                     "WHERE r.value IS NULL RETURNING key, version",
-                     t, first_version)},
+                     "WHERE r.value IS NULL RETURNING key, version, claimable) SELECT key, version FROM ins WHERE {2}",
+                     t, first_version, offered_notify(t))},
         {stmt::replace_n,
          fmt::format("UPDATE \"{}\" AS r SET value = u.v, version = r.version + 1, written = clock_timestamp(), "
                      "state = u.st, attempts = u.att, priority = u.pri, not_before = u.nb, synced = r.version + 1, "
@@ -1186,9 +1223,9 @@ private:
   std::string conninfo_;
   postgres_store_options opts_;
   session main_, renewals_;
-  mutable std::mutex listen_m_;  // the LISTEN connection is the waiters', not the store's state
-  mutable PGconn* listen_ = nullptr;
-  mutable pid_t listen_owner_ = 0;
+  // The LISTEN connections are the waiters', not the store's state.
+  mutable listener changes_{fmt::format("dibs_{}", opts_.table)};
+  mutable listener offers_{fmt::format("dibs_{}_offered", opts_.table)};
   std::string server_;  // set once, by the constructor
 };
 
@@ -1198,5 +1235,6 @@ static_assert(store_with_clock<postgres_store>);
 static_assert(create_or_read_store<postgres_store>);
 static_assert(batch_store<postgres_store>);
 static_assert(requires(const postgres_store& s) { s.wait_for_change("k", std::chrono::seconds{1}); });
+static_assert(requires(const postgres_store& s) { s.wait_for_offer(std::chrono::seconds{1}); });
 
 }  // namespace dibs
