@@ -161,6 +161,10 @@ struct claim_status {
   /// Offered or released: not claimable before this time (the epoch: at once).
   std::chrono::system_clock::time_point not_before{};
   dibs::version version = 0;      ///< the record's version (0 if absent)
+  /// Completed, given back or failed: the fencing token of the claim that
+  /// did it (0 otherwise), so a check of fenced effects can find the claim
+  /// that completed an item.
+  dibs::version token = 0;
   std::optional<owner_info> owner;  ///< the worker, while processing
   /// When the record last changed (claimed, renewed, given back, completed),
   /// by the clock of the machine that changed it; the epoch for a record
@@ -1101,6 +1105,7 @@ private:
       s.changed = std::chrono::system_clock::time_point{std::chrono::milliseconds{*ms}};
     if (auto e = detail::field(r.value, "error")) s.error = std::string(*e);
     if (auto res = detail::field(r.value, "result")) s.result = std::string(*res);
+    if (auto t = detail::number_field<dibs::version>(r.value, "token")) s.token = *t;
     if (s.state == claim_state::processing) s.owner = detail::parse_owner(r.value);
     return s;
   }
