@@ -171,11 +171,13 @@ int supervise(const signal_gate& g, pid_t pid, std::optional<milliseconds> perio
   }
 }
 
-// Runs COMMAND to its end, forwarding signals. `stop_with_dibs`: COMMAND
-// gets SIGKILL if dibs dies first.
-int run_command(exec_args& a, bool stop_with_dibs, std::optional<milliseconds> period = {}, std::function<void()> tick = {}) {
+// Forks a child that becomes COMMAND (with the signal mask dibs was started
+// with: the gate `g` blocks the forwarded signals in dibs). `stop_with_dibs`:
+// the child gets SIGKILL if dibs dies first (PR_SET_PDEATHSIG: tied to the
+// thread that forks, so call it from the thread that lives as long as dibs).
+// Returns: the child's pid.
+pid_t spawn_command(const signal_gate& g, exec_args& a, bool stop_with_dibs) {
   const int pdeath = stop_with_dibs ? SIGKILL : 0;
-  signal_gate g;
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) fail(ex::software, fmt::format("dibs: fork failed: {}", std::strerror(errno)));
@@ -187,7 +189,121 @@ int run_command(exec_args& a, bool stop_with_dibs, std::optional<milliseconds> p
     g.restore_in_child();
     exec_or_die(a);
   }
+  return pid;
+}
+
+// Runs COMMAND to its end, forwarding signals. `stop_with_dibs`: COMMAND
+// gets SIGKILL if dibs dies first.
+int run_command(exec_args& a, bool stop_with_dibs, std::optional<milliseconds> period = {}, std::function<void()> tick = {}) {
+  signal_gate g;
+  const pid_t pid = spawn_command(g, a, stop_with_dibs);
   return status_code(supervise(g, pid, period, [&] { if (tick) tick(); }, -1, [] { return false; }));
+}
+
+// ---------------------------------------------------------------------------
+// Many COMMANDs at once (dibs work), supervised from one loop: one signalfd
+// for all of them. (One run_command per thread would not do: each makes a
+// signalfd of its own, and a SIGCHLD one thread reads is lost to the others.)
+
+class command_pool {
+public:
+  using id = pid_t;
+  struct ending {
+    id who;
+    int code;  // its exit status, or 128+N if signal N ended it
+  };
+  struct events {
+    std::vector<ending> ended;  // the COMMANDs that ended, in no order
+    std::vector<int> signals;  // the signals that came (forwarded to every running COMMAND), SIGCHLD aside
+  };
+
+  command_pool() = default;  // the gate blocks the forwarded signals first
+  command_pool(const command_pool&) = delete;
+  command_pool& operator=(const command_pool&) = delete;
+  // COMMANDs still running are left to PR_SET_PDEATHSIG (dibs is ending).
+  ~command_pool() = default;
+
+  // Starts COMMAND; it gets SIGKILL if dibs dies. Returns: its id.
+  id start(exec_args& a) {
+    const pid_t pid = spawn_command(gate_, a, true);
+    running_.push_back(pid);
+    return pid;
+  }
+  std::size_t running() const { return running_.size(); }
+
+  // Waits up to `d` (for ever if not set) until a COMMAND ends or a signal
+  // comes; forwards each signal to every running COMMAND. Returns: what
+  // happened (nothing if `d` ran out).
+  events wait(std::optional<milliseconds> d) {
+    events out;
+    pollfd p{gate_.fd(), POLLIN, 0};
+    const int timeout = d ? static_cast<int>(std::clamp<long long>(d->count(), 0, 24 * 3600 * 1000)) : -1;
+    const int n = ::poll(&p, 1, timeout);
+    if (n < 0 && errno != EINTR) fail(ex::software, fmt::format("dibs: poll failed: {}", std::strerror(errno)));
+    if (n <= 0) return out;
+    bool child = false;
+    for (int s; (s = gate_.next()) != 0;) {
+      if (s == SIGCHLD) {
+        child = true;
+        continue;
+      }
+      for (const pid_t pid : running_) ::kill(pid, s);
+      out.signals.push_back(s);
+    }
+    // SIGCHLDs of children that end together merge into one: every child is
+    // asked, without waiting.
+    if (child) {
+      for (auto it = running_.begin(); it != running_.end();) {
+        int status = 0;
+        pid_t r;
+        while ((r = ::waitpid(*it, &status, WNOHANG)) < 0 && errno == EINTR) {
+        }
+        if (r == *it) {
+          out.ended.push_back({*it, status_code(status)});
+          it = running_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    return out;
+  }
+
+private:
+  signal_gate gate_;
+  std::vector<pid_t> running_;
+};
+
+// Returns: 0 if `program` can be run (found on PATH if it has no '/', and
+// executable), else the code exec would fail with (127 not found, 126 not
+// executable), with what to say. dibs work asks before it claims anything,
+// so that a misspelt COMMAND costs no item an attempt.
+std::pair<int, std::string> check_runnable(const std::string& program) {
+  auto try_one = [](const std::string& path) -> int {
+    struct ::stat st {};
+    if (::stat(path.c_str(), &st) != 0) return ex::not_found;
+    if (S_ISDIR(st.st_mode) || ::access(path.c_str(), X_OK) != 0) return ex::cannot_exec;
+    return 0;
+  };
+  if (program.empty()) return {ex::not_found, "an empty COMMAND"};
+  if (program.find('/') != std::string::npos) {
+    const int code = try_one(program);
+    return {code, code == ex::not_found ? "no such file" : code ? "not executable" : ""};
+  }
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  int best = ex::not_found;
+  for (;;) {
+    const auto colon = dirs.find(':');
+    std::string dir{dirs.substr(0, colon)};
+    if (dir.empty()) dir = ".";
+    const int code = try_one(dir + "/" + program);
+    if (code == 0) return {0, ""};
+    best = std::min(best, code);  // found but not executable (126) says more than not found
+    if (colon == std::string_view::npos) break;
+    dirs.remove_prefix(colon + 1);
+  }
+  return {best, best == ex::not_found ? "not found (is it on PATH?)" : "not executable"};
 }
 
 // What the waiting child learns from dibs: go, with or without a token.
@@ -502,3 +618,7 @@ std::vector<std::string> shell_command(const std::string& s) {
   const char* sh = std::getenv("SHELL");
   return {sh && *sh ? sh : "/bin/sh", "-c", s};
 }
+
+// Returns: true for the signals that stop dibs work (it claims nothing
+// more); the others it forwards (USR1, USR2) only.
+bool is_stop_signal(int s) { return s == SIGINT || s == SIGTERM || s == SIGHUP || s == SIGQUIT; }

@@ -263,6 +263,36 @@ int run_command(exec_args& a, bool stop_with_dibs) {
   return wait_command(c, nullptr, [] {});
 }
 
+// Many COMMANDs at once (dibs work): not built on Windows yet. The same
+// interface as on POSIX, so that dibs.cpp's claim logic compiles here too;
+// a port starts each COMMAND with start_command in a job of its own and
+// waits on their process handles and console_interrupt together.
+class command_pool {
+public:
+  using id = int;
+  struct ending {
+    id who;
+    int code;
+  };
+  struct events {
+    std::vector<ending> ended;
+    std::vector<int> signals;
+  };
+  command_pool() {
+    fail(ex::unavailable, "dibs work: not built on Windows yet (it runs its COMMANDs from one loop that waits for "
+                          "their ends and for signals, which dibs has on POSIX only); run one item at a time with "
+                          "'dibs claim --next PREFIX STORE -- COMMAND' in a loop instead");
+  }
+  id start(exec_args&) { return 0; }
+  std::size_t running() const { return 0; }
+  events wait(std::optional<milliseconds>) { return {}; }
+};
+
+// dibs work asks this before it claims anything; on Windows command_pool
+// refuses first.
+std::pair<int, std::string> check_runnable(const std::string&) { return {0, ""}; }
+bool is_stop_signal(int) { return false; }
+
 // Sleeps for `d` (dibs retry). Returns: 130 (149) if Ctrl+C (Ctrl+Break)
 // came meanwhile, as SIGINT ends the sleep on Linux.
 std::optional<int> sleep_unless_signalled(std::chrono::nanoseconds d) {
