@@ -47,11 +47,13 @@ extern char** environ;
 #include <list>
 #include <optional>
 #include <regex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <stop_token>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -92,11 +94,11 @@ constexpr int completed = 10;      // claim: the item is already completed
 constexpr int taken = 11;          // claim: another worker holds the item (or its record is busy)
 constexpr int failed = 12;         // claim: the item failed for good (max attempts reached earlier)
 constexpr int damaged = 13;        // claim: the item's record is damaged or not a claim
-constexpr int empty = 14;          // claim --next: nothing claimable under the prefix
-constexpr int claim_lost = 15;     // claim: COMMAND succeeded but the claim was taken over before completion
+constexpr int empty = 14;          // claim --next, work: nothing claimable under the prefix
+constexpr int claim_lost = 15;     // claim, work: COMMAND succeeded but the claim was taken over before completion
 constexpr int lock_lost = 15;      // lock: the lease lock was lost (taken over, or its lease ran out) during the run
 constexpr int usage = 64;          // EX_USAGE: bad arguments, unknown store scheme, no COMMAND
-constexpr int dataerr = 65;        // EX_DATAERR: the file at the path is not a dibs record
+constexpr int dataerr = 65;        // EX_DATAERR: the file at the path is not a dibs record; offer: a bad line
 constexpr int noinput = 66;        // EX_NOINPUT: a missing file or directory
 constexpr int unavailable = 69;    // EX_UNAVAILABLE: a store server cannot be reached
 constexpr int software = 70;       // EX_SOFTWARE: an internal error (a bug: please report it)
@@ -117,14 +119,15 @@ constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
   11       claim: another worker holds the item (nothing run)
   12       claim: the item failed for good earlier (nothing run)
   13       claim: the item's record is damaged or not a dibs claim (nothing run)
-  14       claim --next: nothing claimable under the prefix
-  15       claim: COMMAND exited 0 but the claim was taken over first (not completed);
+  14       claim --next, work: nothing claimable under the prefix (work: nothing run at all)
+  15       claim, work: COMMAND exited 0 but the claim was taken over first (not completed);
            lock: the lease lock was lost during the run (taken over, or its lease ran out
            unrenewed, e.g. dibs was stopped), whatever COMMAND's status; said on stderr
   64       usage: bad arguments, unknown store scheme, no COMMAND, a connection string
            libpq cannot parse
   65       the file at the path is not a dibs record (another tool's file? not a SQLite
-           database? an empty flock(1) lock file?), or a FIFO
+           database? an empty flock(1) lock file?), or a FIFO; offer: an empty line, a key
+           too long or given twice on standard input (nothing offered)
   66       a missing file or directory; lock --kernel: a lock file it may not open, as flock(1)
   69       a store server cannot be reached
   70       internal error (please report it)
@@ -133,7 +136,7 @@ constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
   75       transient failure (timed out, busy): try again later
   77       permission denied; a PostgreSQL login refused (wrong password, no such role)
   126/127  COMMAND not executable / not found
-  128+N    COMMAND (or, for retry, the wait) ended by signal N
+  128+N    COMMAND (or, for retry, the wait) ended by signal N; work: stopped by signal N
 )";
 
 #if !defined(_WIN32)
@@ -696,19 +699,22 @@ struct claim_args {
   int exit_base = ex::completed;  // dibs's own outcomes exit exit_base + 0..5
 };
 
+// Refuses an --exit-base N (of dibs claim or dibs work, `who`) whose moved
+// codes N..N+5 would meet success, dibs's errors (64-77) or 126/127, which
+// keep their meaning.
+void check_exit_base(const char* who, int base) {
+  const int lo = base, hi = base + (ex::claim_lost - ex::completed);
+  if (lo < 1 || hi > 255 || (lo <= ex::noperm && hi >= ex::usage) || (lo <= ex::not_found && hi >= ex::cannot_exec))
+    fail(ex::usage, fmt::format("{} --exit-base: {} would make the codes {}-{}; choose N with N >= 1 and N+5 <= 255 "
+                                "that meets neither 64-77 nor 126-127, e.g. 200",
+                                who, base, lo, hi));
+}
+
 int cmd_claim(claim_args& a) {
   if (a.command.empty()) fail(ex::usage, "dibs claim: no COMMAND to run; write: dibs claim STORE KEY -- COMMAND [ARGS...]");
   if (!a.has_next && a.key.empty()) fail(ex::usage, "dibs claim: no KEY; write: dibs claim STORE KEY -- COMMAND, or --next PREFIX");
   if (a.max_attempts == 0) fail(ex::usage, "dibs claim --max-attempts: must be at least 1");
-  {
-    // The moved codes must not meet success, dibs's errors (64-77) or
-    // 126/127, which keep their meaning.
-    const int lo = a.exit_base, hi = a.exit_base + (ex::claim_lost - ex::completed);
-    if (lo < 1 || hi > 255 || (lo <= ex::noperm && hi >= ex::usage) || (lo <= ex::not_found && hi >= ex::cannot_exec))
-      fail(ex::usage, fmt::format("dibs claim --exit-base: {} would make the codes {}-{}; choose N with N >= 1 and "
-                                  "N+5 <= 255 that meets neither 64-77 nor 126-127, e.g. 200",
-                                  a.exit_base, lo, hi));
-  }
+  check_exit_base("dibs claim", a.exit_base);
   // dibs's own outcome `code` (one of ex::completed ... ex::claim_lost), moved by --exit-base.
   auto outcome = [&](int code) { return code - ex::completed + a.exit_base; };
   dibs::claim_options o;
@@ -791,6 +797,12 @@ int cmd_claim(claim_args& a) {
     return code;
   });
 }
+
+// ---------------------------------------------------------------------------
+// dibs offer and dibs work: a queue from the shell
+
+#include "offer.hpp"
+#include "work.hpp"
 
 // ---------------------------------------------------------------------------
 // dibs retry
@@ -959,6 +971,7 @@ int cmd_status(status_args& a) {
           if (s.owner) out += fmt::format(", \"host\": {}, \"pid\": {}", json_string(s.owner->host), s.owner->pid);
           if (!s.error.empty()) out += fmt::format(", \"error\": {}", json_string(s.error));
           if (!s.result.empty()) out += fmt::format(", \"result\": {}", json_string(s.result));
+          if (s.token != 0) out += fmt::format(", \"token\": {}", s.token);
           out += "}";
         }
         fmt::print("{}\n]\n", out);
@@ -1177,6 +1190,8 @@ struct usage_formatter : CLI::Formatter {
                  "       dibs lock --dot [-r RETRIES] [-s PAUSE] [-l AGE] [OPTIONS] PATH [--] COMMAND [ARGS...]"},
         {"log", "[OPTIONS] PATH [--] [TEXT...]"},
         {"claim", "[OPTIONS] STORE KEY [--] COMMAND [ARGS...]\n       dibs claim [OPTIONS] --next PREFIX STORE [--] COMMAND [ARGS...]"},
+        {"offer", "[OPTIONS] STORE < KEYS"},
+        {"work", "[OPTIONS] STORE [--] COMMAND [ARGS...]"},
         {"retry", "[OPTIONS] [--] COMMAND [ARGS...]"},
         {"status", "[OPTIONS] TARGET"},
     };
@@ -1377,6 +1392,78 @@ Examples:
   dibs claim --next mail/ sqlite:/srv/q.db -- ./handle-mail    # key as last argument
 )");
 
+  offer_args oa;
+  auto* offer = app.add_subcommand("offer", "Put the keys of standard input (one a line) in a claim store's queue");
+  offer->add_option("--priority", oa.priority, "Claimed before items of a lower priority (dibs work, claim --next)")
+      ->capture_default_str();
+  offer->add_option("--not-before", oa.not_before,
+                    "Not claimable before WHEN: a duration from now (10m, 2h) or @SECONDS since the epoch");
+  offer->add_flag("-q,--quiet", oa.quiet, "Print nothing on success");
+  offer->add_flag("-v,--verbose", oa.verbose, "Say each batch on standard error, and '0 offered' when there are no keys");
+  offer->footer(std::string(data_rule) + R"(
+
+Reads every line of standard input first, one key a line (a trailing CR is
+dropped, for files written on Windows), and checks them all before anything
+is written: an empty line, a key over 1,024 bytes or a key given twice ends
+dibs with 65, naming the line(s), and nothing is offered. Then offers them,
+1,000 per statement or transaction, as items claimable by 'dibs work' and
+'dibs claim --next'; a key that already has a record (offered, claimed,
+done) is left as it is. Prints "N offered, M already had a record" on
+standard output (-q: nothing). No keys at all: nothing to do, exit 0.
+
+)" + store_table + R"(
+Examples:
+  ls inbox | dibs offer sqlite:/srv/q.db
+  seq -f 'job-%g' 1 100 | dibs offer --priority 5 dir:/srv/q
+  echo report-2024-06 | dibs offer --not-before @1719792000 sqlite:/srv/q.db
+)");
+
+  work_args wa;
+  auto* work = app.add_subcommand("work", "Run COMMAND once per claimed item of a queue, KEY as its last argument, -j at a time");
+  work->add_option("--prefix", wa.prefix, "Only items whose key starts with PREFIX");
+  work->add_option("-j,--jobs", wa.jobs, "At most N COMMANDs at once (1 to 1,024)")->capture_default_str();
+  work->add_flag("--wait", wa.wait,
+                 "When nothing is claimable, wait for new items (looking from every 10 ms to every 1 s) until a "
+                 "signal, instead of ending");
+  work->add_option("--lease", wa.lease, "How long a claim is respected once its worker stops renewing")->capture_default_str();
+  work->add_option("--max-attempts", wa.max_attempts, "Failed runs before an item fails for good")->capture_default_str();
+  work->add_option("--retry-after", wa.retry_after,
+                   "How long an item whose COMMAND failed waits before it is claimable again (0: at once); default: "
+                   "0.5-1 s after the first failure, doubling up to 10 min");
+  work->add_flag("-q,--quiet", wa.quiet, "No message for failed COMMANDs, nor for 'nothing claimable' (14)");
+  work->add_option("--exit-base", wa.exit_base,
+                   "dibs's own outcomes exit N..N+5 instead of 10..15 (nothing claimable N+4, claim lost N+5), as "
+                   "with dibs claim")
+      ->capture_default_str();
+  work->footer(std::string(data_rule) + R"(
+
+Claims the queue's items (offered by 'dibs offer', given back, or of a
+worker that is gone) and runs COMMAND KEY for each, at most -j at once, with
+DIBS_KEY, DIBS_TOKEN and DIBS_ATTEMPT set as 'dibs claim' sets them. Exit 0
+completes the item (the ends that come together in one statement); any other
+status gives it back (claimable again after --retry-after or the default
+backoff; failed for good after --max-attempts). It claims only for free
+slots: an item it holds is an item it runs. Without --wait it ends when
+nothing is claimable and nothing runs.
+Signals INT, TERM, HUP, QUIT, USR1, USR2 are forwarded to every running
+COMMAND; after INT, TERM, HUP or QUIT dibs claims nothing more, waits for the
+running COMMANDs, completes or gives back their items by their status (an
+item whose COMMAND that signal ended is claimable again at once), and exits
+128+N. If dibs is killed, its COMMANDs are killed too and their items are
+claimable again at once (the worker is provably gone).
+
+Exit codes: 0 if every COMMAND it ran exited 0 and was completed; 14 (or
+--exit-base's N+4) if nothing was claimable at all; else the status of the
+last COMMAND that exited non-zero (its item was given back); else 15 (N+5)
+if a claim was taken over before its completion; 128+N after signal N.
+
+)" + store_table + R"(
+Examples:
+  ls inbox | dibs offer sqlite:/srv/q.db && dibs work -j 4 sqlite:/srv/q.db -- ./handle
+  dibs work --wait -j 8 --prefix mail/ sqlite:/srv/q.db -- ./send-mail    # a service: until SIGTERM
+  dibs work -j 2 --retry-after 1m dir:/srv/q -- sh -c 'convert "inbox/$1" "out/$1.pdf"' sh
+)");
+
   retry_args ra;
   auto* retry = app.add_subcommand("retry", "Re-run COMMAND with backoff while it exits with a transient code");
   retry->add_option("-a,--attempts", ra.attempts, "Runs at most")->capture_default_str();
@@ -1517,6 +1604,20 @@ Examples:
       if (!ca.has_next) ca.key = need("claim", "KEY", "[OPTIONS] STORE KEY -- COMMAND [ARGS...], or --next PREFIX");
       ca.command = data.rest();
       return cmd_claim(ca);
+    }
+    if (offer->parsed()) {
+      oa.store = need("offer", "STORE", "[OPTIONS] STORE < KEYS");
+      if (!data.done())
+        fail(ex::usage, fmt::format("dibs offer: '{}' after STORE '{}' is not expected: the keys come on standard "
+                                    "input, one a line (e.g. printf '%s\\n' KEY... | dibs offer STORE); options go "
+                                    "before STORE",
+                                    data.take(), oa.store));
+      return cmd_offer(oa);
+    }
+    if (work->parsed()) {
+      wa.store = need("work", "STORE", "[OPTIONS] STORE -- COMMAND [ARGS...]");
+      wa.command = data.rest();
+      return cmd_work(wa);
     }
     if (retry->parsed()) {
       ra.command = data.rest();
