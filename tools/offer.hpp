@@ -68,14 +68,15 @@ int cmd_offer(offer_args& a) {
   dibs::offer_options o;
   o.priority = a.priority;
   if (!a.not_before.empty()) o.not_before = parse_when("dibs offer --not-before", a.not_before);
-  // Every line is read and checked before the store is opened: bad input
-  // writes nothing.
-  const std::vector<std::string> keys = read_keys(std::cin);
-  if (keys.empty()) {
-    if (a.verbose) fmt::print("0 offered: no keys on standard input\n");
-    return ex::ok;
-  }
   return with_store(a.store, [&](auto& store) -> int {
+    // Every line is read and checked before anything is written: bad input
+    // writes nothing. (Read once the store is open: for a postgres: store,
+    // with_store runs dibs-postgres, which must find standard input unread.)
+    const std::vector<std::string> keys = read_keys(std::cin);
+    if (keys.empty()) {
+      if (a.verbose) fmt::print("0 offered: no keys on standard input\n");
+      return ex::ok;
+    }
     using S = std::remove_reference_t<decltype(store)>;
     dibs::marker_claim<S> claims{store};
     std::size_t fresh = 0, done = 0;

@@ -66,3 +66,22 @@ load helpers
   [[ "$output" == *"passwrd"* ]]
   [[ "$output" != *"$secret"* ]]
 }
+
+@test "postgres: offer, then work -j 4 over 100 items: each run once, completed by the claim whose token it got" {
+  [ -n "${DIBS_PG_DIR:-}" ] || skip "no DIBS_PG_DIR: run through ctest, which starts the server"
+  table="cli_$$_$RANDOM"
+  store="postgres:$(cat "$DIBS_PG_DIR/conninfo")#$table"
+  run dibs offer "$store" < <(seq -f 'item-%g' 1 100)
+  [ "$status" -eq 0 ]
+  [ "$output" = "100 offered, 0 already had a record" ]
+  run dibs offer "$store" < <(seq -f 'item-%g' 91 110)
+  [ "$output" = "10 offered, 10 already had a record" ]
+  run dibs work -j 4 "$store" -- sh -c 'echo "$1 $DIBS_TOKEN" >> journal' sh
+  [ "$status" -eq 0 ]
+  [ "$(wc -l < journal)" -eq 110 ]
+  dibs status --json "$store" | sed -n 's/.*"key": "\([^"]*\)".*"state": "completed".*"token": \([0-9]*\).*/\1 \2/p' | sort > completed
+  [ "$(wc -l < completed)" -eq 110 ]
+  diff completed <(sort journal)
+  run dibs work "$store" -- true
+  [ "$status" -eq 14 ]
+}
