@@ -190,6 +190,7 @@ private:
 
   void fetch_loop(state& st, const std::stop_token& stop, bool until_empty) {
     auto pause = std::chrono::milliseconds{1};
+    std::uint64_t seen = 0;  // st.generation when the last claim began
     while (!stop.stop_requested()) {
       std::size_t room = 0;
       {
@@ -198,6 +199,7 @@ private:
         st.cv.wait(g, [&] { return stop.stop_requested() || st.ready.size() <= opts_.prefetch / 2; });
         if (stop.stop_requested()) return;
         room = opts_.prefetch - st.ready.size();
+        seen = st.generation;
       }
       std::vector<claim> got;
       bool failed = false;
@@ -221,7 +223,11 @@ private:
         pause = std::chrono::milliseconds{1};
         continue;
       }
-      if (until_empty && st.ready.empty() && st.running == 0 && st.done.empty() && !st.completing) return;
+      // Empty, and nothing ended while the claim ran (a handler that gave
+      // its item back just after the claim looked would leave it behind).
+      if (until_empty && st.ready.empty() && st.running == 0 && st.done.empty() && !st.completing &&
+          st.generation == seen)
+        return;
       if constexpr (requires(Store& s) { s.wait_for_offer(std::chrono::milliseconds{1}); }) {
         // The store says when an item is offered (postgres_store: NOTIFY):
         // wait for that, for at most idle_wait (a stop is seen then). Not
