@@ -1,4 +1,5 @@
 #include <dibs/marker_claim.hpp>
+#include <dibs/stores/file_store.hpp>
 #include <dibs/stores/sqlite_store.hpp>
 #include <dibs/worker_pool.hpp>
 
@@ -129,5 +130,11 @@ TEST_CASE("worker_pool on SQLite: 6 pool processes take 2,000 items, 12 SIGKILLs
   { dibs::sqlite_store init{journal}; }
   dibs_test::check_pool_exactly_once([&] { return dibs::sqlite_store{items}; },
                                      [&] { return dibs::sqlite_store{journal}; }, 6, 2000, 12, 2s);
+}
+
+TEST_CASE("worker_pool on files: 4 pool processes take 600 items through file_store's queue view, 8 SIGKILLs mid-batch, each completed once with its fenced effect", "[chaos]") {
+  temp_dir items, journal;
+  dibs_test::check_pool_exactly_once([&] { return dibs::file_store{items.path}; },
+                                     [&] { return dibs::file_store{journal.path}; }, 4, 600, 8, 2s);
 }
 #endif
