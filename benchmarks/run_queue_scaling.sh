@@ -55,7 +55,7 @@ PY
 
 echo "== sqlite_store: $reps repetitions of each size and way, interleaved"
 "$B/sqlite_queue_scaling" --benchmark_repetitions=$reps --benchmark_enable_random_interleaving=true \
-  --benchmark_out="$OUT/sqlite_queue_scaling.json" --benchmark_out_format=json >/dev/null
+  --benchmark_out="$OUT/sqlite_queue_scaling.json" --benchmark_out_format=json >/dev/null 2>"$OUT/sqlite_queue_scaling.log"
 printf '%-8s %12s %12s %12s %10s %10s %10s\n' queued "hand µs" "floor µs" "dibs µs" "dibs/hand" "dibs/floor" "vs 1,000"
 for n in 1000 10000 100000; do
   f=$OUT/sqlite_queue_scaling.json
@@ -73,7 +73,7 @@ echo "== file_store in $DIBS_BENCH_DIR: $reps repetitions per size, a process ea
 printf '%-8s %12s %10s\n' queued "dibs µs" "vs 1,000"
 for n in 1000 10000 100000; do
   "$B/file_claim_next" --benchmark_filter="/$n/" --benchmark_repetitions=$reps \
-    --benchmark_out="$OUT/file_claim_next_$n.json" --benchmark_out_format=json >/dev/null
+    --benchmark_out="$OUT/file_claim_next_$n.json" --benchmark_out_format=json >/dev/null 2>"$OUT/file_claim_next_$n.log"
   d=$(median_us "" "$OUT/file_claim_next_$n.json")
   [[ $n == 1000 ]] && f1=$d
   printf '%-8s %12.1f %10s\n' "$n" "$d" "$(ratio "$d" "$f1")"
