@@ -280,6 +280,25 @@ public:
                                             key_, retry_after.count()));
       return release_after(error, retry_after);
     }
+    /// Effects: gives the item back as if this claim had not been made: its
+    /// attempt is not counted (so an item claimed on its last attempt is not
+    /// failed for it), and it is claimable again at once. For an item claimed
+    /// ahead and never started (worker_pool's prefetched items at a stop);
+    /// `why` is kept as its last error.
+    /// Returns: false if the claim was taken over.
+    /// Throws: as release().
+    bool give_back_unstarted(std::string_view why = "claimed ahead and never started") {
+      check_owner_process("give back");
+      settle();
+      if (owner_ && pending())
+        throw std::logic_error(fmt::format("dibs::marker_claim '{}': give back after complete() or release() in the "
+                                           "same open transaction",
+                                           key_));
+      if (!owner_) return false;
+      const std::string value =
+          owner_->encode(claim_state::released, attempts_ > 0 ? attempts_ - 1 : 0, why, "", token_, priority_);
+      return in_store_transaction() ? finish_in_transaction(value) : finish(value);
+    }
     /// Effects: renews the lease now (with claim_options::renew this also
     /// happens by itself). Returns: false if the claim is lost.
     /// Throws: std::errc::operation_not_permitted in a forked child of the worker.

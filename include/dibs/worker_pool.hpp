@@ -28,8 +28,9 @@
 //     `idle_wait`, and wakes at once when the store says an item was
 //     offered, where it can (postgres_store: NOTIFY);
 //   - a stop (std::stop_token) claims nothing more, gives back the items
-//     not yet started (at once, without a backoff), lets the running
-//     handlers finish and writes their completions before run() returns.
+//     not yet started (claimable at once, their attempt not counted), lets
+//     the running handlers finish and writes their completions before
+//     run() returns.
 // A crash between a handler's return and its batch's commit loses nothing:
 // the item's claim was never completed, so it comes back (when its worker
 // is proved gone, or after its lease) and runs again. As with every
@@ -155,7 +156,7 @@ private:
           st.ready.pop_front();
           g.unlock();
           try {
-            (void)c.release("the worker pool stopped before the item started", std::chrono::milliseconds{0});
+            (void)c.give_back_unstarted("the worker pool stopped before the item started");
           } catch (const std::exception& e) {
             report(st, e);
           }
