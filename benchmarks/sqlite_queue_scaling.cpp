@@ -3,7 +3,8 @@
 // hand-written indexed SQLite queue of the same size: a jobs table with a
 // partial index over the waiting rows by priority, one UPDATE ... RETURNING
 // that takes the first, one UPDATE that completes it (autocommit each, WAL,
-// synchronous=NORMAL, as sqlite_store opens its file).
+// synchronous=NORMAL, as sqlite_store opens its file); and the same writing
+// records as long as dibs's (the floor).
 //
 //   sqlite_queue_scaling --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 //
@@ -81,7 +82,7 @@ void make_jobs(const std::filesystem::path& path, long queued) {
   dibs::sqlite::connection db{path};
   db.exec("CREATE TABLE jobs (id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, state INTEGER NOT NULL DEFAULT 0, "
           "priority INTEGER NOT NULL DEFAULT 0, run_at INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0, "
-          "locked_by TEXT, locked_at INTEGER); "
+          "locked_by TEXT, locked_at INTEGER, record TEXT); "
           "CREATE INDEX jobs_waiting ON jobs (priority DESC, id) WHERE state = 0");
   db.begin();
   auto ins = db.prepare("INSERT INTO jobs (key, state) VALUES (?1, ?2)");
@@ -92,22 +93,29 @@ void make_jobs(const std::filesystem::path& path, long queued) {
   db.commit();
 }
 
-void BM_hand_written_indexed_queue(benchmark::State& state) {
+// The hand-written queue's loop; `claimed` and `done` are what its claim
+// and completion write into the row's `record` column (empty: nothing).
+void hand_loop(benchmark::State& state, const std::string& claimed, const std::string& done_value) {
   const long queued = state.range(0);
   const auto path = db_path("hand");
   const bench::removed_at_exit cleanup{path};
   make_jobs(path, queued);
   dibs::sqlite::connection db{path};
   auto take = db.prepare(
-      "UPDATE jobs SET state = 1, attempts = attempts + 1, locked_by = ?1, locked_at = ?2 WHERE id = "
+      "UPDATE jobs SET state = 1, attempts = attempts + 1, locked_by = ?1, locked_at = ?2, record = ?3 WHERE id = "
       "(SELECT id FROM jobs WHERE state = 0 AND run_at <= ?2 ORDER BY priority DESC, id LIMIT 1) RETURNING id");
-  auto complete = db.prepare("UPDATE jobs SET state = 2 WHERE id = ?1 AND state = 1 AND locked_by = ?2");
+  auto complete = db.prepare("UPDATE jobs SET state = 2, record = ?3 WHERE id = ?1 AND state = 1 AND locked_by = ?2");
   const std::string me = fmt::format("worker {}", ::getpid());
   const auto busy = dibs::retry_policy{}.deadline(std::chrono::seconds{30}).unlimited_attempts();
+  auto bind_record = [](dibs::sqlite::statement& s, const std::string& r) {
+    if (r.empty()) s.bind(3, nullptr);
+    else s.bind(3, std::string_view{r});
+  };
   long done = 0;
   for (auto _ : state) {
     const auto id = dibs::retry(busy, [&]() -> std::int64_t {
       take.bind(1, me).bind(2, static_cast<std::int64_t>(std::time(nullptr)));
+      bind_record(take, claimed);
       if (!take.step()) return 0;
       const auto got = take.column_int64(0);
       while (take.step()) {
@@ -120,6 +128,7 @@ void BM_hand_written_indexed_queue(benchmark::State& state) {
     }
     dibs::retry(busy, [&] {
       complete.bind(1, id).bind(2, me);
+      bind_record(complete, done_value);
       (void)complete.step();
     });
     ++done;
@@ -127,9 +136,33 @@ void BM_hand_written_indexed_queue(benchmark::State& state) {
   state.SetItemsProcessed(done);
 }
 
+void BM_hand_written_indexed_queue(benchmark::State& state) { hand_loop(state, "", ""); }
+
+// The floor: the hand-written queue also writing, at the claim and at the
+// completion, records as long as marker_claim's (the owner that proves a
+// worker gone, the nonce, the token): what is left between it and dibs is
+// dibs's own work.
+void BM_hand_written_dibs_records(benchmark::State& state) {
+  std::string processing, completed;
+  {
+    const auto scratch = db_path("records");
+    const bench::removed_at_exit cleanup{scratch};
+    dibs::sqlite_store s{scratch};
+    dibs::marker_claim<dibs::sqlite_store> claims{s, {.renew = false}};
+    claims.offer("k");
+    auto c = claims.claim_next();
+    processing = s.read("k")->value;
+    c->complete();
+    completed = s.read("k")->value;
+  }
+  hand_loop(state, processing, completed);
+}
+
 }  // namespace
 
 BENCHMARK(BM_hand_written_indexed_queue)->Arg(1'000)->Arg(10'000)->Arg(100'000)->Iterations(per_run)
+    ->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_hand_written_dibs_records)->Arg(1'000)->Arg(10'000)->Arg(100'000)->Iterations(per_run)
     ->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_marker_claim_sqlite_store)->Arg(1'000)->Arg(10'000)->Arg(100'000)->Iterations(per_run)
     ->Unit(benchmark::kMicrosecond)->UseRealTime();

@@ -37,3 +37,5 @@ dibs_store_benchmark(store_lock_contended)
 dibs_store_benchmark(handoff_floor)
 # 3. marker_claim claim+complete on file_store and shm_store.
 dibs_store_benchmark(store_marker_claim)
+# 3b. claim_next + complete on file_store's queue view at 1,000 to 100,000 items queued.
+dibs_store_benchmark(file_claim_next benchmark::benchmark)

@@ -13,6 +13,7 @@
 #include "support.hpp"
 
 #include <signal.h>
+#include <sys/mman.h>
 
 #include <atomic>
 #include <functional>
@@ -233,13 +234,17 @@ inline dibs::version record_token(const std::optional<dibs::record>& r) {
 
 /// The queue invariant for dibs::worker_pool: the parent offers `items`
 /// items with offer_n, `workers` processes each run a pool (4 handler
-/// threads, prefetch 8) whose handler writes the item's fenced effect,
-/// `kills` of them are SIGKILLed on the way (mid-batch: with items
-/// prefetched, running, and handled but not yet completed) and replaced;
-/// at the end every item is completed once and its effect is the
-/// completing claim's (the journal's token is the completed record's).
+/// threads, prefetch 8) whose handler writes the item's fenced effect, and
+/// `kills` of them are SIGKILLed on the way and replaced: the k-th kill
+/// comes once k/(kills + 1) of the items have had their effect (counted in
+/// memory the processes share), so every kill lands while the pools work,
+/// with items prefetched, running, and handled but not yet completed,
+/// however fast the machine is. At the end every item is completed once and
+/// its effect is the completing claim's (the journal's token is the
+/// completed record's).
 /// `during(done)`, if given, runs in the parent beside the workers (a
-/// thread that kills and restarts a server, say) until it returns.
+/// thread that kills and restarts a server, or ends sessions, say) until it
+/// returns; done() is true once every item has had its effect.
 template <class OpenItems, class OpenJournal, class During = decltype(&nothing_during)>
 void check_pool_exactly_once(OpenItems open_items, OpenJournal open_journal, int workers, int items, int kills,
                              std::chrono::milliseconds lease, During during = &nothing_during) {
@@ -255,6 +260,9 @@ void check_pool_exactly_once(OpenItems open_items, OpenJournal open_journal, int
       REQUIRE(claims.offer_n(std::span(keys).subspan(at, std::min<std::size_t>(1000, keys.size() - at))) ==
               std::min<std::size_t>(1000, keys.size() - at));
   }
+  void* mem = ::mmap(nullptr, sizeof(std::atomic<long>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mem != MAP_FAILED);
+  auto* effects = new (mem) std::atomic<long>{0};
   temp_dir flags;
   const auto stop_flag = flags.path / "stop";
   auto start_worker = [&](int) {
@@ -269,6 +277,7 @@ void check_pool_exactly_once(OpenItems open_items, OpenJournal open_journal, int
                              [&](const auto& c) {
                                std::lock_guard g{journal_m};
                                if (!write_fenced_effect(journal, c.key(), c.token())) stale = true;
+                               ++*effects;
                              },
                              {.concurrency = 4, .prefetch = 8, .prefix = "p/", .idle_wait = 20ms,
                               .on_error = [](const std::exception&) {}}};
@@ -287,8 +296,18 @@ void check_pool_exactly_once(OpenItems open_items, OpenJournal open_journal, int
   for (int i = 0; i < workers; ++i) pids.push_back(start_worker(seed++));
   std::thread beside;
   if constexpr (!std::is_same_v<During, decltype(&nothing_during)>)
-    beside = std::thread([&] { during([] { return false; }); });
-  const int landed = kill_and_replace(pids, kills, 11, [&] { return start_worker(seed++); });
+    beside = std::thread([&] { during([&] { return effects->load() >= items; }); });
+  std::mt19937 rng(11);
+  int landed = 0;
+  const auto give_up = std::chrono::steady_clock::now() + 120s;
+  for (int k = 1; k <= kills; ++k) {
+    const long due = static_cast<long>(items) * k / (kills + 2);
+    while (effects->load() < due && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(1ms);
+    const std::size_t victim = std::uniform_int_distribution<std::size_t>{0, pids.size() - 1}(rng);
+    ::kill(pids[victim], SIGKILL);
+    landed += wait_exit(pids[victim]) == 128 + SIGKILL;
+    pids[victim] = start_worker(seed++);
+  }
   if (beside.joinable()) beside.join();
   CHECK(landed == kills);  // each kill ended a running worker (they run until stop_flag)
   auto store = open_items();
@@ -304,6 +323,7 @@ void check_pool_exactly_once(OpenItems open_items, OpenJournal open_journal, int
   spit(stop_flag, "");
   int failed = 0;
   for (pid_t p : pids) failed += wait_exit(p) != 0;
+  ::munmap(mem, sizeof(std::atomic<long>));
   CHECK(failed == 0);
   CHECK(completed == items);
   auto journal = open_journal();
@@ -315,6 +335,7 @@ void check_pool_exactly_once(OpenItems open_items, OpenJournal open_journal, int
   }
   INFO("items claimed again after a kill: " << retried);
   CHECK(effects_match == items);
+  CHECK(retried > 0);  // the kills came while the pools held items (no handler fails here)
   CHECK_FALSE(claims.claim_next("p/"));
 }
 

@@ -409,6 +409,35 @@ TEST_CASE("worker_pool on PostgreSQL: 6 pool processes take 3,000 items while th
                                      });
 }
 
+TEST_CASE("worker_pool on PostgreSQL under a pg_terminate_backend storm: sessions ended every few ms while 6 pool processes take 3,000 items and 6 are SIGKILLed, each completed once", "[chaos]") {
+  if (dibs_test::no_fork_with_threads) {  // workers are started again while the storm thread runs
+    WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
+    return;
+  }
+  const auto items = pg::fresh_table("pool_storm"), journal = pg::fresh_table("pool_storm_journal");
+  const auto app = pg::fresh_table("pool_storm_app");
+  const auto info = pg::conninfo() + " application_name=" + app;
+  std::atomic<int> ended{0};
+  dibs_test::check_pool_exactly_once(
+      [&] { return pg_open(items, info); }, [&] { return pg_open(journal); }, 6, 3000, 6, 2s,
+      [&](const std::function<bool()>& done) {
+        std::unique_ptr<PGconn, decltype(&::PQfinish)> c{::PQconnectdb(pg::conninfo().c_str()), ::PQfinish};
+        const auto kill = fmt::format("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                      "WHERE application_name = '{}' AND backend_start < now() - interval '100 ms' "
+                                      "ORDER BY random() LIMIT 1",
+                                      app);
+        // Until every item has had its effect: each session ended here was
+        // ended while work remained.
+        while (!done()) {
+          std::unique_ptr<PGresult, decltype(&::PQclear)> r{::PQexec(c.get(), kill.c_str()), ::PQclear};
+          if (::PQntuples(r.get()) == 1 && ::PQgetvalue(r.get(), 0, 0)[0] == 't') ++ended;
+          std::this_thread::sleep_for(3ms);
+        }
+      });
+  INFO(ended.load() << " sessions ended while work remained");
+  CHECK(ended.load() >= 10);
+}
+
 TEST_CASE("an idle worker_pool on PostgreSQL wakes on an offer (NOTIFY), not on its next look") {
   const auto t = pg::fresh_table("poolwake");
   auto s = pg_open(t);

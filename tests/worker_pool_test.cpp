@@ -1,4 +1,5 @@
 #include <dibs/marker_claim.hpp>
+#include <dibs/stores/file_store.hpp>
 #include <dibs/stores/sqlite_store.hpp>
 #include <dibs/worker_pool.hpp>
 
@@ -110,6 +111,29 @@ TEST_CASE("worker_pool stops gracefully: running items finish and are completed,
   CHECK(completed == 2);
   CHECK(waiting == 48);  // claimable at once, none left processing
   CHECK(other == 0);
+  // The items given back were never started: their attempt is not counted.
+  for (const auto& item : claims.list("job-"))
+    if (item.status.state != dibs::claim_state::completed) CHECK(item.status.attempts == 0);
+}
+
+TEST_CASE("give_back_unstarted: an item claimed on its last attempt and never started is not failed, and is claimable at once") {
+  temp_dir dir;
+  dibs::sqlite_store s{dir.path / "q.db"};
+  dibs::marker_claim<dibs::sqlite_store> claims{s, {.max_attempts = 2, .retry_backoff = std::nullopt}};
+  REQUIRE(claims.offer("job"));
+  claims.claim_next()->release("first try failed");
+  auto c = claims.claim_next();
+  REQUIRE(c);
+  CHECK(c->attempts() == 2);  // the last
+  CHECK(c->give_back_unstarted());
+  const auto st = claims.status("job");
+  CHECK(st.state == dibs::claim_state::released);
+  CHECK(st.attempts == 1);
+  auto again = claims.claim_next();
+  REQUIRE(again);
+  CHECK(again->attempts() == 2);
+  CHECK(again->token() > c->token());
+  again->complete();
 }
 
 TEST_CASE("worker_pool refuses a concurrency of 0 or a prefetch above 10,000, saying so") {
@@ -129,5 +153,11 @@ TEST_CASE("worker_pool on SQLite: 6 pool processes take 2,000 items, 12 SIGKILLs
   { dibs::sqlite_store init{journal}; }
   dibs_test::check_pool_exactly_once([&] { return dibs::sqlite_store{items}; },
                                      [&] { return dibs::sqlite_store{journal}; }, 6, 2000, 12, 2s);
+}
+
+TEST_CASE("worker_pool on files: 4 pool processes take 600 items through file_store's queue view, 8 SIGKILLs mid-batch, each completed once with its fenced effect", "[chaos]") {
+  temp_dir items, journal;
+  dibs_test::check_pool_exactly_once([&] { return dibs::file_store{items.path}; },
+                                     [&] { return dibs::file_store{journal.path}; }, 4, 600, 8, 2s);
 }
 #endif

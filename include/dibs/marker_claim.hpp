@@ -119,22 +119,24 @@ struct offer_options {
   /// offers it; the epoch: at once). Scheduled items.
   std::chrono::system_clock::time_point not_before{};
   /// claim_next takes claimable items of a higher priority first (then in
-  /// key order on postgres_store, in random order elsewhere); a released
+  /// key order on postgres_store and sqlite_store, in random order
+  /// elsewhere); a released
   /// item keeps its priority. Urgent items: above 0.
   std::int32_t priority = 0;
 };
 
-/// A store that can claim the next claimable items itself, in one atomic
-/// step (postgres_store): take_claimable(prefix, rest, n, t) picks up to `n`
-/// records whose key starts with `prefix` and that are offered or released
-/// claims (or rows with no record that were never written: version 0) whose
-/// "not_before" time has come, the highest "priority" first, skipping those
-/// another worker is taking, and replaces each with "dibs-claim
-/// 1\nstate processing\nattempts <its attempts + 1>\n", its "priority
-/// <p>\n" line if it had one, then `rest`. Returns their keys and new
-/// records (none if no item is claimable). processing_keys(prefix) returns
-/// the keys starting with `prefix` whose record is a processing claim (the
-/// only ones a sweep can recover).
+/// A store that can claim the next claimable items itself, each in one
+/// atomic step, through an index of its claimable records (postgres_store,
+/// sqlite_store, file_store): take_claimable(prefix, rest, n, t) picks up
+/// to `n` records whose key starts with `prefix` and that are offered or
+/// released claims (on postgres_store also rows with no record that were
+/// never written: version 0) whose "not_before" time has come, the highest
+/// "priority" first, skipping those another worker is taking, and replaces
+/// each with detail::claim_record::taken_head(its attempts + 1, its
+/// priority), then `rest`. Returns their keys and new records (none if no
+/// item is claimable). processing_keys(prefix) returns the keys starting
+/// with `prefix` whose record is a processing claim (the only ones a sweep
+/// can recover).
 template <class S>
 concept claim_queue_store = requires(S& s, std::string_view prefix, std::string_view rest, std::uint32_t n,
                                      dibs::time_limit t) {
@@ -281,6 +283,25 @@ public:
                                             "{} ms)",
                                             key_, retry_after.count()));
       return release_after(error, retry_after);
+    }
+    /// Effects: gives the item back as if this claim had not been made: its
+    /// attempt is not counted (so an item claimed on its last attempt is not
+    /// failed for it), and it is claimable again at once. For an item claimed
+    /// ahead and never started (worker_pool's prefetched items at a stop);
+    /// `why` is kept as its last error.
+    /// Returns: false if the claim was taken over.
+    /// Throws: as release().
+    bool give_back_unstarted(std::string_view why = "claimed ahead and never started") {
+      check_owner_process("give back");
+      settle();
+      if (owner_ && pending())
+        throw std::logic_error(fmt::format("dibs::marker_claim '{}': give back after complete() or release() in the "
+                                           "same open transaction",
+                                           key_));
+      if (!owner_) return false;
+      const std::string value =
+          owner_->encode(claim_state::released, attempts_ > 0 ? attempts_ - 1 : 0, why, "", token_, priority_);
+      return in_store_transaction() ? finish_in_transaction(value) : finish(value);
     }
     /// Effects: renews the lease now (with claim_options::renew this also
     /// happens by itself). Returns: false if the claim is lost.
@@ -716,14 +737,20 @@ public:
   /// (offered or released, its not_before time come, or held by a worker
   /// that is gone), one of the highest priority, with the guarantees of
   /// try_claim; nothing if there is none.
-  /// On a claim_queue_store (postgres_store) one indexed statement finds and
-  /// claims the first claimable item (by priority, then key), skipping items
-  /// other workers are claiming (FOR UPDATE SKIP LOCKED over a partial index
-  /// of claimable rows), and items of workers that are gone are recovered by
-  /// a sweep of the processing items (which the store lists) at most every
-  /// third of a lease when none is claimable.
-  /// Elsewhere it reads the records of the store's keys, and tries the
-  /// claimable ones, highest priority first, in random order within one.
+  /// On a claim_queue_store the store finds and claims the next items itself
+  /// through an index of the claimable records, so a claim costs the same
+  /// whatever the number of completed items: postgres_store in one
+  /// statement (by priority, then key; FOR UPDATE SKIP LOCKED over a partial
+  /// index), sqlite_store in one write transaction (by priority, then key;
+  /// a partial index of expressions over the record), file_store through
+  /// its queue view (a directory of entries; by priority, in random order
+  /// within one). Items of workers that are gone are recovered by a sweep
+  /// of the processing items (which the store lists) at most every third of
+  /// a lease when none is claimable.
+  /// Elsewhere (shm_store, imap_store, memory_store, an adapter of your own)
+  /// it reads the records of the store's keys, and tries the claimable
+  /// ones, highest priority first, in random order within one: its cost
+  /// grows with the number of records.
   std::optional<claim> claim_next(std::string_view prefix = {})
     requires listable_store<Store>
   {

@@ -28,8 +28,9 @@
 //     `idle_wait`, and wakes at once when the store says an item was
 //     offered, where it can (postgres_store: NOTIFY);
 //   - a stop (std::stop_token) claims nothing more, gives back the items
-//     not yet started (at once, without a backoff), lets the running
-//     handlers finish and writes their completions before run() returns.
+//     not yet started (claimable at once, their attempt not counted), lets
+//     the running handlers finish and writes their completions before
+//     run() returns.
 // A crash between a handler's return and its batch's commit loses nothing:
 // the item's claim was never completed, so it comes back (when its worker
 // is proved gone, or after its lease) and runs again. As with every
@@ -155,7 +156,7 @@ private:
           st.ready.pop_front();
           g.unlock();
           try {
-            (void)c.release("the worker pool stopped before the item started", std::chrono::milliseconds{0});
+            (void)c.give_back_unstarted("the worker pool stopped before the item started");
           } catch (const std::exception& e) {
             report(st, e);
           }
@@ -190,6 +191,7 @@ private:
 
   void fetch_loop(state& st, const std::stop_token& stop, bool until_empty) {
     auto pause = std::chrono::milliseconds{1};
+    std::uint64_t seen = 0;  // st.generation when the last claim began
     while (!stop.stop_requested()) {
       std::size_t room = 0;
       {
@@ -198,6 +200,7 @@ private:
         st.cv.wait(g, [&] { return stop.stop_requested() || st.ready.size() <= opts_.prefetch / 2; });
         if (stop.stop_requested()) return;
         room = opts_.prefetch - st.ready.size();
+        seen = st.generation;
       }
       std::vector<claim> got;
       bool failed = false;
@@ -221,7 +224,11 @@ private:
         pause = std::chrono::milliseconds{1};
         continue;
       }
-      if (until_empty && st.ready.empty() && st.running == 0 && st.done.empty() && !st.completing) return;
+      // Empty, and nothing ended while the claim ran (a handler that gave
+      // its item back just after the claim looked would leave it behind).
+      if (until_empty && st.ready.empty() && st.running == 0 && st.done.empty() && !st.completing &&
+          st.generation == seen)
+        return;
       if constexpr (requires(Store& s) { s.wait_for_offer(std::chrono::milliseconds{1}); }) {
         // The store says when an item is offered (postgres_store: NOTIFY):
         // wait for that, for at most idle_wait (a stop is seen then). Not

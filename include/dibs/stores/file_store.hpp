@@ -84,11 +84,44 @@
 // page every waiter of this host maps, made at a lease_mutex's first lock,
 // never removed. It orders the tries only; the records are as above.
 //
+// The queue view (marker_claim's claim_next through take_claimable and
+// processing_keys; detail/file_store/queue_view.hpp): `.dibs-claims/` beside
+// the records holds one empty file per claim record that is offered or
+// released (under ready/<priority>/, or scheduled/ named by its not_before)
+// or processing, named after the record's file. Every create, replace and
+// erase keeps it in step while it holds the record's lock: the new
+// record's entry is made before the record can be seen, the old one's
+// removed after it, still under the lock (a record put in place as a new
+// file is locked before it is), so an entry is never missing for a record
+// once its write has returned. A claim lists the priorities, then the
+// entries of the highest (once per pass: this process keeps the listing,
+// in random order), and takes an item by the record's compare-and-set
+// after reading it under its lock: an entry too many (of a writer killed
+// between its record and the entry's removal) is skipped and removed, and
+// nothing is ever taken twice. So a claim reads no completed record, and
+// lists 50,000 waiting entries once per 50,000 claims, not each time.
+// Scheduled entries are listed again when the earliest one known comes,
+// and at least every second.
+// The view is rebuilt from the records by one scan (under the kernel lock
+// `.dibs-claims/scan.lock`, by one process; the others go on) when its
+// `format` file is missing: never made (records written before this
+// version), or the directory removed by a person. A dibs without the view
+// (or a person, or a restore) writing to the same directory does not keep
+// it: what it offers or gives back has no entry and is found by the full
+// check of the view against every record that runs at most every
+// file_store_options::queue_rescan (5 minutes; `scanned` holds the time of
+// the last one), or at once by rebuild_queue_view(); what it takes or
+// completes leaves an entry too many, which costs a read. Such an item
+// waits, then, but is never lost and never taken twice. With `sync`, the
+// entries are not flushed: after a crash of the machine the periodic check
+// puts a lost one back.
+//
 // The parts, in include/dibs/detail/file_store/: record_format.hpp (the
 // record's text and checksum), two_slots.hpp (records rewritten in place),
 // record_io.hpp (opening, locking, reading a record file), atomic_write.hpp
 // (temporary file, then link or exchange; dead temporaries removed),
-// kept_record.hpp (the descriptor kept between operations), key_names.hpp (key to file name), old_names.hpp (records of dibs 0.1);
+// kept_record.hpp (the descriptor kept between operations), key_names.hpp (key to file name), old_names.hpp (records of dibs 0.1),
+// queue_view.hpp (the queue view's places and names);
 // system calls in include/dibs/detail/posix/ (record_file.hpp, file_ops.hpp,
 // directory.hpp, ...) and their twins in include/dibs/detail/win32/.
 //
@@ -105,18 +138,22 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include <dibs/detail/claim_record.hpp>
 #include <dibs/detail/file_store/atomic_write.hpp>
 #include <dibs/detail/file_store/kept_record.hpp>
 #include <dibs/detail/file_store/key_names.hpp>
 #include <dibs/detail/file_store/old_names.hpp>
+#include <dibs/detail/file_store/queue_view.hpp>
 #include <dibs/detail/file_store/record_format.hpp>
 #include <dibs/detail/file_store/record_io.hpp>
 #include <dibs/detail/file_store/two_slots.hpp>
@@ -128,6 +165,7 @@
 #include <dibs/detail/posix/waiter_queue.hpp>
 #endif
 #include <dibs/error.hpp>
+#include <dibs/file_mutex.hpp>
 #include <dibs/store.hpp>
 
 namespace dibs {
@@ -173,6 +211,15 @@ struct file_store_options {
   /// (a try reads it as busy). Otherwise an empty record file is reported as
   /// damaged (dibs never writes one).
   bool empty_is_free = false;
+  /// How often the queue view (`.dibs-claims/`, see take_claimable) is
+  /// checked against every record by a full scan, which finds the items a
+  /// writer that does not keep the view (a dibs older than the view, a
+  /// record written by hand) put in the queue, and the entries a crash of
+  /// the machine lost: at most once per this time across all processes of
+  /// the directory (one scans, the others go on), by the take_claimable
+  /// that finds it due. duration::max(): never (only a missing view is
+  /// rebuilt).
+  std::chrono::seconds queue_rescan = std::chrono::minutes{5};
 };
 
 class file_store {
@@ -218,7 +265,7 @@ public:
     for (;;) {
       // An erased record keeps the key's version: continue from it, under the
       // record's lock, without first writing a file that link() would refuse.
-      const auto swapped = swap_if(key, name, [](const stored& c) { return !c.live; }, true, value, t);
+      const auto swapped = swap_if(key, name, [&](const stored& c) { return when(!c.live, value); }, true, t);
       if (swapped.outcome == swap_outcome::done) return swapped.version;
       if (swapped.outcome == swap_outcome::refused) return std::nullopt;  // live: we lost
       // No file: make the first one, above every version an earlier file of
@@ -228,6 +275,9 @@ public:
       const dibs::version v = floor.value() + 1;
       floor.cover(v);
       const auto tmp = write_temporary(v, true, value, name.key_line);
+      // Its entry in the queue view before the record can be seen (there
+      // is no old record whose entry would go).
+      add_queue_entry(queue_place(true, value, name.name), name.name);
       const auto e = detail::link_new_record(tmp, path);
       (void)detail::remove_file(tmp);  // if we die before this, the next store to open the directory removes it
       if (e == 0) {
@@ -248,14 +298,14 @@ public:
                                        dibs::time_limit t) {
     const auto name = resolve(key, "dibs::file_store::replace");
     check_value(key, value, name);
-    return swap_if(key, name, [&](const stored& cur) { return cur.live && cur.version == expected; }, true, value, t)
+    return swap_if(key, name, [&](const stored& cur) { return when(cur.live && cur.version == expected, value); }, true, t)
         .version;
   }
 
   bool erase(std::string_view key, dibs::version expected) { return erase(key, expected, dibs::time_limit::max()); }
   bool erase(std::string_view key, dibs::version expected, dibs::time_limit t) {
     const auto name = resolve(key, "dibs::file_store::erase");
-    return swap_if(key, name, [&](const stored& cur) { return cur.live && cur.version == expected; }, false, {}, t)
+    return swap_if(key, name, [&](const stored& cur) { return when(cur.live && cur.version == expected, {}); }, false, t)
                .outcome == swap_outcome::done;
   }
 
@@ -347,6 +397,135 @@ public:
     return detail::adopt_old_record(key, name, dir_, opts_.suffix, opts_.mode, opts_.sync);
   }
 
+  /// The queue view (marker_claim's claim_next uses it: file_store models
+  /// dibs::claim_queue_store). See the top of this file.
+  ///
+  /// Effects: takes up to `n` records whose key starts with `prefix` and
+  /// that are claims offered or released whose not_before (if any) has come
+  /// by this machine's clock, the highest priority first (within one, in
+  /// random order), skipping records whose lock another process holds (it
+  /// is taking or writing them): each is replaced, by a compare-and-set
+  /// under its lock, with detail::claim_record::taken_head(attempts + 1,
+  /// priority) followed by `rest`. It lists entries of the queue view, not
+  /// the records: its cost does not grow with the items completed or
+  /// failed. A missing view is rebuilt first (by one process; the others go
+  /// on with what there is), and the view is checked against every record
+  /// when file_store_options::queue_rescan has passed since the last check.
+  /// Returns: the keys taken and their new records.
+  /// Throws: std::system_error naming the path if a record or the view
+  /// cannot be read or written (a damaged record is skipped, not reported:
+  /// marker_claim's status() and list() report it).
+  std::vector<std::pair<std::string, record>> take_claimable(std::string_view prefix, std::string_view rest,
+                                                             std::uint32_t n, dibs::time_limit t) {
+    (void)t;  // no wait for any other process: a record being written is skipped
+    std::vector<std::pair<std::string, record>> out;
+    if (n == 0) return out;
+    check_view();
+    namespace qv = detail::queue_view;
+    const auto view = view_dir();
+    std::lock_guard g{cache_.m};
+    cache_.check_process();
+    const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+    // The scheduled entries: listed again when the earliest one known comes,
+    // and at least every second (another process may have scheduled an
+    // earlier one); those whose time has come wait in the cache, by priority.
+    const auto steady_now = std::chrono::steady_clock::now();
+    if (cache_.due.empty() && steady_now >= cache_.next_scheduled_list) {
+      std::int64_t earliest = std::numeric_limits<std::int64_t>::max();
+      for (auto& e : qv::list(view / qv::scheduled_name)) {
+        std::int64_t nb = 0, prio = 0;
+        std::string_view rec;
+        if (!qv::parse_scheduled(e, nb, prio, rec)) continue;
+        if (nb <= now_ms) cache_.due.emplace_back(prio, qv::candidate{view / qv::scheduled_name / e, std::string(rec)});
+        else earliest = std::min(earliest, nb);
+      }
+      std::shuffle(cache_.due.begin(), cache_.due.end(), cache_.rng);
+      std::stable_sort(cache_.due.begin(), cache_.due.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });  // highest at the back
+      auto next = steady_now + std::chrono::seconds{1};
+      if (earliest != std::numeric_limits<std::int64_t>::max())
+        next = std::min(next, steady_now + std::chrono::milliseconds{earliest - now_ms});
+      cache_.next_scheduled_list = next;
+    }
+    const auto priorities = qv::ready_priorities(view / qv::ready_name);
+    const auto take_one = [&](const qv::candidate& c) {
+      if (auto got = take_entry(c, prefix, rest, now_ms)) out.push_back(std::move(*got));
+    };
+    const auto take_due = [&](std::int64_t above) {  // the due scheduled entries of priority >= above
+      for (auto i = cache_.due.size(); i-- > 0 && out.size() < n;) {
+        if (cache_.due[i].first < above) break;
+        if (!might_match(cache_.due[i].second.record, prefix)) continue;
+        const auto c = std::move(cache_.due[i].second);
+        cache_.due.erase(cache_.due.begin() + static_cast<std::ptrdiff_t>(i));
+        take_one(c);
+      }
+    };
+    for (const auto p : priorities) {
+      take_due(p);
+      if (out.size() >= n) break;
+      auto& names = cache_.ready[{std::string(prefix), p}];
+      const auto dir = view / qv::ready_name / std::to_string(p);
+      for (int pass = 0; pass < 2 && out.size() < n; ++pass) {
+        if (names.empty()) {
+          if (pass == 1) break;  // listed and taken this call: the rest is gone
+          for (auto& e : qv::list(dir))
+            if (might_match(e, prefix)) names.push_back(std::move(e));
+          if (names.empty()) {
+            // Empty: its directory goes, so that a claim does not list an
+            // emptied directory of many blocks (ext4 never shrinks one);
+            // rmdir fails if a writer made an entry meanwhile, and a
+            // writer whose directory is gone makes it again.
+            std::error_code ec;
+            std::filesystem::remove(dir, ec);
+            break;
+          }
+          std::shuffle(names.begin(), names.end(), cache_.rng);
+        }
+        while (!names.empty() && out.size() < n) {
+          qv::candidate c{dir / names.back(), std::move(names.back())};
+          names.pop_back();
+          take_one(c);
+        }
+        if (!names.empty()) break;
+      }
+      if (out.size() >= n) break;
+    }
+    take_due(std::numeric_limits<std::int64_t>::min());
+    if (cache_.ready.size() > 64) cache_.ready.clear();  // many prefixes: forget them all
+    return out;
+  }
+
+  /// Returns: the keys starting with `prefix` whose record is a processing
+  /// claim, by the queue view's entries (the only claims a sweep can
+  /// recover). A missing view is rebuilt first.
+  std::vector<std::string> processing_keys(std::string_view prefix = {}) {
+    check_view();
+    namespace qv = detail::queue_view;
+    std::vector<std::string> out;
+    for (const auto& e : qv::list(view_dir() / qv::processing_name)) {
+      std::optional<std::string> key;
+      if (e.size() > opts_.suffix.size() && e.ends_with(opts_.suffix))
+        key = detail::key_of_stem(std::string_view(e).substr(0, e.size() - opts_.suffix.size()));
+      if (!key) key = key_in_record(e);  // a cut name: the key is in the record
+      if (key && key->starts_with(prefix)) out.push_back(std::move(*key));
+    }
+    return out;
+  }
+
+  /// Effects: checks the queue view against every record now, as the
+  /// periodic check does: makes the missing entries (of records a writer
+  /// without the view wrote), removes the entries of processing claims
+  /// that are none, and marks the view whole. Waits for a scan another
+  /// process is making, then makes its own.
+  /// Returns: how many entries were made.
+  std::size_t rebuild_queue_view() {
+    auto lock = view_lock();
+    lock.lock();
+    return scan_view();
+  }
+
 private:
   using stored = detail::stored_record;
   using file_name = detail::record_file_name;
@@ -423,14 +602,35 @@ private:
     std::optional<dibs::version> version;  // set when done
   };
 
-  // Compare-and-set: under the record file's flock, if ok(current) holds,
-  // puts a new record (current version + 1) in its place. A record written
+  // What a compare-and-set also does to the queue view while it holds the
+  // record's lock (take_claimable and the full scan): `came_by`, an entry
+  // it was reached through, is removed unless it is the record's place;
+  // with `ensure`, the entry of the record's place is made if missing.
+  struct view_fix {
+    const std::filesystem::path* came_by = nullptr;
+    bool ensure = false;
+  };
+
+  // Returns: `value` if `ok`, else nothing (a compare-and-set's decision).
+  static std::optional<std::string_view> when(bool ok, std::string_view value) {
+    return ok ? std::optional<std::string_view>{value} : std::nullopt;
+  }
+
+  // Compare-and-set: under the record file's flock, if decide(current)
+  // gives a value, puts a new record (current version + 1) in its place,
+  // live with that value or erased. A record written
   // in place is reached through the descriptor kept from the last operation
   // on it, if there is one (kept_record.hpp): its identity is known, and the
   // lstat under the flock says whether the path still names it.
-  template <class Pred>
-  swap_result swap_if(std::string_view key, const file_name& name, Pred ok, bool live, std::string_view value,
-                      dibs::time_limit t) {
+  // The queue view is kept in step while the record's lock is held: the new
+  // record's entry is made before the record can be seen, so it is never
+  // missing once this returns; the old record's entry is removed after,
+  // still under the lock (a new file is locked before it is put in place),
+  // so that no writer after us can make an entry at that path which we
+  // then remove.
+  template <class Decide>
+  swap_result swap_if(std::string_view key, const file_name& name, Decide decide, bool live, dibs::time_limit t,
+                      view_fix fix = {}) {
     const auto path = detail::child_path(dir_, name.name);
     for (;;) {
       bool in_place = detail::records_always_in_place || ((opts_.in_place || sticky_) && !opts_.sync);
@@ -459,10 +659,20 @@ private:
       if (!same) continue;
       const auto cur = detail::load_record(fd.get(), path, opts_.empty_is_free);
       if (cur) check_key(*cur, key, name, path);
-      if (!cur || !ok(*cur)) {
+      const auto old_place = cur ? queue_place(cur->live, cur->value, name.name) : detail::queue_view::place{};
+      const std::optional<std::string_view> value = cur ? decide(*cur) : std::nullopt;
+      if (!value) {
+        fix_view(fix, old_place, name.name);
         keep(std::move(fd), in_place);
         return {swap_outcome::refused, std::nullopt};
       }
+      const auto new_place = queue_place(live, *value, name.name);
+      if (new_place != old_place) add_queue_entry(new_place, name.name);
+      // After the new record is in place, under its lock: the old entry goes.
+      const auto settle = [&] {
+        if (new_place != old_place) remove_queue_entry(old_place, name.name);
+        fix_view(fix, new_place, name.name);
+      };
       dibs::version next = std::max(cur->version + 1, cur->next_after_torn);
       // Into a new window of versions: raise the key's floor first, so that a
       // record made after this file is removed starts above `next`. An empty
@@ -474,9 +684,10 @@ private:
         floor.cover(next);
       }
       if (in_place) {
-        const std::string rec = detail::encode_record(next, live, value, name.key_line);
+        const std::string rec = detail::encode_record(next, live, live ? *value : std::string_view{}, name.key_line);
         if (cur->file_size == 0) {  // an empty file (empty_is_free): the record goes at its start, as in a new file
           detail::write_first_record(fd.get(), rec, path);
+          settle();
           keep(std::move(fd), in_place);
           return {swap_outcome::done, next};
         }
@@ -493,6 +704,7 @@ private:
           } else {
             detail::mark_stale(fd.get(), *cur);
           }
+          settle();
           keep(std::move(fd), in_place);
           return {swap_outcome::done, next};
         }
@@ -504,12 +716,44 @@ private:
       throw detail::path_error(fd.writable() ? ERROR_FILE_TOO_LARGE : ERROR_ACCESS_DENIED,
                                "dibs::file_store: cannot rewrite record", path);
 #else
-      const auto tmp = write_temporary(next, live, value, name.key_line);
+      const auto tmp = write_temporary(next, live, live ? *value : std::string_view{}, name.key_line);
+      // The new file is locked before it is in place when the view has an
+      // entry to remove after it: a writer that opens it then waits for us.
+      detail::record_handle born;
+      if (new_place != old_place || fix.came_by || fix.ensure) {
+        if (const auto e = born.open(tmp, name.name, false)) {
+          (void)detail::remove_file(tmp);
+          throw detail::path_error(e, "dibs::file_store: cannot open the new record", tmp);
+        }
+        detail::lock_record(born.get(), detail::file_lock_kind::exclusive, tmp, dibs::time_limit::max());
+      }
       detail::put_in_place(tmp, path, fd.stat());
       sync_dir();
+      settle();
+      return {swap_outcome::done, next};  // the flock goes with the old inode when fd closes (and born's)
 #endif
-      return {swap_outcome::done, next};  // the flock goes with the old inode when fd closes
     }
+  }
+
+  // The queue view (detail/file_store/queue_view.hpp) beside the records.
+  std::filesystem::path view_dir() const { return dir_ / std::string(detail::queue_view::dir_name); }
+  static detail::queue_view::place queue_place(bool live, std::string_view value, std::string_view record) {
+    return detail::queue_view::place_of(live, value, record);
+  }
+  void add_queue_entry(const detail::queue_view::place& p, std::string_view record) const {
+    if (p.kind == detail::queue_view::where::none) return;
+    detail::queue_view::add_entry(detail::queue_view::entry_path(view_dir(), p, record), opts_.mode);
+  }
+  void remove_queue_entry(const detail::queue_view::place& p, std::string_view record) const {
+    if (p.kind == detail::queue_view::where::none) return;
+    detail::queue_view::remove_entry(detail::queue_view::entry_path(view_dir(), p, record));
+  }
+  // Requires: the record's lock, and `p` the place of its current record.
+  void fix_view(const view_fix& fix, const detail::queue_view::place& p, std::string_view record) const {
+    if (!fix.came_by && !fix.ensure) return;
+    const auto right = detail::queue_view::entry_path(view_dir(), p, record);
+    if (fix.came_by && *fix.came_by != right) detail::queue_view::remove_entry(*fix.came_by);
+    if (fix.ensure && !right.empty() && !detail::queue_view::exists(right)) add_queue_entry(p, record);
   }
 
   // Effects: drops `fd`'s flock and keeps it for the next operation on its
@@ -518,14 +762,206 @@ private:
     if (in_place && fd.unlock()) kept_.keep(std::move(fd));
   }
 
+  // The key of the record file `record`, from its name, or from its record
+  // for a cut name; nothing if it is no record of this store.
+  std::optional<std::string> key_in_record(std::string_view record) const {
+    if (record.size() <= opts_.suffix.size() || !record.ends_with(opts_.suffix)) return std::nullopt;
+    std::optional<std::string> key = detail::key_of_stem(record.substr(0, record.size() - opts_.suffix.size()));
+    if (key) return key;
+    try {
+      const auto r = detail::load_record(detail::child_path(dir_, record), dibs::time_limit::max());
+      if (r && r->key) return detail::unescape_key(*r->key);
+    } catch (const std::system_error&) {
+      // damaged or unreadable: not listed here; status() reports it
+    }
+    return std::nullopt;
+  }
+
+  // Returns: false if the record file `record` certainly holds no key
+  // starting with `prefix` (read from its name; a cut name may).
+  bool might_match(std::string_view record, std::string_view prefix) const {
+    if (prefix.empty()) return true;
+    if (record.size() <= opts_.suffix.size() || !record.ends_with(opts_.suffix)) return false;
+    const auto key = detail::key_of_stem(record.substr(0, record.size() - opts_.suffix.size()));
+    return !key || key->starts_with(prefix);
+  }
+
+  // take_claimable's try of one entry: the record's lock is tried, not
+  // waited for (its holder is taking or writing it). Returns: the key and
+  // new record if it was taken.
+  std::optional<std::pair<std::string, record>> take_entry(const detail::queue_view::candidate& c,
+                                                           std::string_view prefix, std::string_view rest,
+                                                           std::int64_t now_ms) {
+    if (!detail::queue_view::exists(c.entry)) return std::nullopt;  // taken by another worker since listed
+    const auto key = key_in_record(c.record);
+    std::optional<file_name> name;
+    try {
+      if (key) name = resolve(*key, "dibs::file_store::take_claimable");
+    } catch (const std::system_error&) {
+      // a key no store takes, or one whose dibs 0.1 record is in the way: not ours to take
+    }
+    if (!key || !name || name->name != c.record) {
+      // No record of a key of this store (or not at that name): an entry
+      // of nothing. Without a record there is nothing for a writer to keep in step.
+      if (!key && !detail::queue_view::exists(detail::child_path(dir_, c.record))) detail::queue_view::remove_entry(c.entry);
+      return std::nullopt;
+    }
+    if (!key->starts_with(prefix)) return std::nullopt;
+    std::string taken;
+    const view_fix fix{&c.entry, false};
+    try {
+      const auto r = swap_if(
+          *key, *name,
+          [&](const stored& cur) -> std::optional<std::string_view> {
+            if (!cur.live) return std::nullopt;
+            const auto h = detail::claim_record::parse_head(cur.value);
+            if (!h || !h->claimable_at(now_ms)) return std::nullopt;
+            taken = detail::claim_record::taken_head(std::uint64_t{h->attempts.value_or(0)} + 1, h->priority);
+            taken += rest;
+            return taken;
+          },
+          true, std::chrono::steady_clock::now(), fix);
+      if (r.outcome == swap_outcome::no_file) detail::queue_view::remove_entry(c.entry);
+      if (r.outcome != swap_outcome::done) return std::nullopt;
+      return std::pair<std::string, record>{*key, record{std::move(taken), *r.version}};
+    } catch (const std::system_error& e) {
+      if (e.code() == errc::timed_out) return std::nullopt;  // its lock is held: another worker's
+      if (e.code() == errc::corrupt_record) {
+        // Damaged: no entry (a person repairs it; the next full scan puts
+        // it back); status() and list() report it.
+        detail::queue_view::remove_entry(c.entry);
+        return std::nullopt;
+      }
+      throw;
+    }
+  }
+
+  // The kernel lock that lets one process at a time scan all the records.
+  file_mutex view_lock() const {
+    detail::queue_view::make_directories(view_dir(), opts_.mode);
+    return file_mutex{view_dir() / std::string(detail::queue_view::lock_name)};
+  }
+
+  // Effects: rebuilds the view if it is not whole (no format file: never
+  // made, or removed), or checks it if queue_rescan has passed since the
+  // last check; by one process, the others go on at once.
+  void check_view() {
+    namespace qv = detail::queue_view;
+    const auto view = view_dir();
+    bool due = !qv::exists(view / qv::format_name);
+    if (!due && opts_.queue_rescan != std::chrono::seconds::max()) {
+      std::error_code ec;
+      const auto at = std::filesystem::last_write_time(view / qv::scanned_name, ec);
+      due = ec || std::filesystem::file_time_type::clock::now() - at >= opts_.queue_rescan;
+    }
+    if (!due) return;
+    auto lock = view_lock();
+    if (!lock.try_lock()) return;  // another process is scanning
+    // Scanned by another process just before we locked?
+    if (qv::exists(view / qv::format_name) && opts_.queue_rescan != std::chrono::seconds::max()) {
+      std::error_code ec;
+      const auto at = std::filesystem::last_write_time(view / qv::scanned_name, ec);
+      if (!ec && std::filesystem::file_time_type::clock::now() - at < opts_.queue_rescan) return;
+    } else if (qv::exists(view / qv::format_name) && opts_.queue_rescan == std::chrono::seconds::max()) {
+      return;
+    }
+    scan_view();
+  }
+
+  // Requires: the view's scan lock. Effects: as rebuild_queue_view().
+  // Every entry is made and removed under its record's lock, as a writer's
+  // are: the scan reads each record without it first, and takes it only
+  // where the view disagrees.
+  std::size_t scan_view() {
+    namespace qv = detail::queue_view;
+    const auto view = view_dir();
+    for (const auto d : {qv::ready_name, qv::scheduled_name, qv::processing_name})
+      qv::make_directories(view / d, opts_.mode);
+    std::size_t made = 0;
+    // Under the record's lock, waiting a little for a writer (which keeps
+    // the entry itself when it writes; one refused keeps nothing, so the
+    // next scan looks again).
+    const auto fix_under_lock = [&](std::string_view record, const std::filesystem::path* came_by) {
+      const auto key = key_in_record(record);
+      if (!key) return;
+      try {
+        const auto name = resolve(*key, "dibs::file_store::rebuild_queue_view");
+        if (name.name != record) return;
+        (void)swap_if(*key, name, [](const stored&) { return std::optional<std::string_view>{}; }, true,
+                      std::chrono::steady_clock::now() + std::chrono::seconds{1}, view_fix{came_by, came_by == nullptr});
+      } catch (const std::system_error& e) {
+        if (e.code() != errc::timed_out && e.code() != errc::corrupt_record && e.code() != errc::invalid_argument) throw;
+      }
+    };
+    std::vector<std::string> records;
+    const auto rc = detail::for_each_entry(dir_, [&](const detail::directory_entry& entry) {
+      const std::string_view file = entry.name;
+      if (entry.is_directory || file.starts_with(".") || file.size() <= opts_.suffix.size() ||
+          !file.ends_with(opts_.suffix))
+        return;
+      records.emplace_back(file);
+    });
+    if (rc != 0) throw detail::path_error(rc, "dibs::file_store: cannot list directory", dir_);
+    for (const auto& rec : records) {
+      std::optional<stored> r;
+      try {
+        r = detail::load_record(detail::child_path(dir_, rec), dibs::time_limit::max(), opts_.empty_is_free);
+      } catch (const std::system_error& e) {
+        if (e.code() != errc::corrupt_record && e.code() != errc::timed_out) throw;
+        continue;  // damaged: no entry
+      }
+      if (!r) continue;
+      const auto p = queue_place(r->live, r->value, rec);
+      if (p.kind == qv::where::none || qv::exists(qv::entry_path(view, p, rec))) continue;
+      fix_under_lock(rec, nullptr);
+      ++made;
+    }
+    // Entries of processing claims that are none now (a writer killed
+    // between a record and its old entry's removal; a scan that raced a
+    // writer): the sweep would read them again and again.
+    for (const auto& e : qv::list(view / qv::processing_name)) {
+      std::optional<stored> r;
+      try {
+        r = detail::load_record(detail::child_path(dir_, e), dibs::time_limit::max(), opts_.empty_is_free);
+      } catch (const std::system_error& err) {
+        if (err.code() != errc::corrupt_record && err.code() != errc::timed_out) throw;
+      }
+      if (r && queue_place(r->live, r->value, e).kind == qv::where::processing) continue;
+      const auto entry = view / qv::processing_name / e;
+      if (!r || !key_in_record(e)) qv::remove_entry(entry);
+      else fix_under_lock(e, &entry);
+    }
+    write_view_file(qv::format_name, qv::format_text);
+    write_view_file(qv::scanned_name, "the time of this file is when the queue view was last checked against every record\n");
+    return made;
+  }
+
+  // Effects: (re)writes the small file `name` of the view, whole (a
+  // temporary file renamed over it). Throws: std::system_error naming it.
+  void write_view_file(std::string_view name, std::string_view text) const {
+    const auto view = view_dir();
+    const auto tmp = detail::write_temporary(view, opts_.mode, false, text);
+    const auto dst = view / std::string(name);
+    std::error_code ec;
+    std::filesystem::rename(tmp, dst, ec);
+    if (ec) {
+      (void)detail::remove_file(tmp);
+      throw std::system_error(ec, fmt::format("dibs::file_store: cannot write the queue view's file '{}'",
+                                              detail::path_text(dst)));
+    }
+  }
+
   std::filesystem::path dir_;
   file_store_options opts_;
   bool sticky_ = false;
   detail::kept_record kept_;  // the descriptor of the last record written in place
   detail::kept_record floor_kept_;  // the descriptor of the directory's version floor
+  mutable detail::queue_view::cache cache_;  // what this process remembers of the queue view
 };
 
 static_assert(listable_store<file_store>);
 static_assert(timed_shared_store<file_store>);
+// claim_queue_store<file_store> (a concept of marker_claim.hpp, which a
+// store does not include) is asserted in tests/file_store_test.cpp.
 
 }  // namespace dibs

@@ -178,6 +178,16 @@ inline int create_temporary_file(const std::filesystem::path& tmp, mode_t mode, 
   return e;
 }
 
+/// Effects: creates the empty file `path` with exactly `mode` if there is
+/// none (an entry of file_store's queue view: its name is all it says).
+/// Returns: 0 (also if it existed), or the errno (ENOENT: no directory).
+inline int create_empty_file(const std::filesystem::path& path, mode_t mode) noexcept {
+  unique_fd fd{open_retry(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode)};
+  if (!fd) return errno;
+  (void)::fchmod(fd.get(), mode);  // whatever the umask; a failure leaves it readable as made, which is enough
+  return 0;
+}
+
 /// Effects: removes the file `path`. Returns: 0 or errno.
 inline int remove_file(const std::filesystem::path& path) noexcept {
   return ::unlink(path.c_str()) == 0 ? 0 : errno;

@@ -196,6 +196,16 @@ inline DWORD create_temporary_file(const std::filesystem::path& tmp, file_mode, 
   return e;
 }
 
+/// Effects: creates the empty file `path` if there is none (an entry of
+/// file_store's queue view: its name is all it says).
+/// Returns: 0 (also if it existed), or the error (ERROR_PATH_NOT_FOUND: no directory).
+inline DWORD create_empty_file(const std::filesystem::path& path, file_mode) noexcept {
+  const std::wstring w = win32_path(path);
+  const unique_handle h{::CreateFileW(w.c_str(), GENERIC_WRITE, record_share, nullptr, OPEN_ALWAYS,
+                                      FILE_ATTRIBUTE_NORMAL, nullptr)};
+  return h ? 0 : ::GetLastError();
+}
+
 /// Effects: removes the file `path`. Returns: 0 or the error.
 inline DWORD remove_file(const std::filesystem::path& path) noexcept {
   const std::wstring w = win32_path(path);
