@@ -72,9 +72,12 @@
 // in its own statement; wait_for_offer(timeout) LISTENs on a third, so an
 // idle worker_pool wakes when work comes.
 //
-// Thread-safe: each connection is used by one thread at a time, and
-// renewals (on the renewal threads) have a connection of their own, so an
-// application statement that waits on a row lock never holds a lease up.
+// Thread-safe: each connection is used by one thread at a time; threads are
+// spread over up to postgres_store_options::sessions connections (4), so a
+// worker_pool's fetcher and completer, or an application's threads, run
+// their statements side by side; renewals (on the renewal threads) have a
+// connection of their own, so an application statement that waits on a row
+// lock never holds a lease up.
 // Open a new store in a child after fork(): the child's copy never touches
 // the parent's connections (that would end the parent's sessions), but the
 // store's mutexes may have been held by another thread at the fork.
@@ -93,6 +96,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -127,6 +131,13 @@ struct postgres_store_options {
   /// How long a server that stopped answering (a cut network, a frozen
   /// host) may take to be noticed: TCP keepalives and tcp_user_timeout.
   std::chrono::seconds dead_peer{10};
+  /// Connections the store's operations use at most (besides the renewals'
+  /// and the waiters'): each thread that calls the store is given one of
+  /// them when it first does, in turn, and always uses that one; threads
+  /// beyond this many share. A connection is opened when its first thread
+  /// comes, so a store used by one thread opens one. 1: every thread takes
+  /// turns on one connection (as before dibs 0.5).
+  std::size_t sessions = 4;
 };
 
 class postgres_store {
@@ -139,15 +150,21 @@ public:
   explicit postgres_store(std::string conninfo = {}, postgres_store_options opts = {})
       : conninfo_(std::move(conninfo)), opts_(std::move(opts)) {
     validate_table(opts_.table);
-    std::lock_guard g{main_.m};
-    connect(main_, true);
+    if (opts_.sessions == 0 || opts_.sessions > 64)
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::postgres_store: sessions must be 1 to 64 (got {})", opts_.sessions));
+    for (std::size_t i = 0; i < opts_.sessions; ++i) sessions_.push_back(std::make_unique<session>());
+    session& first = current();
+    std::lock_guard g{first.m};
+    connect(first, true);
   }
   postgres_store(const postgres_store&) = delete;
   postgres_store& operator=(const postgres_store&) = delete;
   ~postgres_store() {
     // A forked child's copies of the connections are the parent's sessions.
-    for (session* ses : {&main_, &renewals_})
+    for (const auto& ses : sessions_)
       if (ses->conn && ses->owner == ::getpid()) ::PQfinish(ses->conn);
+    if (renewals_.conn && renewals_.owner == ::getpid()) ::PQfinish(renewals_.conn);
     for (listener* l : {&changes_, &offers_})
       if (l->conn && l->owner == ::getpid()) ::PQfinish(l->conn);
   }
@@ -1218,11 +1235,31 @@ private:
                                         server_, what, opts_.table, msg));
   }
 
-  session& current() { return detail::renewal_keeper::in_task() ? renewals_ : main_; }
+  // The calling thread's session: the renewals' on a renewal thread, else
+  // the one this thread was given at its first call, so that a write whose
+  // outcome is unknown and its read-back go through the same session (its
+  // reconnect ends the lost server session first: settle()).
+  session& current() {
+    if (detail::renewal_keeper::in_task()) return renewals_;
+    thread_local std::vector<std::pair<std::uint64_t, std::size_t>> given;  // (store id, session)
+    for (const auto& [id, i] : given)
+      if (id == id_) return *sessions_[i];
+    if (given.size() > 64) given.clear();  // stores gone: given again at their next call
+    const std::size_t i = next_session_.fetch_add(1, std::memory_order_relaxed) % sessions_.size();
+    given.emplace_back(id_, i);
+    return *sessions_[i];
+  }
+  static std::uint64_t next_id() {
+    static std::atomic<std::uint64_t> n{0};
+    return ++n;
+  }
 
   std::string conninfo_;
   postgres_store_options opts_;
-  session main_, renewals_;
+  std::vector<std::unique_ptr<session>> sessions_;  // opts_.sessions, each opened at its first use
+  session renewals_;
+  const std::uint64_t id_ = next_id();  // this store, for the threads' session of it (current())
+  std::atomic<std::size_t> next_session_{0};
   // The LISTEN connections are the waiters', not the store's state.
   mutable listener changes_{fmt::format("dibs_{}", opts_.table)};
   mutable listener offers_{fmt::format("dibs_{}_offered", opts_.table)};
