@@ -670,6 +670,41 @@ TEST_CASE("postgres::connection under transact: serialization failures are retri
   CHECK(pg::sql(fmt::format("SELECT n FROM {}", t)) == "401");
 }
 
+TEST_CASE("threads of one postgres_store have sessions of their own: one waiting on a row lock holds no other thread's statement up") {
+  const auto t = pg::fresh_table("sessions");
+  auto s = pg_open(t);
+  const auto v = s.create("busy-row", "v");
+  REQUIRE(s.create("free-row", "w"));
+  std::unique_ptr<PGconn, decltype(&::PQfinish)> tx{::PQconnectdb(pg::conninfo().c_str()), ::PQfinish};
+  REQUIRE(::PQstatus(tx.get()) == CONNECTION_OK);
+  ::PQclear(::PQexec(tx.get(), "BEGIN"));
+  ::PQclear(::PQexec(tx.get(), fmt::format("SELECT 1 FROM {} WHERE key = convert_to('busy-row', 'UTF8') FOR UPDATE", t).c_str()));
+  std::atomic<bool> blocked_done{false}, other_done{false};
+  std::thread blocked([&] {
+    (void)s.replace("busy-row", *v, "x");
+    blocked_done = true;
+  });
+  const auto waiting = fmt::format("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%{}%'", t);
+  const auto give_up = std::chrono::steady_clock::now() + 60s;
+  while (pg::sql(waiting) == "0" && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(10ms);
+  REQUIRE(pg::sql(waiting) != "0");
+  // Another thread's write, while the first waits on the row lock.
+  std::thread other([&] {
+    (void)s.replace("free-row", s.read("free-row")->version, "w2");
+    other_done = true;
+  });
+  const auto end = std::chrono::steady_clock::now() + 30s;
+  while (!other_done && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(5ms);
+  CHECK(other_done.load());        // done on its own session...
+  CHECK_FALSE(blocked_done.load());  // ...while the first still waited
+  ::PQclear(::PQexec(tx.get(), "COMMIT"));
+  blocked.join();
+  other.join();
+  CHECK(s.read("busy-row")->value == "x");
+  CHECK_THROWS_WITH((dibs::postgres_store{pg::conninfo(), {.table = pg::fresh_table("sessions0"), .sessions = 0}}),
+                    Contains("sessions must be 1 to 64"));
+}
+
 TEST_CASE("renewals have a connection of their own: a statement of the application that waits on a row lock holds no lease up") {
   const auto t = pg::fresh_table("starve");
   auto s = pg_open(t);
