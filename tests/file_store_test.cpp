@@ -587,7 +587,7 @@ static_assert(dibs::claim_queue_store<dibs::file_store>);
 
 namespace {
 
-using claims_t = dibs::marker_claim<dibs::file_store>;
+using file_claims_t = dibs::marker_claim<dibs::file_store>;
 
 std::string claim_head(dibs::claim_state st, std::uint32_t attempts, std::int64_t priority = 0,
                        std::optional<std::int64_t> not_before = std::nullopt) {
@@ -714,7 +714,7 @@ TEST_CASE("take_claimable: highest priority first, not_before honoured, prefix a
 TEST_CASE("the queue view is kept by marker_claim's writes: claim_next over offered, released and scheduled items") {
   temp_dir dir;
   dibs::file_store s{dir.path};
-  claims_t claims{s, {.renew = false, .retry_backoff = std::nullopt}};
+  file_claims_t claims{s, {.renew = false, .retry_backoff = std::nullopt}};
   for (int i = 0; i < 5; ++i) REQUIRE(claims.offer(fmt::format("job-{}", i), {.priority = i}));
   REQUIRE(claims.offer("tomorrow", {.not_before = std::chrono::system_clock::now() + std::chrono::hours{24}, .priority = 99}));
   // Given back at once (no retry_backoff), job-2 is next again: its priority is kept.
@@ -734,13 +734,13 @@ TEST_CASE("the queue view removed by hand (rm -rf .dibs-claims) is rebuilt from 
   temp_dir dir;
   {
     dibs::file_store s{dir.path};
-    claims_t claims{s, {.renew = false}};
+    file_claims_t claims{s, {.renew = false}};
     for (int i = 0; i < 20; ++i) REQUIRE(claims.offer(fmt::format("item-{:02}", i)));
     for (int i = 0; i < 5; ++i) claims.claim_next()->complete();
   }
   REQUIRE(fs::remove_all(dir.path / ".dibs-claims") > 0);
   dibs::file_store s{dir.path};
-  claims_t claims{s, {.renew = false}};
+  file_claims_t claims{s, {.renew = false}};
   std::set<std::string> got;
   while (auto c = claims.claim_next()) {
     got.insert(c->key());
@@ -764,7 +764,7 @@ TEST_CASE("the queue view removed by hand (rm -rf .dibs-claims) is rebuilt from 
 TEST_CASE("records an older dibs (or a person) wrote without the queue view are found by the periodic scan, never lost") {
   temp_dir dir, elsewhere;
   dibs::file_store s{dir.path};
-  claims_t claims{s, {.renew = false}};
+  file_claims_t claims{s, {.renew = false}};
   REQUIRE(claims.offer("kept"));
   auto c = claims.claim_next();
   REQUIRE(c);
@@ -776,7 +776,7 @@ TEST_CASE("records an older dibs (or a person) wrote without the queue view are 
   // dibs without the view, or a restore from a backup, would leave it).
   {
     dibs::file_store other{elsewhere.path};
-    claims_t old{other};
+    file_claims_t old{other};
     REQUIRE(old.offer("from-an-old-dibs"));
     REQUIRE(old.offer("taken-by-an-old-dibs"));
   }
@@ -802,7 +802,7 @@ TEST_CASE("records an older dibs (or a person) wrote without the queue view are 
 
   // rebuild_queue_view() checks at once, whatever queue_rescan says.
   dibs::file_store never{dir.path, {.queue_rescan = std::chrono::seconds::max()}};
-  claims_t never_claims{never, {.renew = false}};
+  file_claims_t never_claims{never, {.renew = false}};
   fs::copy_file(elsewhere.path / "taken-by-an-old-dibs.rec", dir.path / "taken-by-an-old-dibs.rec");
   CHECK_FALSE(never_claims.claim_next());
   CHECK(never.rebuild_queue_view() == 1);
@@ -815,7 +815,7 @@ TEST_CASE("records an older dibs (or a person) wrote without the queue view are 
 TEST_CASE("claim_next over 2,000 completed items and 10 offered ones opens no completed item's record") {
   temp_dir dir;
   dibs::file_store s{dir.path};
-  claims_t claims{s, {.renew = false}};
+  file_claims_t claims{s, {.renew = false}};
   // The completed records written directly (the record marker_claim leaves).
   REQUIRE(claims.offer("model"));
   auto m = claims.claim_next();
@@ -847,7 +847,7 @@ TEST_CASE("claim_next on a file_store's queue view across processes: 4 workers, 
   auto key = [](int i) { return fmt::format("q/<job/{:03}@queue>", i); };
   {
     dibs::file_store s{items_dir.path};
-    claims_t claims{s};
+    file_claims_t claims{s};
     for (int i = 0; i < items; ++i) REQUIRE(claims.offer(key(i), {.priority = i % 3}));
   }
   const auto journal = flags.path / "journal";
@@ -855,7 +855,7 @@ TEST_CASE("claim_next on a file_store's queue view across processes: 4 workers, 
   auto start_worker = [&](int seed) {
     return dibs_test::spawn([&, seed]() -> int {
       dibs::file_store s{items_dir.path};
-      claims_t claims{s, {.lease = 1500ms, .max_attempts = 50}};
+      file_claims_t claims{s, {.lease = 1500ms, .max_attempts = 50}};
       std::mt19937 rng(static_cast<unsigned>(seed));
       const int jfd = ::open(journal.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
       if (jfd < 0) return 3;
@@ -914,7 +914,7 @@ TEST_CASE("claim_next on a file_store's queue view across processes: 4 workers, 
   const int landed = dibs_test::kill_and_replace(pids, 4, 11, [&] { return start_worker(seed++); });
   CHECK(landed == 4);
   dibs::file_store s{items_dir.path};
-  claims_t claims{s};
+  file_claims_t claims{s};
   int completed = 0;
   const bool all = dibs_test::eventually(
       [&] {
