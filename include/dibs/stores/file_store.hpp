@@ -630,7 +630,7 @@ private:
   // then remove.
   template <class Decide>
   swap_result swap_if(std::string_view key, const file_name& name, Decide decide, bool live, dibs::time_limit t,
-                      view_fix fix = {}) {
+                      view_fix fix = view_fix{nullptr, false}) {
     const auto path = detail::child_path(dir_, name.name);
     for (;;) {
       bool in_place = detail::records_always_in_place || ((opts_.in_place || sticky_) && !opts_.sync);

@@ -616,7 +616,7 @@ private:
   static std::string head_is(claim_state s) {
     const std::string h = head_bytes(s);
     std::string hex;
-    for (const unsigned char c : h) hex += fmt::format("{:02x}", c);
+    for (const char c : h) hex += fmt::format("{:02x}", static_cast<unsigned char>(c));
     return fmt::format("CAST(substr(value, 1, {}) AS BLOB) = X'{}'", h.size(), hex);
   }
   static std::string queue_condition() {
