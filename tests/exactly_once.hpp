@@ -144,6 +144,22 @@ void check_exactly_once_under_crashes(OpenItems open_items, OpenJournal open_jou
 
 namespace dibs_test {
 
+/// Returns: how many items under `prefix` are completed, once all `items`
+/// are or `within` has passed (the workers' last items come back after
+/// the kills through sweeps and leases).
+template <class Claims>
+int completed_within(Claims& claims, std::string_view prefix, int items, std::chrono::seconds within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  int completed = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    completed = 0;
+    for (const auto& item : claims.list(prefix)) completed += item.status.state == dibs::claim_state::completed;
+    if (completed == items) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{200});
+  }
+  return completed;
+}
+
 /// The same invariant for a queue: the parent offers `items` items, workers
 /// take them with claim_next (they do not know the keys), `kills` workers
 /// are SIGKILLed on the way and replaced; at the end every item is completed
@@ -194,14 +210,7 @@ void check_claim_next_exactly_once(OpenItems open_items, OpenJournal open_journa
   CHECK(landed == kills);  // each kill ended a running worker (they run until stop_flag)
   auto store = open_items();
   dibs::marker_claim<Store> claims{store};
-  const auto deadline = std::chrono::steady_clock::now() + 120s;
-  int completed = 0;
-  while (std::chrono::steady_clock::now() < deadline) {
-    completed = 0;
-    for (const auto& item : claims.list("q/")) completed += item.status.state == dibs::claim_state::completed;
-    if (completed == items) break;
-    std::this_thread::sleep_for(200ms);
-  }
+  const int completed = completed_within(claims, "q/", items, 120s);
   spit(stop_flag, "");
   int failed = 0;
   for (pid_t p : pids) failed += wait_exit(p) != 0;
@@ -312,14 +321,7 @@ void check_pool_exactly_once(OpenItems open_items, OpenJournal open_journal, int
   CHECK(landed == kills);  // each kill ended a running worker (they run until stop_flag)
   auto store = open_items();
   dibs::marker_claim<Store> claims{store};
-  const auto deadline = std::chrono::steady_clock::now() + 120s;
-  int completed = 0;
-  while (std::chrono::steady_clock::now() < deadline) {
-    completed = 0;
-    for (const auto& item : claims.list("p/")) completed += item.status.state == dibs::claim_state::completed;
-    if (completed == items) break;
-    std::this_thread::sleep_for(200ms);
-  }
+  const int completed = completed_within(claims, "p/", items, 120s);
   spit(stop_flag, "");
   int failed = 0;
   for (pid_t p : pids) failed += wait_exit(p) != 0;
