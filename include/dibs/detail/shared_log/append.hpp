@@ -76,7 +76,7 @@ public:
     s.word.store(ticket + slot::ready, std::memory_order_seq_cst);
     state_.ready_slots.fetch_or(std::uint64_t{1} << i, std::memory_order_seq_cst);
     const auto deadline = std::chrono::steady_clock::now() + lock_timeout_;
-    int rounds = 0;
+    int rounds = 0, stuck = 0;
     for (;;) {
       std::uint32_t w = s.word.load(std::memory_order_acquire);
       const std::uint32_t st = slot_state(w);
@@ -95,6 +95,19 @@ public:
         state_.ready_slots.fetch_or(std::uint64_t{1} << i);
         try {
           holder_.write_queued(rc, nullptr);
+          // Held the lock and wrote what was queued, yet this record is
+          // where it was: never spin on that. Wait a moment (a holder's
+          // repair, or the lock's next holder, moves it on), and give up
+          // at the deadline while it is still ours to withdraw.
+          if (const auto now_w = s.word.load(std::memory_order_acquire);
+              now_w == w && ++stuck > 2) {
+            if (slot_state(now_w) == slot::ready && std::chrono::steady_clock::now() >= deadline &&
+                s.word.compare_exchange_strong(w, ticket + slot::free)) {
+              what = "timed out waiting for the lock of log";
+              return errc::timed_out;
+            }
+            futex_wait(s.word, now_w, std::chrono::milliseconds{1});
+          }
         } catch (...) {
           // The repair of a dead holder's batch failed. A record queued
           // again (a batch cut short) is not in the file: withdraw it. One

@@ -120,7 +120,13 @@ private:
   // next holder to queue again, as if this one had died.
   void write_locked(int rc, own_log_record* own) {
     held_log_lock guard{&state_};
-    if (rc == EOWNERDEAD) state_.needs_repair = 1;
+    // A slot is taken only by a holder, which moves it on before it
+    // unlocks: one found taken now was left by a holder that died, even if
+    // the robust mutex's EOWNERDEAD did not reach this holder (its
+    // repair is idempotent). Without this, a writer whose record sat in
+    // such a slot took the free lock, found nothing to write and tried
+    // again at once, for ever (a spinning `dibs log` under SIGKILLs in CI).
+    if (rc == EOWNERDEAD || any_taken()) state_.needs_repair = 1;
     if (state_.needs_repair) repair_dead_holder(state_, log_.path());
     try {
       write_batch(own);
@@ -128,6 +134,12 @@ private:
       state_.needs_repair = 1;
       throw;
     }
+  }
+
+  bool any_taken() const noexcept {
+    for (const slot& sl : state_.slots)
+      if (slot_state(sl.word.load(std::memory_order_acquire)) == slot::taken) return true;
+    return false;
   }
 
   // A record marked ready after the holder's last look, by a writer whose
