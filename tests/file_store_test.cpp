@@ -812,6 +812,39 @@ TEST_CASE("records an older dibs (or a person) wrote without the queue view are 
   last->complete();
 }
 
+TEST_CASE("a claim that lists a new item's entry before its record is linked leaves the entry: the item is claimed next") {
+  // A creator makes the entry, then links the record, holding the
+  // directory's version floor across both. The test stands in for a
+  // creator between its two steps: it holds the floor and makes the entry.
+  // (Before the fix, the claim removed the entry as one of nothing, and the
+  // item then waited for the next full check of the view, 5 minutes.)
+  temp_dir dir;
+  dibs::file_store s{dir.path};
+  file_claims_t claims{s, {.renew = false}};
+  REQUIRE(claims.offer("first"));
+  claims.claim_next()->complete();  // the view is whole
+  const auto entry = dir.path / ".dibs-claims" / "ready" / "0" / "late.rec";
+  {
+    dibs::detail::version_floor creator{dir.path, ".dibs-floor", 0644, false, dibs::time_limit::max()};
+    fs::create_directories(entry.parent_path());
+    spit(entry, "");
+    CHECK_FALSE(claims.claim_next());  // no record yet: nothing to take
+    CHECK(fs::exists(entry));          // and the entry stays (the claim waited a second for the floor)
+  }
+  REQUIRE(claims.offer("late"));       // the creator's second step
+  auto c = claims.claim_next();
+  REQUIRE(c);
+  CHECK(c->key() == "late");
+  c->complete();
+  // With the floor free, an entry whose record never came is removed.
+  spit(entry, "");
+  const auto orphan = dir.path / ".dibs-claims" / "ready" / "0" / "never.rec";
+  spit(orphan, "");
+  CHECK_FALSE(claims.claim_next());
+  CHECK_FALSE(fs::exists(orphan));
+  CHECK_FALSE(fs::exists(entry));
+}
+
 TEST_CASE("claim_next over 2,000 completed items and 10 offered ones opens no completed item's record") {
   temp_dir dir;
   dibs::file_store s{dir.path};

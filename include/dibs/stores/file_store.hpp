@@ -98,7 +98,9 @@
 // in random order), and takes an item by the record's compare-and-set
 // after reading it under its lock: an entry too many (of a writer killed
 // between its record and the entry's removal) is skipped and removed, and
-// nothing is ever taken twice. So a claim reads no completed record, and
+// nothing is ever taken twice. An entry whose record is missing is removed
+// only under the version floor's flock, which a creator holds from making
+// the entry to linking the record: never the entry of a record on its way. So a claim reads no completed record, and
 // lists 50,000 waiting entries once per 50,000 claims, not each time.
 // Scheduled entries are listed again when the earliest one known comes,
 // and at least every second.
@@ -590,9 +592,10 @@ private:
   // directory, on a descriptor kept open, for a store of its own directory;
   // one per record file where the key is the file's name (lock files, in
   // directories shared with other programs and users).
-  detail::version_floor floor_of(const file_name& name, dibs::time_limit t) {
+  detail::version_floor floor_of(const file_name& name, dibs::time_limit t) { return floor_of_record(name.name, t); }
+  detail::version_floor floor_of_record(std::string_view record, dibs::time_limit t) {
     if (opts_.key_is_file_name)
-      return detail::version_floor{dir_, detail::floor_name_of(name.name), opts_.mode, opts_.sync, t};
+      return detail::version_floor{dir_, detail::floor_name_of(record), opts_.mode, opts_.sync, t};
     return detail::version_floor{dir_, std::string(detail::directory_floor_name), opts_.mode, opts_.sync, t, &floor_kept_};
   }
 
@@ -803,7 +806,7 @@ private:
     if (!key || !name || name->name != c.record) {
       // No record of a key of this store (or not at that name): an entry
       // of nothing. Without a record there is nothing for a writer to keep in step.
-      if (!key && !detail::queue_view::exists(detail::child_path(dir_, c.record))) detail::queue_view::remove_entry(c.entry);
+      if (!key && !detail::queue_view::exists(detail::child_path(dir_, c.record))) remove_entry_of_missing(c.entry, c.record);
       return std::nullopt;
     }
     if (!key->starts_with(prefix)) return std::nullopt;
@@ -821,7 +824,7 @@ private:
             return taken;
           },
           true, std::chrono::steady_clock::now(), fix);
-      if (r.outcome == swap_outcome::no_file) detail::queue_view::remove_entry(c.entry);
+      if (r.outcome == swap_outcome::no_file) remove_entry_of_missing(c.entry, c.record);
       if (r.outcome != swap_outcome::done) return std::nullopt;
       return std::pair<std::string, record>{*key, record{std::move(taken), *r.version}};
     } catch (const std::system_error& e) {
@@ -833,6 +836,24 @@ private:
         return std::nullopt;
       }
       throw;
+    }
+  }
+
+  // Effects: removes the queue view's entry `entry` of the record file
+  // `record`, found with no record, unless the record is there by now. A
+  // creator makes a new record's entry before it links the record, both
+  // while it holds the floor's flock (create): so once we hold the floor, a
+  // record still missing has no creator on its way, and the entry is one of
+  // a creator that died or failed, or of a record a person removed. (Without
+  // the floor, a claim that lists the entry between a creator's two steps
+  // would remove it, and the record would wait for the next full check.)
+  // A floor held past a second: the entry stays, for the next look.
+  void remove_entry_of_missing(const std::filesystem::path& entry, std::string_view record) {
+    try {
+      auto floor = floor_of_record(record, std::chrono::steady_clock::now() + std::chrono::seconds{1});
+      if (!detail::queue_view::exists(detail::child_path(dir_, record))) detail::queue_view::remove_entry(entry);
+    } catch (const std::system_error& e) {
+      if (e.code() != errc::timed_out) throw;
     }
   }
 
@@ -928,7 +949,8 @@ private:
       }
       if (r && queue_place(r->live, r->value, e).kind == qv::where::processing) continue;
       const auto entry = view / qv::processing_name / e;
-      if (!r || !key_in_record(e)) qv::remove_entry(entry);
+      if (!r) remove_entry_of_missing(entry, e);
+      else if (!key_in_record(e)) qv::remove_entry(entry);
       else fix_under_lock(e, &entry);
     }
     write_view_file(qv::format_name, qv::format_text);
