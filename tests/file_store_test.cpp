@@ -812,7 +812,7 @@ TEST_CASE("records an older dibs (or a person) wrote without the queue view are 
   last->complete();
 }
 
-TEST_CASE("a claim that lists a new item's entry before its record is linked leaves the entry: the item is claimed next") {
+TEST_CASE("a new entry listed before its record is linked: a claim leaves it there, and the item is claimed next") {
   // A creator makes the entry, then links the record, holding the
   // directory's version floor across both. The test stands in for a
   // creator between its two steps: it holds the floor and makes the entry.
