@@ -56,7 +56,9 @@ teardown() {
 
 @test "a lease lost while dibs was stopped, COMMAND ended meanwhile: exit 15 and a message, not 0" {
   # COMMAND runs until ./release, then leaves ./ended.
-  dibs lock --lease 1s l.lock -- sh -c "$HOLD; touch ended" 2> err &
+  # A lease of 3 s: renewed every second, it is not lost before the stop
+  # even where every dibs is slow (tsan).
+  dibs lock --lease 3s l.lock -- sh -c "$HOLD; touch ended" 2> err &
   dpid=$!
   stopped_dibs=$dpid
   wait_for_file held
