@@ -331,6 +331,7 @@ struct chaos_shared {
   std::atomic<int> inside[8];       // the pid of the worker of this place while it is inside its held section
   std::atomic<int> doomed[64];      // pids the test kills or stops (an eviction of any other holder is a violation)
   std::atomic<int> doomed_count;
+  std::atomic<bool> kills_over;     // until then, workers go on past their cycles (so that every kill lands)
 };
 
 // The independent count of holders: a tally file, changed only under a
@@ -376,7 +377,8 @@ bool is_dead_or_stopped(const chaos_shared& s, long pid, bool& stopped) {
   return false;
 }
 
-// N=3, 8 processes x 300 acquisitions, 20 SIGKILLs (at least half of them of
+// N=3, 8 processes x 300 acquisitions (at least: each goes on until the
+// kills are over, so that every kill finds its victim running), 20 SIGKILLs (at least half of them of
 // holders inside their held section) and 2 SIGSTOPs of holders past the
 // lease, on the store that open() opens in each process.
 template <class Open>
@@ -403,7 +405,7 @@ void semaphore_chaos(Open open) {
       semaphore<Store> sem{store, "chaos", permits, {.lease = lease}};
       dibs::file_mutex guard{tally_lock};
       const long me = static_cast<long>(::getpid());
-      for (int k = 0; k < cycles; ++k) {
+      for (int k = 0; k < cycles || !shared->kills_over.load(); ++k) {
         auto p = sem.acquire();
         const auto i = p.index();
         const auto token = p.token();
@@ -498,9 +500,14 @@ void semaphore_chaos(Open open) {
       const int w = stop_one_inside(false);
       const long pid = pids[static_cast<std::size_t>(w)].pid();
       ++stops;
-      REQUIRE(dibs_test::eventually([&] { return read_tally().evicted_stopped >= stops; }, 60s));
+      tally seen;
+      CHECK(dibs_test::eventually([&] { return (seen = read_tally()).evicted_stopped >= stops || seen.violations; }, 60s));
+      INFO("first violation: " << seen.why);
+      REQUIRE(seen.violations == 0);
       ::kill(static_cast<pid_t>(pid), SIGCONT);
-      REQUIRE(dibs_test::eventually([&] { return read_tally().lost_exits >= stops; }, 60s));
+      CHECK(dibs_test::eventually([&] { return (seen = read_tally()).lost_exits >= stops || seen.violations; }, 60s));
+      REQUIRE(seen.violations == 0);
+      REQUIRE(seen.lost_exits >= stops);
       shared->doomed[shared->doomed_count.load() - 1] = 0;  // running again: no one may take its permits now
     }
     // Half the kills land inside a held section; the others anywhere.
@@ -517,6 +524,7 @@ void semaphore_chaos(Open open) {
     CHECK(pids[static_cast<std::size_t>(w)].kill() == 128 + SIGKILL);
     pids[static_cast<std::size_t>(w)] = dibs_test::child{start_worker(w)};  // the replacement does a whole run
   }
+  shared->kills_over = true;
   int failed = 0;
   for (auto& p : pids) failed += p.wait() != 0;
   const auto t = read_tally();
