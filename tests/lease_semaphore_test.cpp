@@ -2,6 +2,7 @@
 #include <dibs/lease_semaphore.hpp>
 #include <dibs/stores/file_store.hpp>
 #include <dibs/stores/memory_store.hpp>
+#include <dibs/stores/shm_store.hpp>
 #include <dibs/stores/sqlite_store.hpp>
 
 #include <catch2/catch.hpp>
@@ -51,6 +52,15 @@ struct sqlite_fixture {
   dibs::sqlite_store open() const { return dibs::sqlite_store{dir.path / "records.db"}; }
 };
 
+struct shm_fixture {
+  using store_type = dibs::shm_store;
+  std::string name = fmt::format("dibs-test-sem-{}-{}", ::getpid(), std::random_device{}());
+  bool removed = dibs::shm_store::remove(name);
+  dibs::shm_store store{name};
+  ~shm_fixture() { dibs::shm_store::remove(name); }
+  dibs::shm_store open() const { return dibs::shm_store{name}; }
+};
+
 template <class Store>
 using semaphore = dibs::lease_semaphore<Store>;
 
@@ -59,7 +69,7 @@ std::optional<dibs::record> read_key(auto& store, const std::string& key) { retu
 }  // namespace
 
 TEMPLATE_TEST_CASE("lease_semaphore: N=3 lets three hold, the fourth only after a release", "", memory_fixture,
-                   file_fixture, sqlite_fixture) {
+                   file_fixture, sqlite_fixture, shm_fixture) {
   TestType f;
   using Store = typename TestType::store_type;
   semaphore<Store> sem{f.store, "exports", 3, {.lease = 30s}};
@@ -127,7 +137,7 @@ TEMPLATE_TEST_CASE("lease_semaphore: N=3 lets three hold, the fourth only after 
 }
 
 TEMPLATE_TEST_CASE("lease_semaphore: another N, N=0, bad names: a clear error and nothing written", "", memory_fixture,
-                   file_fixture, sqlite_fixture) {
+                   file_fixture, sqlite_fixture, shm_fixture) {
   TestType f;
   using Store = typename TestType::store_type;
   auto invalid = [](auto&& make, const std::string& says) {
@@ -179,7 +189,7 @@ TEMPLATE_TEST_CASE("lease_semaphore: another N, N=0, bad names: a clear error an
 }
 
 TEMPLATE_TEST_CASE("lease_semaphore: resize grows at once, shrinking leaves holders above N their permits", "",
-                   memory_fixture, file_fixture, sqlite_fixture) {
+                   memory_fixture, file_fixture, sqlite_fixture, shm_fixture) {
   TestType f;
   using Store = typename TestType::store_type;
   semaphore<Store> sem{f.store, "builds", 3, {.lease = 30s}};
@@ -229,7 +239,7 @@ TEMPLATE_TEST_CASE("lease_semaphore: resize grows at once, shrinking leaves hold
 }
 
 TEMPLATE_TEST_CASE("lease_semaphore: a wait ends with errc::cancelled at a stop request, holding nothing", "",
-                   memory_fixture, file_fixture, sqlite_fixture) {
+                   memory_fixture, file_fixture, sqlite_fixture, shm_fixture) {
   TestType f;
   using Store = typename TestType::store_type;
   semaphore<Store> sem{f.store, "one", 1, {.lease = 30s}};
@@ -254,7 +264,7 @@ TEMPLATE_TEST_CASE("lease_semaphore: a wait ends with errc::cancelled at a stop 
 }
 
 TEMPLATE_TEST_CASE("lease_semaphore: a SIGKILLed holder's permit comes back at once on proof", "", file_fixture,
-                   sqlite_fixture) {
+                   sqlite_fixture, shm_fixture) {
   TestType f;
   using Store = typename TestType::store_type;
   semaphore<Store> sem{f.store, "jobs", 2, {.lease = 60s}};
