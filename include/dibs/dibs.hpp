@@ -2,7 +2,7 @@
 //
 // The folders say what each header is:
 //   <dibs/*.hpp>           the policies and utilities a program uses: retry,
-//                          backoff, lease_mutex, lock_file, marker_claim,
+//                          backoff, lease_mutex, lease_semaphore, lock_file, marker_claim,
 //                          dot_lock, file_mutex, shared_log; the store concept
 //   <dibs/stores/*.hpp>    the stores: memory, file, shm, and (with a target
 //                          of their own) sqlite_store and postgres_store
@@ -21,6 +21,7 @@
 #include <dibs/error.hpp>
 #include <dibs/file_mutex.hpp>
 #include <dibs/lease_mutex.hpp>
+#include <dibs/lease_semaphore.hpp>
 #include <dibs/lock_file.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/retry.hpp>

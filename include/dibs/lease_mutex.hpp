@@ -97,6 +97,7 @@
 #include <dibs/detail/owner.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/detail/validity.hpp>
+#include <dibs/detail/wait_in_turn.hpp>
 #include <dibs/detail/timed_lockable.hpp>
 #include <dibs/error.hpp>
 #include <dibs/stores/file_store.hpp>
@@ -126,47 +127,19 @@ struct lease_options {
 
 namespace detail {
 
-template <class S>
-concept store_with_change_wait = requires(const S& s, std::string_view key, std::chrono::nanoseconds t) {
-  { s.wait_for_change(key, t) } -> std::same_as<bool>;
-};
-
 inline constexpr std::string_view lease_magic = "dibs-lease 1\n";
 
-// A store that keeps a queue of the waiters for a key (file_store: this
-// host's processes, in a file beside the record); lease_mutex then takes
-// turns first come, first served, and an unlock wakes the next waiter.
-template <class S>
-concept store_with_waiter_queue = requires(const S& s, std::string_view key, bool create) {
-  { s.open_waiter_queue(key, create) } -> std::same_as<typename S::waiter_queue>;
-};
-struct no_waiter_queue {};
-template <class S>
-struct waiter_queue_of {
-  using type = no_waiter_queue;
-};
-template <store_with_waiter_queue S>
-struct waiter_queue_of<S> {
-  using type = typename S::waiter_queue;
-};
-
-// How long a queued waiter lets the queue stand still (no unlock, no
-// acquisition) before it tries the lock out of turn: the waiter whose turn
-// it is may be stopped (SIGSTOP, a debugger) or starved of a processor.
-// The k-th waiter in line waits k times this, so only the one right behind
-// a stopped waiter tries, and the rest keep their order. A waiter that
-// takes the lock out of turn marks the ones it passed, which every waiter
-// and unlock then skips until they run again (and go to the back), so a
-// stopped one costs this once, not each time it would come to the head.
-inline constexpr std::chrono::milliseconds queue_patience{100};
-
 }  // namespace detail
+
+template <shared_store Store>
+class lease_semaphore;
 
 /// Meets Lockable and TimedLockable. One holder at a time across every
 /// process (and machine) that uses the same store and key; not recursive.
 template <shared_store Store>
 class lease_mutex : public detail::timed_lockable<lease_mutex<Store>> {
   friend class detail::timed_lockable<lease_mutex<Store>>;
+  friend class lease_semaphore<Store>;  // tries a permit's record as one try of a waiter (try_once)
 
 public:
   /// Requires: `store` outlives this object. With opts.on_behalf_of: that
@@ -466,129 +439,28 @@ private:
     detail::throw_cancelled("dibs::lease_mutex", key_);
   }
 
-  // A cancellable wait looks at its stop token at least this often: a
-  // store operation waits at most this long in one go, and so does a sleep
-  // of the store's change notification.
-  static constexpr std::chrono::milliseconds stop_check{10};
-
-  // Waiting, with a store that has a waiter queue: a waiter queues (takes a
-  // ticket) when its first try fails, or before it when others are queued
-  // already, and then tries only when no live waiter is ahead of it; it
-  // sleeps on its own slot, woken by the unlock that gives it its turn, or
-  // after its backoff delay (a holder that died unlocks nobody; proof (a)
-  // or (b) is found by the try that follows). If the queue stands still for
-  // queue_patience while it is not this waiter's turn, it tries anyway.
-  // Without a queue (other stores, or no slot free): backoff and the
-  // store's change notification, unordered.
+  // Waiting: detail::wait_in_turn (in the turns of the store's waiter
+  // queue where it has one, else unordered with backoff and the store's
+  // change notification).
   bool acquire(dibs::time_limit until, const std::stop_token& st) {
-    thread_local std::mt19937_64 rng{std::random_device{}()};
-    const bool stoppable = st.stop_possible();
     {
       std::lock_guard g{m_};
       last_seen_.reset();
     }
-    constexpr bool queued = detail::store_with_waiter_queue<Store>;
-    // Our slot in the queue while we wait; given up however we leave.
-    struct place {
-      lease_mutex& self;
-      int slot = -1;
-      ~place() {
-        if constexpr (queued) {
-          if (slot >= 0) self.queue_.leave(slot, false);
-        }
-      }
-    } at{*this};
-    // Opened (made) at the first acquisition, so that later ones, and their
-    // unlocks, find it mapped at no cost.
-    if constexpr (queued) (void)open_queue(true);
-    std::optional<std::uint64_t> seen_progress;
-    clock::time_point progress_since{};
-    bool woken = true;  // the lock is probably free: create first
-    bool full = false;  // every slot was taken when we looked: wait unordered this time
-    for (std::uint64_t n = 0;; ++n) {
-      if (st.stop_requested()) {
-        std::lock_guard g{m_};
-        throw_cancelled();
-      }
-      std::uint32_t word = 0;
-      bool my_turn = true, out_of_turn = false;
-      if constexpr (queued) {
-        if (at.slot < 0 && !full && queue_ && queue_.busy()) full = (at.slot = queue_.enter()) < 0;
-        if (at.slot >= 0) {
-          // Passed while it stood still (stopped, or starved): running again,
-          // it goes to the back.
-          if (queue_.was_passed(at.slot)) queue_.requeue(at.slot);
-          word = queue_.wake_word(at.slot);
-          const int ahead = queue_.ahead(at.slot);
-          my_turn = ahead == 0;
-          if (!my_turn) {
-            const auto p = queue_.progress();
-            const auto now = clock::now();
-            if (!seen_progress || *seen_progress != p) {
-              seen_progress = p;
-              progress_since = now;
-            } else if (now - progress_since >= detail::queue_patience * ahead) {
-              my_turn = out_of_turn = true;  // the waiters ahead do not take their turn
-            }
-          }
-        }
-      }
-      if (my_turn && try_once(woken, stoppable ? std::min(until, clock::now() + stop_check) : until)) {
-        if constexpr (queued) {
-          if (at.slot >= 0) queue_.leave(std::exchange(at.slot, -1), true, out_of_turn);
-        }
-        return true;
-      }
-      woken = false;
-      if constexpr (queued) {
-        if (at.slot < 0 && !full && open_queue(true)) {
-          full = (at.slot = queue_.enter()) < 0;
-          // Look again at once: an unlock between our try and our queueing
-          // woke nobody for us.
-          if (at.slot >= 0) continue;
-        }
-      }
-      auto delay = opts_.wait.delay(n, {}, std::uniform_real_distribution<double>{0.0, 1.0}(rng));
-      if (until != dibs::time_limit::max()) {
-        const auto left = until - clock::now();
-        if (left <= clock::duration::zero()) return false;
-        delay = std::min<std::chrono::nanoseconds>(delay, left);
-      }
-      if constexpr (queued) {
-        if (at.slot >= 0) {
-          // A waiter whose turn it is not yet is woken when it comes; it
-          // looks on its own only for a waiter ahead that died after it was
-          // woken, and for the patience. Waking at the backoff's first,
-          // short delays would take processors from the handoff itself.
-          if (!my_turn) delay = std::max<std::chrono::nanoseconds>(delay, detail::queue_patience / 2);
-          if (until != dibs::time_limit::max()) delay = std::min<std::chrono::nanoseconds>(delay, until - clock::now());
-          for (const auto end = clock::now() + delay; !(stoppable && st.stop_requested());) {
-            const auto left = end - clock::now();
-            if (left <= clock::duration::zero()) break;
-            queue_.wait(at.slot, word, stoppable ? std::min<std::chrono::nanoseconds>(left, stop_check) : left);
-            if (queue_.wake_word(at.slot) != word) {
-              woken = true;  // our turn: the lock was just unlocked
-              break;
-            }
-          }
-          continue;
-        }
-      }
-      if constexpr (detail::store_with_change_wait<Store>) {
-        if (!stoppable) {
-          (void)store_->wait_for_change(key_, delay);
-        } else {
-          for (const auto end = clock::now() + delay; !st.stop_requested();) {
-            const auto left = end - clock::now();
-            if (left <= clock::duration::zero() ||
-                store_->wait_for_change(key_, std::min<std::chrono::nanoseconds>(left, stop_check)))
-              break;
-          }
-        }
-      } else {
-        (void)detail::sleep_unless_stopped(delay, st);
-      }
-    }
+    auto change_wait = [&] {
+      if constexpr (detail::store_with_change_wait<Store>)
+        return [this](std::chrono::nanoseconds d) { return store_->wait_for_change(key_, d); };
+      else
+        return nullptr;
+    }();
+    return detail::wait_in_turn(
+        queue_, [this](bool create) { return open_queue(create); },
+        [this](bool free_first, dibs::time_limit limit) { return try_once(free_first, limit); }, change_wait,
+        [this]() {
+          std::lock_guard g{m_};
+          throw_cancelled();
+        },
+        opts_.wait, false, until, st);
   }
 
   // Returns: true if the waiter queue is open in this process (opened now
