@@ -6,7 +6,10 @@ load helpers
 
 teardown() {
   touch "$BATS_TEST_TMPDIR/release" "$BATS_TEST_TMPDIR/stop"
-  kill -CONT "${stopped_dibs:-0}" 2>/dev/null || true
+  # Only the test's own stopped dibs: `kill -CONT 0` would continue every
+  # process of ctest's process group, another test's stopped holder among
+  # them (CI's tsan run: cli_lock's SIGSTOPped dibs renewed on).
+  if [ -n "${stopped_dibs:-}" ]; then kill -CONT "$stopped_dibs" 2>/dev/null || true; fi
 }
 
 @test "a waiting dibs lock keeps its place in the queue: it gets the lock against 4 looping holders well within -w" {
