@@ -6,10 +6,13 @@ load helpers
 
 teardown() {
   touch "$BATS_TEST_TMPDIR/release" "$BATS_TEST_TMPDIR/stop"
+  local d
+  for d in "$BATS_TEST_TMPDIR"/try*/; do [ -d "$d" ] && touch "$d/release"; done
   # Only the test's own stopped dibs: `kill -CONT 0` would continue every
   # process of ctest's process group, another test's stopped holder among
   # them (CI's tsan run: cli_lock's SIGSTOPped dibs renewed on).
   if [ -n "${stopped_dibs:-}" ]; then kill -CONT "$stopped_dibs" 2>/dev/null || true; fi
+  return 0
 }
 
 @test "a waiting dibs lock keeps its place in the queue: it gets the lock against 4 looping holders well within -w" {
@@ -39,22 +42,35 @@ teardown() {
 }
 
 @test "waiters are served in the order they came, however long they waited (one place in the queue each)" {
-  dibs lock q.lock -- sh -c "$HOLD" &
-  wait_for_file held
-  pids=()
-  for k in 1 2 3 4 5 6; do
-    dibs lock -w 60 q.lock -- sh -c "echo $k >> order" &
-    pids+=($!)
-    # The next one comes only once this one holds its ticket in the queue.
-    wait_until "waiter $k did not queue" queued "$!" .dibs-queue.q.lock
+  # A waiter that does not take its turn within the queue's patience (100 ms
+  # times its place: it is starved of a processor, or stopped) is passed
+  # over, as documented; on a loaded machine that happens now and then. So
+  # the scenario runs up to 3 times and one run must give the whole order;
+  # a dibs that lost its place every 100 ms (the bug this guards against)
+  # shuffles every run.
+  local try order
+  for try in 1 2 3; do
+    mkdir "try$try"
+    cd "try$try"
+    dibs lock q.lock -- sh -c "$HOLD" &
+    wait_for_file held
+    pids=()
+    for k in 1 2 3 4 5 6; do
+      dibs lock -w 60 q.lock -- sh -c "echo $k >> order" &
+      pids+=($!)
+      # The next one comes only once this one holds its ticket in the queue.
+      wait_until "waiter $k did not queue" queued "$!" .dibs-queue.q.lock
+    done
+    # Each has waited through several 100 ms slices by now.
+    sleep 0.5
+    touch release
+    wait "${pids[@]}"
+    order=$(echo $(cat order))
+    echo "try $try: order $order" >&3
+    cd ..
+    [ "$order" = "1 2 3 4 5 6" ] && break
   done
-  # Each has waited through several 100 ms slices by now.
-  sleep 0.5
-  touch release
-  wait "${pids[@]}"
-  run cat order
-  echo "order: $(echo $output)" >&3
-  [ "$(echo $output)" = "1 2 3 4 5 6" ]
+  [ "$order" = "1 2 3 4 5 6" ]
 }
 
 @test "a lease lost while dibs was stopped, COMMAND ended meanwhile: exit 15 and a message, not 0" {
