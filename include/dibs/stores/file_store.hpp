@@ -100,8 +100,9 @@
 // between its record and the entry's removal) is skipped and removed, and
 // nothing is ever taken twice. An entry whose record is missing is removed
 // only under the version floor's flock, which a creator holds from making
-// the entry to linking the record: never the entry of a record on its way. So a claim reads no completed record, and
-// lists 50,000 waiting entries once per 50,000 claims, not each time.
+// the entry to linking the record: never the entry of a record on its way.
+// So a claim reads no completed record, and lists 50,000 waiting entries
+// once per 50,000 claims, not each time.
 // Scheduled entries are listed again when the earliest one known comes,
 // and at least every second.
 // The view is rebuilt from the records by one scan (under the kernel lock
