@@ -186,6 +186,19 @@ TEMPLATE_TEST_CASE("lease_semaphore: another N, N=0, bad names: a clear error an
     CHECK(e.code() == dibs::errc::corrupt_record);
     CHECK_THAT(e.what(), Contains("is not a dibs semaphore's"));
   }
+
+  // The semaphore's record removed by hand: an acquisition says so, rather
+  // than guess how many permits there are.
+  const auto rec = f.store.read("dibs-semaphore:jobs");
+  REQUIRE(rec);
+  REQUIRE(f.store.erase("dibs-semaphore:jobs", rec->version));
+  try {
+    (void)same.try_acquire();
+    FAIL("no error");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == dibs::errc::corrupt_record);
+    CHECK_THAT(e.what(), Contains("is gone"));
+  }
 }
 
 TEMPLATE_TEST_CASE("lease_semaphore: resize grows at once, shrinking leaves holders above N their permits", "",
