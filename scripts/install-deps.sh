@@ -15,7 +15,7 @@
 #   tests     what the Linux test suites build and run with, besides the
 #             servers: Catch2, CLI11, bats and the foreign lock tools
 #   clang     clang++ and its sanitizer runtimes, and Google Benchmark (the
-#             clang and asan presets; the clang preset builds the benchmarks)
+#             clang and asan presets; the asan preset builds the benchmarks)
 #   windows   the Windows cross build and Wine to run its tests
 #             (scripts/test.sh windows), and npm if there is none, which
 #             fetches SQLite's amalgamation for it
@@ -70,7 +70,7 @@ group_tests=(
 )
 group_clang=(
   clang libclang-rt-14-dev                         # the clang and sanitizer presets
-  libbenchmark-dev                                 # the benchmarks (built by the clang preset)
+  libbenchmark-dev                                 # the benchmarks (built by the asan preset)
 )
 # Debian's Node.js (18 on Debian 12: graphile-worker 0.17 runs on it) and npm,
 # each only where there is none at all, as for the windows group: a Node.js

@@ -35,4 +35,11 @@ foreach(t IN LISTS dibs_tests)
     set(labels "${dibs_kind};${dibs_tags_${key}}")
   endif()
   set_tests_properties("${t}" PROPERTIES LABELS "${labels}")
+  # A chaos run keeps both cores of a 2-core machine busy (8 processes or
+  # more, and their killer): it counts as 2 of ctest's -j slots, so that the
+  # test presets' -j 4 runs two of them at most, or one beside two waiting
+  # tests (servers, timeouts, IDLE), which is most of the rest.
+  if("chaos" IN_LIST labels)
+    set_tests_properties("${t}" PROPERTIES PROCESSORS 2)
+  endif()
 endforeach()

@@ -638,12 +638,17 @@ int with_store(const std::string& spec, F&& f, bool read_only = false) {
     }
     return table;
   };
+#ifndef DIBS_TOOL_POSTGRES
+  // dibs-postgres is run by dibs for the postgres: scheme only: it compiles
+  // the commands for postgres_store alone (each scheme's instantiations of
+  // them are most of this file's build).
   if (scheme == "dir") {
     if (rest.empty()) fail(ex::usage, "dibs: store 'dir:' names no directory; write dir:/path/to/dir");
     dibs::file_store s{native_path(rest)};
     return f(s);
   }
-#ifdef DIBS_TOOL_SQLITE
+#endif
+#if defined(DIBS_TOOL_SQLITE) && !defined(DIBS_TOOL_POSTGRES)
   if (scheme == "sqlite") {
     const std::string table = split_table("dibs_records");
     if (rest.empty()) fail(ex::usage, "dibs: store 'sqlite:' names no file; write sqlite:/path/file.db");
@@ -678,6 +683,11 @@ int with_store(const std::string& spec, F&& f, bool read_only = false) {
   }
 #endif
   (void)split_table;
+  (void)read_only;
+#ifdef DIBS_TOOL_POSTGRES
+  if (scheme == "dir" || scheme == "sqlite")
+    fail(ex::usage, fmt::format("dibs-postgres: store '{}': this program serves the postgres: scheme only; run dibs", spec));
+#endif
   fail(ex::usage, fmt::format("dibs: unknown store '{}': {}\n{}", spec,
                               scheme.empty() ? "it has no scheme" : "scheme '" + scheme + "' is not built in or does not exist",
                               store_table));

@@ -1,6 +1,5 @@
 // The Windows test program's main(): a helper role when the first argument
-// names one (win_support.hpp), else the Catch2 session.
-#define CATCH_CONFIG_RUNNER
+// names one (win_support.hpp), else the Catch2 session (catch_impl.cpp).
 #include "win_support.hpp"
 
 int main(int argc, char** argv) {
