@@ -35,11 +35,13 @@ foreach(t IN LISTS dibs_tests)
     set(labels "${dibs_kind};${dibs_tags_${key}}")
   endif()
   set_tests_properties("${t}" PROPERTIES LABELS "${labels}")
-  # A chaos run keeps both cores of a 2-core machine busy (8 processes or
-  # more, and their killer): it counts as 2 of ctest's -j slots, so that the
-  # test presets' -j 4 runs two of them at most, or one beside two waiting
-  # tests (servers, timeouts, IDLE), which is most of the rest.
-  if("chaos" IN_LIST labels)
-    set_tests_properties("${t}" PROPERTIES PROCESSORS 2)
+  # What starts first when ctest has no timings yet (a fresh clone): the
+  # server tests, which take turns on their server (a chain of about 75 s
+  # each), then the chaos runs; the many short tests fill the slots around
+  # them. Left in the order they are declared, the long ones were a tail.
+  if(dibs_kind STREQUAL "server")
+    set_tests_properties("${t}" PROPERTIES COST 1000)
+  elseif(labels MATCHES "(^|;)chaos(;|$)")
+    set_tests_properties("${t}" PROPERTIES COST 500)
   endif()
 endforeach()
