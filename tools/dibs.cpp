@@ -66,6 +66,7 @@ extern char** environ;
 #include <dibs/file_mutex.hpp>
 #include <dibs/stores/file_store.hpp>
 #include <dibs/lease_mutex.hpp>
+#include <dibs/lease_semaphore.hpp>
 #include <dibs/lock_file.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/shared_log.hpp>
@@ -312,6 +313,8 @@ struct lock_args {
   bool kernel = false;
   bool dot = false;
   std::string lease = "10s";
+  std::uint32_t max = 0;  // --max N: one of N permits (dibs::lease_semaphore) instead of the lock; 0: not given
+  bool resize = false;    // --resize: set the semaphore's N to --max first, for every user
   // flock(1)'s
   bool shared = false;
   bool exclusive = false;
@@ -387,7 +390,90 @@ struct lease_kind {
     return conflict_message(a.path, h, waited);
   }
   std::optional<dibs::version> token() { return lk->token(); }
+  std::optional<std::uint32_t> permit() { return std::nullopt; }
   void unlock() { lk->unlock(); }  // a compare-and-set: a lock taken over is left to its new holder
+};
+
+// --max N: one of the N permits of the semaphore kept in the directory
+// PATH (dibs::lease_semaphore over a file_store there, named after the
+// directory), as the lease lock is one permit: the same lease, renewal,
+// proof rule and fencing token (per permit), and the same waiter queue.
+struct permit_kind {
+  using semaphore = dibs::lease_semaphore<dibs::file_store>;
+  // As lease_kind is made: {args, on_lost, {}}.
+  permit_kind(const lock_args& args, std::function<void()> lost, std::optional<dibs::file_store> s)
+      : a(args), on_lost(std::move(lost)), store(std::move(s)) {}
+  const lock_args& a;
+  std::function<void()> on_lost;  // from the library's renewal thread
+  std::optional<dibs::file_store> store;
+  std::optional<semaphore> sem;
+  semaphore::permit held;
+
+  // The semaphore's name in its directory: the directory's own name.
+  static std::string name_of(const std::string& path) {
+    auto p = std::filesystem::absolute(native_path(path)).lexically_normal();
+    if (!p.has_filename()) p = p.parent_path();  // "dir/" names dir
+    return p.filename().string();
+  }
+  void open(dibs::detail::process_id behalf) {
+    const milliseconds lease = parse_duration("--lease", a.lease);
+    if (lease < milliseconds{300}) fail(ex::usage, "dibs lock: --lease must be at least 300ms");
+    const auto dir = native_path(a.path);
+    std::error_code ec;
+    if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
+      fail(ex::dataerr, fmt::format("dibs lock --max: '{}' is a file; --max keeps its permits in a directory of their "
+                                    "own: give a directory's path (dibs makes it)",
+                                    a.path));
+    if (!std::filesystem::create_directory(dir, ec) && ec)
+      fail(ex::noinput, fmt::format("dibs lock --max: cannot make the directory '{}': {}", a.path, ec.message()));
+    const std::string name = name_of(a.path);
+    if (name.empty() || name == "." || name == "..")
+      fail(ex::usage, fmt::format("dibs lock --max: '{}' names no directory of its own; give e.g. /run/lock/exports",
+                                  a.path));
+    store.emplace(dir);
+    if (a.resize) {
+      try {
+        (void)semaphore::resize(*store, name, a.max);
+      } catch (const std::system_error& e) {
+        if (e.code() != dibs::errc::invalid_argument || semaphore::inspect(*store, name)) throw;
+        // None yet: opening it below makes it with --max permits.
+      }
+    }
+    try {
+      sem.emplace(*store, name, a.max, dibs::lease_options{.lease = lease, .on_lost = on_lost, .on_behalf_of = behalf});
+    } catch (const std::system_error& e) {
+      const auto st = e.code() == dibs::errc::invalid_argument ? semaphore::inspect(*store, name) : std::nullopt;
+      if (!st || st->permits == a.max) throw;
+      fail(ex::usage, fmt::format("dibs lock --max {}: '{}' has {} permits, not {}: give --max {}, or change it for "
+                                  "every user with 'dibs lock --max {} --resize {} -- COMMAND' (holders of permits "
+                                  "above the new number keep them until they end)",
+                                  a.max, a.path, st->permits, a.max, st->permits, a.max, a.path));
+    }
+  }
+  bool try_for(milliseconds d) {
+    held = d.count() == 0 ? sem->try_acquire() : sem->try_acquire_for(d);
+    return bool(held);
+  }
+  bool wait_for(std::optional<milliseconds> d, std::stop_token st) {
+    held = d ? sem->try_acquire_for(*d, st) : sem->acquire(st);
+    return bool(held);
+  }
+  bool lost() const { return held.lost(); }
+  std::string conflict(bool waited) {
+    std::string who;
+    try {
+      for (const auto& h : sem->holders())
+        who += fmt::format("{}permit {}: {}", who.empty() ? "" : "; ", h.permit, h.holder);
+    } catch (...) {
+    }
+    return fmt::format("dibs lock: all {} permits of '{}' are held{}{}; wait longer (-w), or see who holds them with "
+                       "'dibs status {}'",
+                       sem->permits(), a.path, who.empty() ? std::string{} : " (" + who + ")",
+                       waited ? " (--wait ran out)" : "", a.path);
+  }
+  std::optional<dibs::version> token() { return held.token(); }
+  std::optional<std::uint32_t> permit() { return held.index(); }  // DIBS_PERMIT: 0 to N - 1
+  void unlock() { held.release(); }
 };
 
 struct dot_kind {
@@ -419,6 +505,7 @@ struct dot_kind {
                        a.stale.empty() ? "5m" : a.stale);
   }
   std::optional<dibs::version> token() { return std::nullopt; }
+  std::optional<std::uint32_t> permit() { return std::nullopt; }
   void unlock() { lk->unlock(); }
 };
 
@@ -507,6 +594,10 @@ void refuse_unless_kernel(const lock_args& a) {
 
 int cmd_lock(lock_args& a) {
   if (a.kernel && a.dot) fail(ex::usage, "dibs lock: --kernel and --dot are two different locks: choose one");
+  if (a.max > 0 && (a.kernel || a.dot))
+    fail(ex::usage, fmt::format("dibs lock: --max is N permits of the lease lock; it has no {} form",
+                                a.kernel ? "--kernel" : "--dot"));
+  if (a.resize && a.max == 0) fail(ex::usage, "dibs lock: --resize sets a semaphore's permits to --max N: give --max");
   if (a.no_fork && a.close) fail(ex::usage, "dibs lock: the -F (--no-fork) and -o (--close) options are incompatible");
   if (int n = int{a.shared} + int{a.exclusive} + int{a.unlock}; n > 1)
     fail(ex::usage, "dibs lock: -s, -x and -u are one choice each: give one of them (-x is the default)");
@@ -525,7 +616,7 @@ int cmd_lock(lock_args& a) {
   if (a.kernel) return lock_kernel(a, wait);
   if (a.dot) return lock_dot(a, wait);
   try {
-    return lock_lease(a, wait);
+    return a.max > 0 ? lock_lease<permit_kind>(a, wait) : lock_lease(a, wait);
   } catch (const std::system_error& e) {
     // What flock(1) and every flock-style tool leave behind: no record.
     std::error_code ec;
@@ -965,6 +1056,54 @@ std::optional<int> dot_status(const status_args& a) {
   return ex::ok;
 }
 
+// What the next taker of a lease would do with it: take a free one, or one
+// whose holder is provably gone, at once (the library's proof rule:
+// h.gone); break an expired one once it has seen it unchanged for a lease;
+// wait for a held one.
+const char* lease_state(const std::optional<dibs::lock_holder>& h) {
+  return !h || h->gone                                  ? "free"
+         : h->lease_left && h->lease_left->count() < 0 ? "expired"
+                                                        : "held";
+}
+
+// A directory of dibs lock --max: its semaphore's permits and holders.
+int semaphore_status(const status_args& a) {
+  const std::string name = permit_kind::name_of(a.target);
+  dibs::file_store store{native_path(a.target)};
+  const auto st = permit_kind::semaphore::inspect(store, name);
+  if (!st)
+    fail(ex::noinput, fmt::format("dibs status: '{}' is a directory with no semaphore of 'dibs lock --max' in it (a "
+                                  "store? write dir:{})",
+                                  a.target, a.target));
+  std::size_t held = 0;
+  for (const auto& p : st->holders) held += std::string_view{lease_state(p.holder)} != "free";
+  if (a.json) {
+    std::string out = fmt::format("{{\"path\": {}, \"kind\": \"semaphore\", \"permits\": {}, \"held\": {}, \"holders\": [",
+                                  json_string(a.target), st->permits, held);
+    for (const auto& p : st->holders) {
+      const auto& h = p.holder;
+      out += fmt::format("{}\n  {{\"permit\": {}, \"state\": \"{}\", \"above_limit\": {}, \"host\": {}, \"pid\": {}, "
+                         "\"since_ms\": {}, \"lease_ms\": {}, \"lease_left_ms\": {}, \"token\": {}}}",
+                         &p == &st->holders.front() ? "" : ",", p.permit, lease_state(h), p.above_limit ? "true" : "false",
+                         json_string(h.host), h.pid, h.since ? unix_ms(*h.since) : 0, h.lease.count(),
+                         h.lease_left ? std::to_string(h.lease_left->count()) : "null", h.token);
+    }
+    fmt::print("{}{}]}}\n", out, st->holders.empty() ? "" : "\n");
+    return ex::ok;
+  }
+  fmt::print("{}: {} of {} permits held\n", a.target, held, st->permits);
+  if (st->holders.empty()) return ex::ok;
+  fmt::print("{:<8} {:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}\n", "PERMIT", "HOST", "PID", "SINCE", "LEASE", "LEFT",
+             "TOKEN", "STATE");
+  for (const auto& p : st->holders) {
+    const auto& h = p.holder;
+    fmt::print("{:<8} {:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}{}\n", p.permit, h.host, h.pid,
+               h.since ? clock_time(*h.since) : "?", span(h.lease), h.lease_left ? span(*h.lease_left) : "?", h.token,
+               lease_state(h), p.above_limit ? " (above the permits now: not handed out again)" : "");
+  }
+  return ex::ok;
+}
+
 int cmd_status(status_args& a) {
   if (is_store_spec(a.target)) {
     return with_store(a.target, [&](auto& store) -> int {
@@ -1001,6 +1140,7 @@ int cmd_status(status_args& a) {
   const auto target = native_path(a.target);
   if (!std::filesystem::exists(target))
     fail(ex::noinput, fmt::format("dibs status: '{}' does not exist (a lock file, or a store such as dir:/path)", a.target));
+  if (std::filesystem::is_directory(target)) return semaphore_status(a);
   if (std::filesystem::is_regular_file(target) && std::filesystem::file_size(target) == 0)
     fail(ex::dataerr, fmt::format("dibs status: '{}' is an empty file, not a dibs lease lock (a --kernel or flock(1) "
                                   "lock file?); the kernel does not say who holds those: try 'fuser -v {}'",
@@ -1008,12 +1148,7 @@ int cmd_status(status_args& a) {
   if (const auto code = dot_status(a)) return *code;
   dibs::lock_file lk{target};
   const auto h = lk.holder();  // reads the record; takes nothing
-  // What the next taker would do: take a free lock, or one whose holder is
-  // provably gone, at once (the library's proof rule: h->gone); break an
-  // expired one once it has seen it unchanged for a lease; wait for a held one.
-  const char* state = !h || h->gone                          ? "free"
-                      : h->lease_left && h->lease_left->count() < 0 ? "expired"
-                                                                   : "held";
+  const char* state = lease_state(h);
   if (a.json) {
     if (!h) {
       fmt::print("{{\"path\": {}, \"state\": \"free\", \"held\": false}}\n", json_string(a.target));
@@ -1293,6 +1428,12 @@ int run(int argc, char** argv) {
                  "and noclobber scripts) instead of the lease lock");
   lock->add_option("--lease", la.lease, "Lease lock: how long a lock is respected after dibs stops renewing it")
       ->capture_default_str();
+  lock->add_option("--max", la.max,
+                   "At most N at a time (as sem -j N): hold one of N permits of the semaphore kept in the directory "
+                   "PATH (made if missing) instead of the lock; each permit a lease lock with its own token")
+      ->check(CLI::Range(1u, 10000u));
+  lock->add_flag("--resize", la.resize,
+                 "With --max N: first set the semaphore's number of permits to N, for every user");
   lock->add_flag("-s,--shared", la.shared, "Kernel lock: a shared lock (with --dot, -s is --sleep)");
   lock->add_flag("-x,-e,--exclusive", la.exclusive, "An exclusive lock (the default)");
   lock->add_flag("-u,--unlock", la.unlock, "Kernel lock, descriptor form: unlock FD (dibs lock --kernel -u 9)");
@@ -1335,6 +1476,14 @@ Three locks:
              Unlike theirs, a lock is broken only on proof (its holder gone)
              or by age (-l) when no live dibs keeps touching it; no token.
 
+At most N at a time (--max N, as GNU parallel's sem -j N): PATH is then a
+directory (made if missing) holding a semaphore of N permits
+(dibs::lease_semaphore), each permit a lease lock as above: COMMAND holds
+one while it runs, gets its token in DIBS_TOKEN and the permit's number
+(0 to N-1) in DIBS_PERMIT; a permit whose holder died is taken back on
+proof. Waiters are served in turn. Every user of PATH gives the same N;
+--resize changes it for all of them.
+
 Exit codes: COMMAND's status; 1 (or -E) if the lock is held (-n), or -w or
 the retries (-r) ran out, silently unless --verbose; 15 if the lease lock was
 lost during the run (taken over, or its lease ran out unrenewed). flock(1) exits the same; dotlockfile exits 4 when
@@ -1347,6 +1496,7 @@ Examples:
   dibs lock --kernel /var/lock/x.lock make -j4  # excludes 'flock /var/lock/x.lock ...'
   exec 9>/var/lock/app; dibs lock --kernel -n 9 || exit 1       # as 'flock -n 9'
   dibs lock --dot -r 3 -s 5 /var/mail/alice.lock -- ./fetch      # as 'lockfile -5 -r 3'
+  dibs lock --max 3 /run/lock/exports -- ./export.sh             # at most 3 at once, as 'sem -j 3'
 )");
 
   log_args lg;

@@ -323,13 +323,26 @@ public:
   /// Throws: errc::corrupt_record for a record that is not the
   /// semaphore's; as the store's read.
   std::vector<permit_holder> holders() const {
-    const auto c = read_config(dibs::time_limit::max());
-    std::vector<permit_holder> out;
-    for (std::uint32_t i = 0; i < c.highest; ++i) {
-      const lease_mutex<Store> look{*store_, detail::permit_key(name_, i), opts_};
-      if (auto h = look.holder()) out.push_back({i, i >= c.permits, std::move(*h)});
-    }
-    return out;
+    return holders_of(*store_, name_, read_config(dibs::time_limit::max()));
+  }
+
+  /// A semaphore as a status tool shows it (dibs status).
+  struct state {
+    std::uint32_t permits = 0;           ///< N, as its record says now
+    std::vector<permit_holder> holders;  ///< as holders() says
+  };
+  /// Effects: reads the semaphore `name` of `store` without opening it:
+  /// nothing is written (no record made, no waiter queue).
+  /// Returns: its state, or nullopt if `store` has no semaphore `name`.
+  /// Throws: errc::invalid_argument for a bad name (as the constructor);
+  /// errc::corrupt_record if the semaphore's key holds something that is
+  /// not a semaphore's record; as the store's read.
+  static std::optional<state> inspect(Store& store, std::string_view name) {
+    check_name(name, "dibs::lease_semaphore::inspect");
+    const auto r = detail::store_read(store, detail::semaphore_key(name), dibs::time_limit::max());
+    if (!r) return std::nullopt;
+    const auto c = parse(*r, name);
+    return state{c.permits, holders_of(store, name, c)};
   }
 
   /// Returns: the number of permits, as this object last read it.
@@ -410,6 +423,14 @@ private:
                                           detail::show_key(name), detail::show_key(detail::semaphore_key(name)),
                                           detail::show_key(r.value.substr(0, r.value.find('\n')))));
     return *c;
+  }
+  static std::vector<permit_holder> holders_of(Store& store, std::string_view name, const detail::semaphore_config& c) {
+    std::vector<permit_holder> out;
+    for (std::uint32_t i = 0; i < c.highest; ++i) {
+      const lease_mutex<Store> look{store, detail::permit_key(name, i)};
+      if (auto h = look.holder()) out.push_back({i, i >= c.permits, std::move(*h)});
+    }
+    return out;
   }
   // Throws: as parse; errc::corrupt_record if the record is gone (removed
   // by hand: the semaphore no longer says how many permits it has).

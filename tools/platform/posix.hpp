@@ -306,10 +306,13 @@ std::pair<int, std::string> check_runnable(const std::string& program) {
   return {best, best == ex::not_found ? "not found (is it on PATH?)" : "not executable"};
 }
 
-// What the waiting child learns from dibs: go, with or without a token.
+// What the waiting child learns from dibs: go, with or without a token,
+// and the permit it holds (--max).
 struct go_message {
   dibs::version token = 0;
+  std::uint32_t permit = 0;
   std::uint8_t has_token = 0;
+  std::uint8_t has_permit = 0;
 };
 
 // The lease lock and the presence lock, held on behalf of COMMAND
@@ -345,6 +348,10 @@ int lock_for_child(const lock_args& a, std::optional<milliseconds> wait, Kind& k
       ::setenv("DIBS_TOKEN", std::to_string(m.token).c_str(), 1);
     else
       ::unsetenv("DIBS_TOKEN");
+    if (m.has_permit)
+      ::setenv("DIBS_PERMIT", std::to_string(m.permit).c_str(), 1);
+    else
+      ::unsetenv("DIBS_PERMIT");
     exec_args ea{a.command, {}};
     exec_or_die(ea);
   }
@@ -395,7 +402,9 @@ int lock_for_child(const lock_args& a, std::optional<milliseconds> wait, Kind& k
   say_took(a, started);
   say_executing(a);
   const auto token = kind.token();
-  const go_message m{token.value_or(0), token ? std::uint8_t{1} : std::uint8_t{0}};
+  const auto permit = kind.permit();
+  const go_message m{token.value_or(0), permit.value_or(0), token ? std::uint8_t{1} : std::uint8_t{0},
+                     permit ? std::uint8_t{1} : std::uint8_t{0}};
   (void)::send(go[1], &m, sizeof m, MSG_NOSIGNAL);  // if the child is gone, supervise reaps it below
   ::close(go[1]);
   bool told = false;  // that the lock was lost
@@ -426,13 +435,15 @@ int lock_for_child(const lock_args& a, std::optional<milliseconds> wait, Kind& k
   return lost ? ex::lock_lost : status_code(status);
 }
 
+// Kind: lease_kind (the lease lock), or permit_kind (--max N).
+template <class Kind = lease_kind>
 int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
   // A lost lease is told to the main thread through `lost` (from the
   // library's renewal thread), so that only the thread that reaps COMMAND
   // ever signals it.
   int lost[2];
   if (::pipe2(lost, O_CLOEXEC | O_NONBLOCK) != 0) fail(ex::software, "dibs lock: pipe failed");
-  lease_kind k{a, [fd = lost[1]] { (void)!::write(fd, "x", 1); }, {}};
+  Kind k{a, [fd = lost[1]] { (void)!::write(fd, "x", 1); }, {}};
   return lock_for_child(a, wait, k, lost[0]);
 }
 
@@ -527,7 +538,7 @@ int open_lock_path(const lock_args& a) {
 // inherits unless -o: `inherit`, or -1). -F: dibs becomes COMMAND.
 int run_kernel_command(const lock_args& a, int inherit) {
   std::vector<std::pair<std::string, std::string>> set;
-  std::vector<std::string> unset{"DIBS_TOKEN"};
+  std::vector<std::string> unset{"DIBS_TOKEN", "DIBS_PERMIT"};
   if (inherit >= 0 && !a.close)
     set.emplace_back("DIBS_LOCK_FD", std::to_string(inherit));
   else

@@ -390,6 +390,10 @@ int lock_and_run(const lock_args& a, std::optional<milliseconds> wait, Kind& kin
     set.emplace_back("DIBS_TOKEN", std::to_string(*token));
   else
     unset.emplace_back("DIBS_TOKEN");
+  if (const auto permit = kind.permit())
+    set.emplace_back("DIBS_PERMIT", std::to_string(*permit));
+  else
+    unset.emplace_back("DIBS_PERMIT");
   exec_args ea{a.command, set, unset};
   ea.raw = a.shell;
   int code = 0;
@@ -422,6 +426,8 @@ int lock_and_run(const lock_args& a, std::optional<milliseconds> wait, Kind& kin
   return was_lost ? ex::lock_lost : code;
 }
 
+// Kind: lease_kind (the lease lock), or permit_kind (--max N).
+template <class Kind = lease_kind>
 int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
   // A lost lease is told to the waiting thread through an event (set from
   // the library's renewal thread), so that only that thread ends COMMAND.
@@ -431,7 +437,7 @@ int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
     HANDLE h;
     ~closer() { ::CloseHandle(h); }
   } close_lost{lost};
-  lease_kind k{a, [lost] { ::SetEvent(lost); }, {}};
+  Kind k{a, [lost] { ::SetEvent(lost); }, {}};
   return lock_and_run(a, wait, k, lost);
 }
 
@@ -473,7 +479,7 @@ int lock_kernel(const lock_args& a, std::optional<milliseconds> wait) {
   }
   say_took(a, started);
   say_executing(a);
-  exec_args ea{a.command, {}, {"DIBS_TOKEN", "DIBS_LOCK_FD"}};
+  exec_args ea{a.command, {}, {"DIBS_TOKEN", "DIBS_PERMIT", "DIBS_LOCK_FD"}};
   ea.raw = a.shell;
   int code = 0;
   {
