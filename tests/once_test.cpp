@@ -208,10 +208,20 @@ TEST_CASE("once: bad input (empty name, '/', period 0, keep 0, another period, a
   const auto made = store.read("dibs-once:job");
   REQUIRE(made);
   CHECK_THAT(invalid([&] { once{store, "job", 2h}; }, "another period"),
-             Contains("opened with a period of 7200000 ms, but the schedule has 3600000 ms"));
+             Contains("opened with a period of 7200000 ms, but the schedule has a period of 3600000 ms"));
   CHECK(store.read("dibs-once:job")->version == made->version);
   CHECK_THAT(invalid([&] { (void)job.run_slot("", [](const auto&) {}); }, "an empty slot"), Contains("invalid slot ''"));
   CHECK(record_count(store) == 1);
+  // A schedule of named slots only: no run(), and no period given to it later.
+  once named{store, "batches"};
+  CHECK(named.run_slot("b-17", [](const auto&) {}).outcome == dibs::once_outcome::ran);
+  CHECK_THAT(invalid([&] { (void)named.run([](const auto&) {}); }, "run() without a period"),
+             Contains("has no period (named slots only): use run_slot"));
+  CHECK_THAT(invalid([&] { once{store, "batches", 1h}; }, "a period for a named-slot schedule"),
+             Contains("opened with a period of 3600000 ms, but the schedule has no period"));
+  CHECK_THAT(invalid([&] { once{store, "job"}; }, "no period for a periodic schedule"),
+             Contains("opened with no period (named slots only), but the schedule has a period of 3600000 ms"));
+  CHECK(record_count(store) == 3);
   // A key of another program is not taken for a schedule.
   REQUIRE(store.create("dibs-once:theirs", "hello"));
   CHECK_THROWS_MATCHES((once{store, "theirs", 1h}), std::system_error,

@@ -69,6 +69,7 @@ extern char** environ;
 #include <dibs/lease_semaphore.hpp>
 #include <dibs/lock_file.hpp>
 #include <dibs/marker_claim.hpp>
+#include <dibs/once.hpp>
 #include <dibs/shared_log.hpp>
 #include <dibs/version.hpp>
 #ifdef DIBS_TOOL_SQLITE
@@ -98,6 +99,7 @@ constexpr int damaged = 13;        // claim: the item's record is damaged or not
 constexpr int empty = 14;          // claim --next, work: nothing claimable under the prefix
 constexpr int claim_lost = 15;     // claim, work: COMMAND succeeded but the claim was taken over before completion
 constexpr int lock_lost = 15;      // lock: the lease lock was lost (taken over, or its lease ran out) during the run
+constexpr int too_late = 16;       // once: the slot is older than the slots kept (a clock far behind)
 constexpr int usage = 64;          // EX_USAGE: bad arguments, unknown store scheme, no COMMAND
 constexpr int dataerr = 65;        // EX_DATAERR: the file at the path is not a dibs record; offer: a bad line
 constexpr int noinput = 66;        // EX_NOINPUT: a missing file or directory
@@ -124,6 +126,10 @@ constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
   15       claim, work: COMMAND exited 0 but the claim was taken over first (not completed);
            lock: the lease lock was lost during the run (taken over, or its lease ran out
            unrenewed, e.g. dibs was stopped), whatever COMMAND's status; said on stderr
+  10-13,15 once: as for claim, of the slot: 10 another host ran it, 11 another host runs
+           it now, 12 it failed for good, 13 its record is damaged, 15 taken over
+  16       once: the slot is older than the slots kept (--keep): this host's clock is far
+           behind the others' (nothing run)
   64       usage: bad arguments, unknown store scheme, no COMMAND, a connection string
            libpq cannot parse
   65       the file at the path is not a dibs record (another tool's file? not a SQLite
@@ -900,6 +906,133 @@ int cmd_claim(claim_args& a) {
 }
 
 // ---------------------------------------------------------------------------
+// dibs once: a crontab line on every host, COMMAND run once per slot
+
+struct once_args {
+  std::string name;
+  std::vector<std::string> command;
+  std::string store;     // empty: default_once_store()
+  std::string every;     // --every DURATION: a periodic schedule
+  std::string slot;      // --slot NAME: a slot the caller names
+  std::string lease = "60s";
+  std::string standby;   // empty: the library's default
+  std::string catch_up = "skip";
+  std::uint32_t keep = 1000;
+  std::uint32_t max_attempts = 3;
+  bool quiet = false;
+};
+
+// The store of `dibs once` without --store: a directory of this user's
+// (XDG_STATE_HOME/dibs/once, ~/.local/state/dibs/once; on Windows
+// %LOCALAPPDATA%\dibs\once), made if missing. One host only: give --store
+// for a schedule shared by several.
+std::string default_once_store() {
+  namespace fs = std::filesystem;
+  fs::path dir;
+  const char* state = std::getenv("XDG_STATE_HOME");
+#ifdef _WIN32
+  const char* home = std::getenv("LOCALAPPDATA");
+  if (state && *state) dir = native_path(state);
+  else if (home && *home) dir = native_path(home);
+#else
+  const char* home = std::getenv("HOME");
+  if (state && *state) dir = native_path(state);
+  else if (home && *home) dir = native_path(home) / ".local" / "state";
+#endif
+  if (dir.empty()) fail(ex::usage, "dibs once: no --store, and neither XDG_STATE_HOME nor HOME says where to keep it");
+  dir /= "dibs";
+  dir /= "once";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail(ex::cantcreat, fmt::format("dibs once: cannot make '{}' for its records: {} (give --store)", dir.string(), ec.message()));
+  return "dir:" + dir.string();
+}
+
+// COMMAND's exit status when it is not 0: the slot is given back with it.
+struct command_failed : std::runtime_error {
+  int code;
+  explicit command_failed(int c) : std::runtime_error(fmt::format("COMMAND exited {}", c)), code(c) {}
+};
+
+int cmd_once(once_args& a) {
+  if (a.command.empty())
+    fail(ex::usage, fmt::format("dibs once: no COMMAND to run; write: dibs once --every 1h {} -- COMMAND [ARGS...]", a.name));
+  if (a.every.empty() && a.slot.empty())
+    fail(ex::usage, "dibs once: give --every PERIOD (a slot of each period, e.g. 1h, 1d) or --slot NAME (e.g. a date)");
+  if (a.max_attempts == 0) fail(ex::usage, "dibs once --max-attempts: must be at least 1");
+  if (a.keep == 0) fail(ex::usage, "dibs once --keep: must be at least 1");
+  if (a.catch_up != "skip" && a.catch_up != "latest")
+    fail(ex::usage, fmt::format("dibs once --catch-up: '{}' is not skip or latest", a.catch_up));
+  dibs::once_options o;
+  o.claims.lease = parse_duration("dibs once --lease", a.lease);
+  o.claims.max_attempts = a.max_attempts;
+  o.keep = a.keep;
+  o.missed = a.catch_up == "latest" ? dibs::catch_up::latest : dibs::catch_up::skip;
+  if (!a.standby.empty()) o.standby = parse_duration("dibs once --standby", a.standby);
+  std::chrono::milliseconds period{0};
+  if (!a.every.empty()) {
+    period = parse_duration("dibs once --every", a.every);
+    if (period.count() < 1) fail(ex::usage, "dibs once --every: the period must be at least 1ms");
+  }
+  if (a.store.empty()) a.store = default_once_store();
+  block_forwarded();  // before the claim's renewal thread starts
+  auto say = [&](const std::string& m) {
+    if (!a.quiet) std::cerr << redact(m) << '\n';
+  };
+  return with_store(a.store, [&](auto& store) -> int {
+    using S = std::remove_reference_t<decltype(store)>;
+    std::optional<dibs::once<S>> job;
+    if (period.count() > 0) job.emplace(store, a.name, period, o);
+    else job.emplace(store, a.name, o);
+    auto fn = [&](const auto& slot) {
+      exec_args ea{a.command,
+                   {{"DIBS_TOKEN", std::to_string(slot.token())},
+                    {"DIBS_SLOT", slot.id()},
+                    {"DIBS_ATTEMPT", std::to_string(slot.attempt())}}};
+      // If dibs dies, COMMAND is stopped too: the slot is then taken over on
+      // proof by a host standing by, and must not run twice side by side.
+      const int code = run_command(ea, true);
+      if (code != 0) throw command_failed{code};
+    };
+    dibs::once_result r;
+    try {
+      r = a.slot.empty() ? job->run(fn) : job->run_slot(a.slot, fn);
+    } catch (const command_failed& e) {
+      say(fmt::format("dibs once: '{}': {}; the slot was given back for another run (up to --max-attempts {} in all)",
+                      a.name, e.what(), a.max_attempts));
+      return e.code;
+    } catch (const std::system_error& e) {
+      if (e.code() == dibs::errc::lease_lost) {
+        std::cerr << "dibs once: " << e.what() << '\n';
+        return ex::claim_lost;
+      }
+      if (e.code() == dibs::errc::corrupt_record && std::string_view{e.what()}.find("slot '") != std::string_view::npos) {
+        say(fmt::format("dibs once: {}", e.what()));
+        return ex::damaged;
+      }
+      throw;
+    }
+    switch (r.outcome) {
+      case dibs::once_outcome::ran: return ex::ok;
+      case dibs::once_outcome::done:
+        say(fmt::format("dibs once: '{}' slot {}: already run (attempt {})", a.name, r.slot, r.attempt));
+        return ex::completed;
+      case dibs::once_outcome::taken:
+        say(fmt::format("dibs once: '{}' slot {}: another host runs it; see 'dibs status --once {} {}'", a.name, r.slot,
+                        a.name, a.store));
+        return ex::taken;
+      case dibs::once_outcome::failed:
+        say(fmt::format("dibs once: '{}' slot {}: failed for good after {} runs ({})", a.name, r.slot, r.attempt, r.error));
+        return ex::failed;
+      case dibs::once_outcome::too_late:
+        say(fmt::format("dibs once: '{}' slot {}: {} (is this host's clock behind?)", a.name, r.slot, r.error));
+        return ex::too_late;
+    }
+    return ex::software;
+  });
+}
+
+// ---------------------------------------------------------------------------
 // dibs offer and dibs work: a queue from the shell
 
 #include "offer.hpp"
@@ -1016,6 +1149,8 @@ std::string clock_time(std::chrono::system_clock::time_point t) {
 struct status_args {
   std::string target;
   std::string prefix;
+  std::string once;       // --once NAME: a schedule of dibs once
+  std::size_t last = 24;  // --last N: its recent slots shown
   bool json = false;
 };
 
@@ -1054,6 +1189,49 @@ std::optional<int> dot_status(const status_args& a) {
   else
     fmt::print("{}: held: a presence lock (dibs lock --dot) of pid {} on {}\n", a.target, owner->pid, owner->host);
   return ex::ok;
+}
+
+// dibs status --once NAME STORE: a schedule's recent slots (periodic), or
+// every slot that has a record (named slots).
+int once_status(const std::string& target, const std::string& name, std::size_t last, bool json) {
+  return with_store(target, [&](auto& store) -> int {
+    using S = std::remove_reference_t<decltype(store)>;
+    const auto r = store.read(std::string(dibs::detail::once_prefix) + name);
+    if (!r) fail(ex::noinput, fmt::format("dibs status: {} has no schedule '{}'", target, name));
+    const auto c = dibs::detail::parse_once(r->value);
+    if (!c) fail(ex::dataerr, fmt::format("dibs status: the record of schedule '{}' in {} is not a dibs schedule's", name, target));
+    std::vector<dibs::once_slot_status> slots;
+    if (c->period_ms > 0) {
+      dibs::once<S> job{store, name, std::chrono::milliseconds{c->period_ms}};
+      slots = job.recent(last);
+    } else {
+      dibs::once<S> job{store, name};
+      slots = job.list();
+    }
+    if (json) {
+      std::string out = "[";
+      for (const auto& s : slots) {
+        out += fmt::format("{}\n  {{\"slot\": {}, \"state\": \"{}\", \"attempts\": {}", out.size() > 1 ? "," : "",
+                           json_string(s.slot), dibs::to_string(s.st), s.attempts);
+        if (s.owner) out += fmt::format(", \"host\": {}, \"pid\": {}", json_string(s.owner->host), s.owner->pid);
+        if (s.token != 0) out += fmt::format(", \"token\": {}", s.token);
+        if (!s.result.empty()) out += fmt::format(", \"result\": {}", json_string(s.result));
+        if (!s.error.empty()) out += fmt::format(", \"error\": {}", json_string(s.error));
+        out += "}";
+      }
+      fmt::print("{}\n]\n", out);
+      return ex::ok;
+    }
+    fmt::print("{:<26} {:<12} {}\n", "SLOT", "STATE", "");
+    for (const auto& s : slots) {
+      std::string what = s.result;
+      if (s.owner) what = "by " + dibs::to_string(*s.owner);
+      if (!s.error.empty()) what += (what.empty() ? "" : "; ") + std::string("last error: ") + s.error;
+      if (s.attempts > 1) what += fmt::format(" (attempt {})", s.attempts);
+      fmt::print("{:<26} {:<12} {}\n", s.slot, dibs::to_string(s.st), what);
+    }
+    return ex::ok;
+  }, true);
 }
 
 // What the next taker of a lease would do with it: take a free one, or one
@@ -1105,6 +1283,13 @@ int semaphore_status(const status_args& a) {
 }
 
 int cmd_status(status_args& a) {
+  if (!a.once.empty()) {
+    if (!is_store_spec(a.target))
+      fail(ex::usage, fmt::format("dibs status --once {}: '{}' is not a store; give the STORE of dibs once --store "
+                                  "(dir:..., sqlite:..., postgres:...)",
+                                  a.once, a.target));
+    return once_status(a.target, a.once, a.last, a.json);
+  }
   if (is_store_spec(a.target)) {
     return with_store(a.target, [&](auto& store) -> int {
       using S = std::remove_reference_t<decltype(store)>;
@@ -1648,18 +1833,65 @@ Examples:
   dibs retry --on 75,7 --attempts 8 --deadline 2m --cap 30s -- ./upload.sh
 )");
 
+  once_args na;
+  auto* once = app.add_subcommand("once", "Run COMMAND once per slot of a schedule, across every host that runs it");
+  once->add_option("--every", na.every, "A slot of each PERIOD from the epoch, in UTC (1h, 1d, 15m)");
+  once->add_option("--slot", na.slot, "The slot's name, given by the caller (e.g. $(date +%F)), instead of --every's");
+  once->add_option("--store", na.store,
+                   "Where the slots are kept; for several hosts a shared one (postgres:..., a dir: every host "
+                   "sees); default: dir:$XDG_STATE_HOME/dibs/once (this host only)");
+  once->add_option("--lease", na.lease, "How long a run is respected once its dibs stops renewing")->capture_default_str();
+  once->add_option("--standby", na.standby,
+                   "How long to stand by while another host runs the slot, to take it over if that host dies "
+                   "(default: until the slot ends; 0: not at all)");
+  once->add_option("--max-attempts", na.max_attempts, "Runs of a slot in all (failed, or whose host died)")
+      ->capture_default_str();
+  once->add_option("--catch-up", na.catch_up,
+                   "skip: a slot no host ran stays missed; latest: run the latest missed one first")
+      ->capture_default_str();
+  once->add_option("--keep", na.keep, "Slots kept; older ones are never run again")->capture_default_str();
+  once->add_flag("-q,--quiet", na.quiet, "No message for the 'nothing run' exits (10-12, 16)");
+  once->footer(std::string(data_rule) + R"(
+
+For a crontab line on every host: each runs it at the slot, one of them
+runs COMMAND, the others stand by (and take the slot over if that host
+dies mid-run), then exit 10. COMMAND gets DIBS_SLOT (the slot: its start in
+UTC, or --slot's name), DIBS_TOKEN (the run's fencing token, larger for each
+run of the slot) and DIBS_ATTEMPT. Exit 0: the slot is done, never run again.
+Another status: the slot is given back, and a host standing by runs it
+again, up to --max-attempts runs. Slots are by each host's clock: a host
+whose clock is off runs a slot early or late, never twice.
+
+Exit codes: COMMAND's status if it ran here; 10 another host ran the slot;
+11 another host runs it now (--standby ran out); 12 it failed for good; 13
+its record is damaged; 15 COMMAND exited 0 but the run was taken over; 16
+the slot is older than --keep slots (this host's clock is far behind); 64+
+as every subcommand (69: the store cannot be reached). 'dibs status --once
+NAME STORE' shows who ran each recent slot, and the missed ones.
+
+)" + store_table + R"(
+Examples:
+  0 * * * * dibs once --every 1h --store postgres:host=db1 cleanup -- ./cleanup.sh
+  30 2 * * * dibs once --slot $(date -u +\%F) --store dir:/nfs/jobs nightly -- ./export.sh
+)");
+
   status_args sa;
   auto* status = app.add_subcommand("status", "Who holds a lock file, or the items of a claim store by state");
   status->add_option("--prefix", sa.prefix, "Only items whose key starts with PREFIX");
   status->add_flag("--json", sa.json, "JSON for programs instead of a table");
+  status->add_option("--once", sa.once, "The schedule NAME of dibs once in STORE: its recent slots, missed ones too");
+  status->add_option("--last", sa.last, "With --once: how many recent slots")->capture_default_str()->check(CLI::Range(1, 100000));
   status->footer(std::string(data_rule) + R"(
 
 TARGET: a lock file (lease, or presence: dibs lock --dot, dotlockfile,
-lockfile(1)), or a STORE (dir:..., sqlite:..., postgres:...).
+lockfile(1)), a directory of dibs lock --max, or a STORE (dir:...,
+sqlite:..., postgres:...); with --once NAME, the STORE of that schedule.
 Reads only: takes no lock, changes nothing.
 
 Examples:
   dibs status /run/lock/nightly.lock
+  dibs status /run/lock/exports                        # a semaphore's permits
+  dibs status --once nightly-export postgres:host=db1  # who ran each slot, and the missed ones
   dibs status --json dir:/srv/claims | jq '.[] | select(.state == "failed")'
 )");
 
@@ -1782,6 +2014,11 @@ Examples:
     if (retry->parsed()) {
       ra.command = data.rest();
       return cmd_retry(ra);
+    }
+    if (once->parsed()) {
+      na.name = need("once", "NAME", "[OPTIONS] NAME -- COMMAND [ARGS...]");
+      na.command = data.rest();
+      return cmd_once(na);
     }
     if (status->parsed()) {
       sa.target = need("status", "TARGET", "[OPTIONS] TARGET");

@@ -185,7 +185,7 @@ inline std::optional<once_config> parse_once(std::string_view text) {
   const auto p = number_field<std::int64_t>(text, "period");
   const auto f = number_field<std::int64_t>(text, "first");
   const auto n = field(text, "newest");
-  if (!p || !f || !n || *p <= 0) return std::nullopt;
+  if (!p || !f || !n || *p < 0) return std::nullopt;
   c.period_ms = *p;
   c.first = *f;
   if (*n != "-") {
@@ -264,13 +264,24 @@ public:
   /// which); errc::corrupt_record if its key holds something else; as the
   /// store's read and create.
   once(Store& store, std::string name, std::chrono::milliseconds period, once_options opts = {})
+      : once(store, std::move(name), period, std::move(opts), true) {}
+
+  /// Effects: opens the schedule `name` of `store` for slots the caller
+  /// names only (run_slot; no period: run() and recent() are refused).
+  /// Throws: as the constructor above; errc::invalid_argument if the
+  /// schedule exists with a period.
+  once(Store& store, std::string name, once_options opts = {})
+      : once(store, std::move(name), std::chrono::milliseconds{0}, std::move(opts), false) {}
+
+private:
+  once(Store& store, std::string name, std::chrono::milliseconds period, once_options opts, bool periodic)
       : claims_(store, opts.claims), name_(std::move(name)), period_(period), opts_(std::move(opts)) {
     if (name_.empty() || name_.find('/') != std::string::npos || name_.size() > max_name_size)
       throw std::system_error(make_error_code(errc::invalid_argument),
                               fmt::format("dibs::once: invalid name '{}': a schedule's name is 1 to {} bytes, without "
                                           "'/'",
                                           detail::show_key(name_), max_name_size));
-    if (period_.count() < 1)
+    if (periodic && period_.count() < 1)
       throw std::system_error(make_error_code(errc::invalid_argument),
                               fmt::format("dibs::once '{}': the period must be at least 1 ms (it is {} ms)",
                                           detail::show_key(name_), period_.count()));
@@ -282,25 +293,31 @@ public:
     for (;;) {
       if (const auto r = detail::store_read(store, key_, dibs::time_limit::max())) {
         const auto c = parse(*r);
-        if (c.period_ms != period_.count())
+        if (c.period_ms != period_.count()) {
+          const auto said = [](std::int64_t ms) {
+            return ms == 0 ? std::string{"no period (named slots only)"} : fmt::format("a period of {} ms", ms);
+          };
           throw std::system_error(
               make_error_code(errc::invalid_argument),
-              fmt::format("dibs::once '{}': opened with a period of {} ms, but the schedule has {} ms (its record "
-                          "'{}' says so): every process of a schedule gives the same period; for another, use "
-                          "another name",
-                          detail::show_key(name_), period_.count(), c.period_ms, detail::show_key(key_)));
+              fmt::format("dibs::once '{}': opened with {}, but the schedule has {} (its record '{}' says so): "
+                          "every process of a schedule gives the same period; for another, use another name",
+                          detail::show_key(name_), said(period_.count()), said(c.period_ms), detail::show_key(key_)));
+        }
         break;
       }
-      const detail::once_config c{period_.count(), number_of(opts_.clock()), std::nullopt};
+      const detail::once_config c{period_.count(), periodic ? number_of(opts_.clock()) : 0, std::nullopt};
       if (detail::store_create(store, key_, detail::format_once(c), dibs::time_limit::max())) break;
     }
   }
 
+public:
   const std::string& name() const noexcept { return name_; }
+  /// Zero for a schedule of named slots only.
   std::chrono::milliseconds period() const noexcept { return period_; }
 
   /// Returns: the id of the slot `t` falls in (by default: now, by options::clock).
   std::string slot_id(std::optional<std::chrono::system_clock::time_point> t = std::nullopt) const {
+    check_periodic("slot_id");
     return id_of(number_of(t ? *t : opts_.clock()));
   }
 
@@ -317,6 +334,7 @@ public:
   /// damaged; as the store's operations.
   template <class F>
   once_result run(F&& fn) {
+    check_periodic("run");
     const std::int64_t k = number_of(opts_.clock());
     const auto c = config();
     if (const std::int64_t prev = k - 1; prev >= c.first) {
@@ -352,6 +370,7 @@ public:
   /// (since the schedule was made) is missed, the current one without a
   /// record due. Reads only.
   std::vector<once_slot_status> recent(std::size_t n) {
+    check_periodic("recent");
     const auto c = config();
     const std::int64_t k = number_of(opts_.clock());
     std::vector<once_slot_status> out;
@@ -377,6 +396,14 @@ public:
 
 private:
   using claim_type = typename marker_claim<Store>::claim;
+
+  void check_periodic(std::string_view call) const {
+    if (period_.count() == 0)
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::once::{} '{}': the schedule has no period (named slots only): use "
+                                          "run_slot, list and status_of",
+                                          call, detail::show_key(name_)));
+  }
 
   std::int64_t number_of(std::chrono::system_clock::time_point t) const {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
