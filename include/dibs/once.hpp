@@ -361,7 +361,8 @@ public:
       throw std::system_error(make_error_code(errc::invalid_argument),
                               fmt::format("dibs::once '{}': invalid slot '{}': a slot's name is 1 to {} bytes",
                                           detail::show_key(name_), detail::show_key(id), max_slot_size));
-    const auto limit = opts_.standby ? std::optional{std::chrono::steady_clock::now() + *opts_.standby} : std::nullopt;
+    const dibs::time_limit limit =
+        opts_.standby ? std::chrono::steady_clock::now() + *opts_.standby : dibs::time_limit::max();
     return run_key(std::string(id), std::nullopt, std::nullopt, limit, false, fn);
   }
 
@@ -468,7 +469,7 @@ private:
   template <class F>
   once_result run_key(const std::string& id, std::optional<std::int64_t> k,
                       std::optional<std::chrono::system_clock::time_point> start,
-                      std::optional<dibs::time_limit> limit, bool caught_up, F& fn) {
+                      dibs::time_limit limit, bool caught_up, F& fn) {
     const std::string key = slot_key(id);
     auto pause = std::chrono::milliseconds{20};
     for (;;) {
@@ -490,10 +491,11 @@ private:
         default: break;  // running elsewhere, given back, or a race: stand by
       }
       const auto now = std::chrono::steady_clock::now();
-      if (limit && now >= *limit) return {once_outcome::taken, id, st.attempts, 0, st.error, caught_up};
+      if (now >= limit) return {once_outcome::taken, id, st.attempts, 0, st.error, caught_up};
       auto nap = pause;
-      if (limit) nap = std::min(nap, std::chrono::duration_cast<std::chrono::milliseconds>(*limit - now) +
-                                         std::chrono::milliseconds{1});
+      if (limit != dibs::time_limit::max())
+        nap = std::min(nap, std::chrono::duration_cast<std::chrono::milliseconds>(limit - now) +
+                                std::chrono::milliseconds{1});
       std::this_thread::sleep_for(nap);
       pause = std::min(pause * 2, std::chrono::milliseconds{250});
     }

@@ -1,5 +1,8 @@
 // The Windows test program's main(): a helper role when the first argument
-// names one (win_support.hpp), else the Catch2 session (catch_impl.cpp).
+// names one (win_support.hpp), else the Catch2 session. Compiled once for
+// both Windows test programs, with Catch2's implementation, at -O0
+// (cmake/catch-main.cmake).
+#define CATCH_CONFIG_RUNNER
 #include "win_support.hpp"
 
 int main(int argc, char** argv) {
