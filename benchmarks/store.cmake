@@ -39,3 +39,7 @@ dibs_store_benchmark(handoff_floor)
 dibs_store_benchmark(store_marker_claim)
 # 3b. claim_next + complete on file_store's queue view at 1,000 to 100,000 items queued.
 dibs_store_benchmark(file_claim_next benchmark::benchmark)
+# 4. lease_semaphore acquire+release against lease_mutex and lock_file, uncontended.
+if(TARGET dibs::sqlite)
+  dibs_store_benchmark(semaphore_uncontended benchmark::benchmark dibs::sqlite)
+endif()

@@ -334,15 +334,22 @@ TEST_CASE("a lease on PostgreSQL is judged by the server's clock: a new waiter t
   const pid_t holder = dibs_test::spawn([&] {
     auto s = pg_open(t);
     dibs::lease_mutex<dibs::postgres_store> lock{s, "job", {.lease = 600ms, .renew = false}};
+    const auto before = dibs_test::steady_ns();
     lock.lock();
-    ch.send("held");
+    ch.send(std::to_string(before));
     std::this_thread::sleep_for(60s);  // alive until killed
     return 0;
   });
-  REQUIRE(ch.receive() == "held");
+  const auto msg = ch.receive();
+  REQUIRE(msg);
+  const auto locked_before = dibs_test::from_steady_ns(std::stoll(*msg));
   auto s = pg_open(t);
   dibs::lease_mutex<dibs::postgres_store> waiter{s, "job", {.lease = 600ms}};
-  CHECK_FALSE(waiter.try_lock());  // the lease still runs
+  // The lease still runs, unless this process got here more than its 600
+  // ms after the lock was taken (a loaded machine): then that is not asked.
+  const bool refused = !waiter.try_lock();
+  if (std::chrono::steady_clock::now() - locked_before < 500ms) CHECK(refused);
+  if (!refused) waiter.unlock();
   std::this_thread::sleep_for(850ms);  // the lease and its quarter of margin
   // A waiter that has never seen the record before: the server says it is
   // older than its lease, so one try takes it (watching would need a lease more).
@@ -1026,10 +1033,20 @@ TEST_CASE("a session the server closed while idle (idle_session_timeout) is open
   // A waiter's LISTEN session is idle too, and ended while it waits.
   std::atomic<long long> woke_ns{0};
   std::atomic<bool> woke{false};
+  // It reads again at each wake-up, as a caller does: one after its session
+  // was ended and opened again says "maybe changed" (a NOTIFY in between is
+  // lost), so the erase is seen whenever it comes.
   std::thread waiter([&] {
     auto ws = pg_open(t, info);
-    woke = ws.wait_for_change("watched", 30s);
-    woke_ns = dibs_test::steady_ns();
+    const auto give_up = std::chrono::steady_clock::now() + 60s;
+    while (std::chrono::steady_clock::now() < give_up) {
+      const bool said = ws.wait_for_change("watched", 30s);
+      if (said && !ws.read("watched")) {
+        woke = true;
+        woke_ns = dibs_test::steady_ns();
+        return;
+      }
+    }
   });
   int ok = 0;
   std::vector<std::string> errors;
@@ -1060,7 +1077,7 @@ TEST_CASE("a session the server closed while idle (idle_session_timeout) is open
   CHECK(ok == 4);
   CHECK(errors.empty());
   CHECK(woke.load());
-  CHECK((woke_ns.load() - erased_ns) / 1'000'000 < 5000);  // woken by the erase: the timeout is 20 s and more away
+  CHECK((woke_ns.load() - erased_ns) / 1'000'000 < 5000);  // woken by the erase (or a reconnection): the timeout is 30 s away
   CHECK(s.read("made") == dibs::record{"v", made});
 }
 

@@ -353,7 +353,10 @@ public:
   /// Effects: blocks until the record of `key` is erased (NOTIFY from the
   /// table's trigger) or `timeout` passes. A change just before the call can
   /// be missed; callers re-read after at most `timeout` anyway.
-  /// Returns: true if an erase of the key was seen.
+  /// Returns: true if an erase of the key was seen, or may have been: the
+  /// listening session ended meanwhile (the server's idle_session_timeout,
+  /// a restart) and was opened again, and a notification sent in between is
+  /// lost; read the record again either way.
   bool wait_for_change(std::string_view key, std::chrono::nanoseconds timeout) const {
     return wait_notified(changes_, hex(key), timeout);
   }
@@ -460,11 +463,16 @@ private:
       // the server: idle_session_timeout; a restart): listen on a new one,
       // at most every 200 ms (a server that ends every new session).
       if (!l.conn || ::PQstatus(l.conn) != CONNECTION_OK) {
+        // A session that was listening and ended: a NOTIFY sent between its
+        // end and the new LISTEN is lost, so once listening again this call
+        // says "maybe changed" and the caller reads again.
+        const bool lost = l.conn != nullptr;
         if (std::chrono::steady_clock::now() - opened < std::chrono::milliseconds{200})
           std::this_thread::sleep_until(std::min(end, opened + std::chrono::milliseconds{200}));
         if (std::chrono::steady_clock::now() >= end) return false;
         opened = std::chrono::steady_clock::now();
         if (!listen(l)) return sleep_until(end);
+        if (lost) return true;
       }
       ::PQconsumeInput(l.conn);
       bool seen = false;
