@@ -78,8 +78,15 @@ TEST_CASE("a writer whose read comes after another writer won and compacted does
 }
 
 namespace {
-// The Dovecot imap processes now running (one per connection).
+// The imap processes (one per connection) of this test's Dovecot: the
+// children of its master (HOME/run/master.pid, HOME in DIR/home, as
+// scripts/imap.sh keeps them), never another server's on the machine (a
+// second suite's, whose process the test would stop instead).
 std::set<int> imap_processes() {
+  std::string home;
+  std::getline(std::ifstream(dibs_test::imap::dir() + "/home"), home);
+  std::string master;
+  std::getline(std::ifstream(home + "/run/master.pid"), master);
   std::set<int> out;
   DIR* d = ::opendir("/proc");
   while (auto* e = ::readdir(d)) {
@@ -88,7 +95,13 @@ std::set<int> imap_processes() {
     std::ifstream comm(fmt::format("/proc/{}/comm", pid));
     std::string name;
     std::getline(comm, name);
-    if (name == "imap") out.insert(pid);
+    if (name != "imap") continue;
+    std::ifstream status(fmt::format("/proc/{}/status", pid));
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("PPid:", 0) == 0) {
+        if (!master.empty() && std::stoi(line.substr(5)) == std::stoi(master)) out.insert(pid);
+        break;
+      }
   }
   ::closedir(d);
   return out;

