@@ -423,16 +423,17 @@ TEST_CASE("once chaos: 6 hosts run a 250 ms schedule, 10 SIGKILLs (5 mid-run), o
       const int pid = board->running.load();
       const long long slot = board->running_slot.load();
       for (int i = 0; i < hosts; ++i)
-        if (up[i].pid() == pid && !slots_killed.count(slot)) victim = i;
+        if (up[static_cast<std::size_t>(i)].pid() == pid && !slots_killed.count(slot)) victim = i;
       if (victim >= 0) slots_killed.insert(slot);
     } else {
       victim = std::uniform_int_distribution<int>{0, hosts - 1}(rng);
     }
     if (victim < 0) continue;
-    up[victim].kill();
+    auto& h = up[static_cast<std::size_t>(victim)];
+    h.kill();
     board->running.store(0);
     ++kills;
-    up[victim] = host(victim);
+    h = host(victim);
   }
   REQUIRE(killed_inside() >= 5);
 
@@ -442,7 +443,7 @@ TEST_CASE("once chaos: 6 hosts run a 250 ms schedule, 10 SIGKILLs (5 mid-run), o
   const auto down_from = slot_now() + 1s / period + 1;
   while (slot_now() < down_from + 4) std::this_thread::sleep_for(20ms);
   const auto down_to = slot_now();  // the hosts are started in this slot or a later one
-  for (int i = 0; i < hosts; ++i) up[i] = host(i);
+  for (int i = 0; i < hosts; ++i) up[static_cast<std::size_t>(i)] = host(i);
   const auto end = slot_now() + 16;
   while (slot_now() < end) std::this_thread::sleep_for(20ms);
   board->stop.store(true);
