@@ -48,6 +48,24 @@ dibs::once_options with_clock(const test_clock& c, dibs::once_options o = {}) {
 
 std::size_t record_count(dibs::memory_store& s) { return s.keys("").size(); }
 
+// A process that runs the current slot of the schedule "sync" (1 h, by
+// `clock`) in the file_store at `dir`, says its token on `started` and
+// stays inside the run until it is killed (60 s lease, not renewed).
+dibs_test::child stuck_run(const fs::path& dir, const test_clock& clock, const dibs_test::channel& started) {
+  return dibs_test::child{dibs_test::spawn([&]() -> int {
+    dibs::file_store mine{dir};
+    dibs::once_options o = with_clock(clock);
+    o.claims.renew = false;  // no thread in a child forked from a process with threads
+    o.claims.lease = 60s;
+    dibs::once<dibs::file_store> job{mine, "sync", 1h, o};
+    job.run([&](const auto& slot) {
+      started.send(fmt::format("{}", slot.token()));
+      for (;;) ::pause();
+    });
+    return 0;
+  })};
+}
+
 }  // namespace once_tests
 
 using namespace once_tests;
@@ -258,18 +276,7 @@ TEST_CASE("once: a run whose process was SIGKILLed is taken over by one standing
   dibs::file_store store{dir.path};
   test_clock clock;
   dibs_test::channel started;
-  dibs_test::child host{dibs_test::spawn([&]() -> int {
-    dibs::file_store mine{dir.path};
-    dibs::once_options o = with_clock(clock);
-    o.claims.renew = false;  // no thread in a child forked from a process with threads
-    o.claims.lease = 60s;
-    dibs::once<dibs::file_store> job{mine, "sync", 1h, o};
-    job.run([&](const auto& slot) {
-      started.send(fmt::format("{}", slot.token()));
-      for (;;) ::pause();
-    });
-    return 0;
-  })};
+  dibs_test::child host = stuck_run(dir.path, clock, started);
   const auto msg = started.receive();
   REQUIRE(msg);
   const auto their_token = std::stoull(*msg);
@@ -300,17 +307,7 @@ TEST_CASE("once: a slot whose run died after the slot's end is finished by the n
   dibs::file_store store{dir.path};
   test_clock clock;
   dibs_test::channel started;
-  dibs_test::child host{dibs_test::spawn([&]() -> int {
-    dibs::file_store mine{dir.path};
-    dibs::once_options o = with_clock(clock);
-    o.claims.renew = false;
-    dibs::once<dibs::file_store> job{mine, "sync", 1h, o};
-    job.run([&](const auto&) {
-      started.send("in");
-      for (;;) ::pause();
-    });
-    return 0;
-  })};
+  dibs_test::child host = stuck_run(dir.path, clock, started);
   REQUIRE(started.receive());
   dibs::once<dibs::file_store> job{store, "sync", 1h, with_clock(clock)};
   const std::string stuck = job.slot_id();
