@@ -346,10 +346,10 @@ public:
         // process is provably gone (one try, no standing by).
         (void)run_key(id, prev, start_of(prev), std::chrono::steady_clock::now(), false, fn);
       } else if (st == claim_state::absent && opts_.missed == catch_up::latest && (!c.newest || *c.newest < prev)) {
-        (void)run_number(prev, true, fn);
+        (void)run_number(prev, c, true, fn);
       }
     }
-    return run_number(k, false, fn);
+    return run_number(k, c, false, fn);
   }
 
   /// Effects, Returns, Throws: as run(), for the slot the caller names
@@ -450,9 +450,9 @@ private:
   }
 
   template <class F>
-  once_result run_number(std::int64_t k, bool caught_up, F& fn) {
+  // `c`: the schedule's record as run() just read it.
+  once_result run_number(std::int64_t k, const detail::once_config& c, bool caught_up, F& fn) {
     const std::string id = id_of(k);
-    const auto c = config();
     if (c.newest && k + static_cast<std::int64_t>(opts_.keep) < *c.newest)
       return {once_outcome::too_late, id, 0, 0, fmt::format("older than the {} slots kept", opts_.keep), caught_up};
     // Standing by ends with the slot (by this process's clock, measured on
