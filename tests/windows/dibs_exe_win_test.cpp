@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 
+namespace dibs_exe_win_test {
 namespace {
 
 using win_test::temp_dir;
@@ -488,3 +489,5 @@ TEST_CASE("dibs.exe log: words joined and standard input line by line, 4 process
   CHECK(err.find("missing") != std::string::npos);
   CHECK_FALSE(fs::exists(d.path / "missing"));
 }
+
+}  // namespace dibs_exe_win_test

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+namespace dot_lock_win_test {
 namespace {
 
 using namespace win_test;
@@ -535,3 +536,5 @@ TEST_CASE("Windows dot_lock: unlock leaves a lock that is not its own: its own f
   CHECK(slurp(lock) == "4242\r\n");
   CHECK(fs::exists(moved));  // a breaker's to remove (or a person's, see dot_lock.hpp)
 }
+
+}  // namespace dot_lock_win_test

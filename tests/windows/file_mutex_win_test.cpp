@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+namespace file_mutex_win_test {
 namespace {
 
 using namespace win_test;
@@ -287,3 +288,5 @@ TEST_CASE("Windows file_mutex: a read-only lock file still locks (opened for rea
     CHECK(std::string{e.what()}.find("nicht-da-\xc3\xbc") != std::string::npos);  // as UTF-8
   }
 }
+
+}  // namespace file_mutex_win_test

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+namespace file_store_win_test {
 namespace {
 
 using namespace win_test;
@@ -229,3 +230,5 @@ TEST_CASE("Windows marker_claim<file_store>: 4 worker processes, 2,000 items, 20
   CHECK(completed == items);
   CHECK(effects_match == items);  // each item's effect is in the journal once, from the claim that completed it
 }
+
+}  // namespace file_store_win_test

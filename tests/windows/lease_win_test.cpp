@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+namespace lease_win_test {
 namespace {
 
 using namespace win_test;
@@ -86,3 +87,5 @@ TEST_CASE("Windows lease_mutex: on_behalf_of an id no process has is refused by 
     CHECK(std::string{e.what()}.find(fmt::format("dibs::lease_mutex 'job': on_behalf_of names pid {}", free_id)) != std::string::npos);
   }
 }
+
+}  // namespace lease_win_test

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+namespace owner_win_test {
 namespace {
 
 using namespace win_test;
@@ -128,3 +129,5 @@ TEST_CASE("Windows proof rule: an id no process has is absent and gone") {
   CHECK_THROWS_WITH(dibs::detail::other_process(30s, free_id, "test"),
                     Catch::Contains(fmt::format("on_behalf_of names pid {}, which does not exist", free_id)));
 }
+
+}  // namespace owner_win_test

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+namespace shared_log_win_test {
 namespace {
 
 using namespace win_test;
@@ -407,3 +408,5 @@ TEST_CASE("Windows shared_log: per_record and per_batch durability (FlushFileBuf
   REQUIRE(seqs.size() == 40);
   for (long k = 0; k < 40; ++k) CHECK(seqs[static_cast<std::size_t>(k)] == k);
 }
+
+}  // namespace shared_log_win_test

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+namespace sqlite_win_test {
 namespace {
 
 using namespace win_test;
@@ -340,3 +341,5 @@ TEST_CASE("Windows marker_claim<sqlite_store>: 4 worker processes, 2,000 items, 
   CHECK(retaken > 0);  // items of killed workers came back, and were done by others
   CHECK(count(db, "SELECT count(DISTINCT pid) FROM effects") > workers);
 }
+
+}  // namespace sqlite_win_test
