@@ -120,15 +120,23 @@ public:
     // may still have the permissions its creator's umask left, narrower than
     // the log's: it widens them under the set-up lock. Wait for that, rather
     // than fail the first writers of several users that start together.
+    // A lock file found set up (not empty) after a refusal may have been
+    // widened and set up between this open and the look: it is tried once
+    // more, and only a refusal of a file already seen set up is final.
+    bool seen_set_up = false;
     for (int waited_ms = 0;; ++waited_ms) {
       try {
         state_ = set_up_and_map(lp, log);
         return;
       } catch (const std::system_error& e) {
         struct ::stat st {};
-        if (e.code() != std::errc::permission_denied || waited_ms >= 1000 || ::stat(lp.c_str(), &st) != 0 ||
-            st.st_size != 0 || st.st_uid == ::geteuid())
+        if (e.code() != std::errc::permission_denied || waited_ms >= 1000 || seen_set_up ||
+            ::stat(lp.c_str(), &st) != 0 || st.st_uid == ::geteuid())
           throw;
+        if (st.st_size != 0) {
+          seen_set_up = true;
+          continue;
+        }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds{1});
     }
