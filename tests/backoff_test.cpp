@@ -137,4 +137,19 @@ TEST_CASE("bad schedules are refused with durations in human units, not nanoseco
   CHECK(dibs::detail::human(90s) == "1.5 min");
   CHECK(dibs::detail::human(250us) == "250 µs");
   CHECK(dibs::detail::human(7ns) == "7 ns");
+  CHECK(dibs::detail::human(1234567us) == "1.235 s");
+  CHECK(dibs::detail::human(100ms) == "100 ms");
+}
+
+TEST_CASE("fixed-width digits, as the names, checksums and dates dibs writes need them") {
+  using dibs::detail::fixed_digits;
+  CHECK(dibs::detail::hex_digits(0xabc, 8) == "00000abc");
+  CHECK(dibs::detail::hex_digits(0xdeadbeefcafe1234u, 16) == "deadbeefcafe1234");
+  CHECK(dibs::detail::hex_digits(0x1f, 2, true) == "1F");
+  CHECK(fixed_digits(0644, 8, 4) == "0644");
+  CHECK(dibs::detail::padded(7, 2) == "07");
+  CHECK(dibs::detail::padded(2026, 4) == "2026");
+  CHECK(dibs::detail::padded(12345, 3) == "12345");
+  CHECK(dibs::detail::padded(-5, 3) == "-005");
+  CHECK(dibs::detail::padded(std::numeric_limits<std::int64_t>::min(), 1) == "-9223372036854775808");
 }

@@ -575,6 +575,12 @@ TEST_CASE("claim states and statuses print as a person reads them, through fmt a
   dibs::file_store store{dir.path};
   dibs::marker_claim<dibs::file_store> claims{store};
   CHECK(fmt::format("{}", dibs::claim_state::processing) == "processing");
+  // In a field, as a string would be (the table of `dibs status` is made so).
+  CHECK(fmt::format("[{:<12}]", dibs::claim_state::processing) == "[processing  ]");
+  CHECK(fmt::format("[{:>12}]", dibs::claim_state::failed) == "[      failed]");
+  CHECK(fmt::format("[{:*^8}]", dibs::jitter::full) == "[**full**]");
+  CHECK(fmt::format("[{:12}]", dibs::claim_state::completed) == "[completed   ]");
+  CHECK(fmt::format("[{:3}]", dibs::claim_state::completed) == "[completed]");
   std::ostringstream os;
   os << dibs::claim_state::damaged << ' ' << dibs::jitter::full;
   CHECK(os.str() == "damaged full");

@@ -80,7 +80,9 @@ public:
       case errc::lease_lost: return "lease lost";
       case errc::outcome_unknown: return "outcome unknown: the write may or may not have been applied";
     }
-    return "unknown dibs error " + std::to_string(value);
+    std::string m = "unknown dibs error ";  // not "..." + std::string&&: GCC bug 105651
+    m += std::to_string(value);
+    return m;
   }
 };
 
@@ -174,7 +176,9 @@ public:
 
   std::string message(int value) const override {
     if (static_cast<condition>(value) == condition::transient) return "a retry can help";
-    return "unknown dibs condition " + std::to_string(value);
+    std::string m = "unknown dibs condition ";  // not "..." + std::string&&: GCC bug 105651
+    m += std::to_string(value);
+    return m;
   }
 
   // Categories that do not know dibs are judged here; categories that do

@@ -18,6 +18,8 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/digits.hpp>
+#include <dibs/detail/format.hpp>
 #include <dibs/detail/sys.hpp>
 #include <dibs/store.hpp>
 
@@ -66,9 +68,10 @@ inline std::string format_wall(std::chrono::system_clock::time_point t) {
   std::tm at{}, today{};
   if (!detail::local_time(secs, at) || !detail::local_time(now, today))
     return fmt::format("unix time {}", static_cast<long long>(secs));
-  const std::string clock = fmt::format("{:02}:{:02}:{:02}", at.tm_hour, at.tm_min, at.tm_sec);
+  const auto two = [](int v) { return detail::padded(v, 2); };
+  const std::string clock = fmt::format("{}:{}:{}", two(at.tm_hour), two(at.tm_min), two(at.tm_sec));
   if (at.tm_year == today.tm_year && at.tm_yday == today.tm_yday) return clock;
-  return fmt::format("{:04}-{:02}-{:02} {}", at.tm_year + 1900, at.tm_mon + 1, at.tm_mday, clock);
+  return fmt::format("{}-{}-{} {}", detail::padded(at.tm_year + 1900, 4), two(at.tm_mon + 1), two(at.tm_mday), clock);
 }
 
 inline std::chrono::system_clock::time_point from_wall_ms(std::int64_t ms) {
@@ -98,9 +101,9 @@ inline std::ostream& operator<<(std::ostream& out, const lock_holder& h) { retur
 }  // namespace dibs
 
 template <>
-struct fmt::formatter<dibs::lock_holder, char> : fmt::formatter<std::string_view, char> {
+struct fmt::formatter<dibs::lock_holder, char> : dibs::detail::name_formatter {
   template <class Context>
   auto format(const dibs::lock_holder& h, Context& ctx) const {
-    return fmt::formatter<std::string_view, char>::format(dibs::to_string(h), ctx);
+    return write(dibs::to_string(h), ctx);
   }
 };

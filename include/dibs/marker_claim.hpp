@@ -1151,9 +1151,9 @@ private:
 }  // namespace dibs
 
 template <>
-struct fmt::formatter<dibs::claim_status, char> : fmt::formatter<std::string_view, char> {
+struct fmt::formatter<dibs::claim_status, char> : dibs::detail::name_formatter {
   template <class Context>
   auto format(const dibs::claim_status& s, Context& ctx) const {
-    return fmt::formatter<std::string_view, char>::format(dibs::to_string(s), ctx);
+    return write(dibs::to_string(s), ctx);
   }
 };

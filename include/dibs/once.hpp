@@ -61,6 +61,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/digits.hpp>
 #include <dibs/detail/owner.hpp>
 #include <dibs/error.hpp>
 #include <dibs/marker_claim.hpp>
@@ -209,9 +210,14 @@ inline std::string utc_id(std::chrono::system_clock::time_point t, bool ms) {
   in_day -= m;
   const auto s = duration_cast<seconds>(in_day);
   in_day -= s;
-  std::string out = fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}", int(ymd.year()), unsigned(ymd.month()),
-                                unsigned(ymd.day()), h.count(), m.count(), s.count());
-  if (ms) out += fmt::format(".{:03}", in_day.count());
+  std::string out =
+      fmt::format("{}-{}-{}T{}:{}:{}", detail::padded(int(ymd.year()), 4), detail::padded(unsigned(ymd.month()), 2),
+                  detail::padded(unsigned(ymd.day()), 2), detail::padded(h.count(), 2), detail::padded(m.count(), 2),
+                  detail::padded(s.count(), 2));
+  if (ms) {
+    out += '.';
+    out += detail::padded(in_day.count(), 3);
+  }
   return out + "Z";
 }
 

@@ -44,6 +44,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/digits.hpp>
 #include <dibs/error.hpp>
 
 namespace dibs {
@@ -418,8 +419,12 @@ inline std::string show_key(std::string_view key) {
   std::string shown;
   for (const char ch : key.substr(0, 80)) {
     const auto c = static_cast<unsigned char>(ch);
-    if (c < 0x20 || c == 0x7f || c == '\\') shown += fmt::format("\\x{:02x}", c);
-    else shown += ch;
+    if (c < 0x20 || c == 0x7f || c == '\\') {
+      shown += "\\x";
+      shown += detail::hex_digits(c, 2);
+    } else {
+      shown += ch;
+    }
   }
   if (key.size() > 80) shown += fmt::format("... ({} bytes)", key.size());
   return shown;

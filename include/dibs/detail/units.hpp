@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/digits.hpp>
+
 namespace dibs::detail {
 
 /// Returns: `d` in the largest of h, min, s, ms, µs, ns in which it is at
@@ -22,7 +24,7 @@ std::string human(std::chrono::duration<Rep, Period> d) {
   };
   static constexpr unit units[] = {{3600e9, "h"}, {60e9, "min"}, {1e9, "s"}, {1e6, "ms"}, {1e3, "µs"}, {1, "ns"}};
   for (const auto& u : units)
-    if (mag >= u.ns || u.ns == 1) return fmt::format("{:.4g} {}", ns / u.ns, u.name);
+    if (mag >= u.ns || u.ns == 1) return fmt::format("{} {}", short_decimal(ns / u.ns), u.name);
   return "0 ns";
 }
 

@@ -114,6 +114,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/digits.hpp>
 #include <dibs/detail/claim_record.hpp>
 #include <dibs/detail/posix/sys.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
@@ -498,7 +499,7 @@ private:
   static std::string hex(std::string_view s) {
     std::string out;
     out.reserve(s.size() * 2);
-    for (const char c : s) out += fmt::format("{:02x}", static_cast<unsigned char>(c));
+    for (const char c : s) out += detail::hex_digits(static_cast<unsigned char>(c), 2);
     return out;
   }
 

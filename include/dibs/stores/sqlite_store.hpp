@@ -67,6 +67,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/digits.hpp>
 #include <dibs/backoff.hpp>
 #include <dibs/detail/claim_record.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
@@ -616,7 +617,7 @@ private:
   static std::string head_is(claim_state s) {
     const std::string h = head_bytes(s);
     std::string hex;
-    for (const char c : h) hex += fmt::format("{:02x}", static_cast<unsigned char>(c));
+    for (const char c : h) hex += detail::hex_digits(static_cast<unsigned char>(c), 2);
     return fmt::format("CAST(substr(value, 1, {}) AS BLOB) = X'{}'", h.size(), hex);
   }
   static std::string queue_condition() {

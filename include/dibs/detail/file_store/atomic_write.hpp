@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/digits.hpp>
 #include <dibs/detail/owner.hpp>
 #include <dibs/detail/record_file.hpp>
 #include <dibs/detail/sys.hpp>
@@ -44,8 +45,8 @@ inline std::string temporary_name() {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   const owner_id& me = this_process_base();
   const std::string boot = temporary_boot(me);
-  return fmt::format("{}{}.{}.{}.{}.{}.{:016x}", temporary_prefix, boot.empty() ? "0" : boot, me.pid_ns, me.time_ns,
-                     me.pid, me.start, rng());
+  return fmt::format("{}{}.{}.{}.{}.{}.{}", temporary_prefix, boot.empty() ? "0" : boot, me.pid_ns, me.time_ns,
+                     me.pid, me.start, hex_digits(rng(), 16));
 }
 
 // Returns: true if `name` is a temporary file of dibs whose maker is
@@ -104,11 +105,11 @@ inline std::system_error replace_error(int e, const std::filesystem::path& path,
       old.st_uid != ::geteuid())
     return std::system_error(
         std::error_code{e, std::system_category()},
-        fmt::format("dibs::file_store: cannot replace record '{}': it belongs to another user (uid {}, mode {:04o}) "
+        fmt::format("dibs::file_store: cannot replace record '{}': it belongs to another user (uid {}, mode {}) "
                     "in a sticky directory, where only its owner may replace it; records shared by several users "
                     "need a mode that lets all of them write it in place (file_store_options::mode, lock_file's "
                     "mode: 0664 with a shared group, or 0666)",
-                    path.string(), old.st_uid, old.st_mode & 07777));
+                    path.string(), old.st_uid, fixed_digits(old.st_mode & 07777, 8, 4)));
   return path_error(e, "dibs::file_store: cannot replace record", path);
 }
 

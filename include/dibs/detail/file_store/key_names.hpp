@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/digits.hpp>
 #include <dibs/detail/file_store/record_format.hpp>
 #include <dibs/error.hpp>
 #include <dibs/store.hpp>
@@ -70,8 +71,12 @@ inline std::string escape_key(std::string_view key) {
     const bool windows = key_names_for_windows && ((c >= 'A' && c <= 'Z') || c >= 0x80 ||
                                                    std::string_view{"\\:*?\"<>|~"}.find(key[i]) != std::string_view::npos ||
                                                    (i == 0 && device));
-    if (c == '/' || c == '%' || c < 0x20 || c == 0x7f || (i == 0 && hide_dot) || windows) out += fmt::format("%{:02X}", c);
-    else out += key[i];
+    if (c == '/' || c == '%' || c < 0x20 || c == 0x7f || (i == 0 && hide_dot) || windows) {
+      out += '%';
+      out += hex_digits(c, 2, true);
+    } else {
+      out += key[i];
+    }
   }
   return out;
 }
@@ -143,7 +148,7 @@ inline record_file_name record_name_of(std::string_view key, std::string_view ca
     while (n > 0 && (stem[n - 1] == '%' || (n > 1 && stem[n - 2] == '%') ||
                      (static_cast<unsigned char>(stem[n]) & 0xc0) == 0x80))
       --n;
-    stem = fmt::format("{}{}{:016x}", stem.substr(0, n), record_cut_mark, name_hash(key));
+    stem = fmt::format("{}{}{}", stem.substr(0, n), record_cut_mark, hex_digits(name_hash(key), 16));
   }
   return {stem + std::string(suffix), spelled ? std::string{} : escape_key(key)};
 }

@@ -18,6 +18,7 @@
 #include <boost/crc.hpp>
 #include <fmt/format.h>
 
+#include <dibs/detail/digits.hpp>
 #include <dibs/detail/sys.hpp>
 #include <dibs/error.hpp>
 #include <dibs/store.hpp>
@@ -51,7 +52,7 @@ inline std::string encode_record(dibs::version v, bool live, std::string_view va
   std::string header =
       fmt::format("dibs-record 1\nversion {}\nstate {}\nsize {}\n", v, live ? "live" : "erased", value.size());
   if (!key_line.empty()) header += fmt::format("key {}\n", key_line);
-  std::string out = header + fmt::format("crc32 {:08x}\n\n", record_crc(header, value));
+  std::string out = header + fmt::format("crc32 {}\n\n", hex_digits(record_crc(header, value), 8));
   out.append(value);
   return out;
 }

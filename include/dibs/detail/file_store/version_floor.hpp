@@ -40,6 +40,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/digits.hpp>
 #include <dibs/detail/file_store/atomic_write.hpp>
 #include <dibs/detail/file_store/kept_record.hpp>
 #include <dibs/detail/file_store/key_names.hpp>
@@ -70,7 +71,8 @@ inline std::string floor_name_of(std::string_view record_name) {
   std::string name = std::string(floor_prefix) + std::string(record_name);
   if (name.size() <= record_name_max) return name;
   const std::size_t keep = record_name_max - floor_prefix.size() - record_cut_mark.size() - 16;
-  return fmt::format("{}{}{}{:016x}", floor_prefix, record_name.substr(0, keep), record_cut_mark, name_hash(record_name));
+  return fmt::format("{}{}{}{}", floor_prefix, record_name.substr(0, keep), record_cut_mark,
+                     hex_digits(name_hash(record_name), 16));
 }
 
 // A floor, held under its exclusive flock from construction to destruction.

@@ -25,6 +25,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/digits.hpp>
 #include <dibs/backoff.hpp>
 #include <dibs/detail/posix/sys.hpp>
 
@@ -109,7 +110,8 @@ inline void check_regular(const struct ::stat& st, const std::filesystem::path& 
 inline bool create(const std::filesystem::path& path, const std::filesystem::path& dir, std::string_view text,
                    file_mode mode, handle& out, stamp& st_out) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
-  const auto tmp = dir / fmt::format(".{}.dibs-tmp.{}.{:016x}", path.filename().string(), current_pid(), rng());
+  const auto tmp =
+      dir / fmt::format(".{}.dibs-tmp.{}.{}", path.filename().string(), current_pid(), hex_digits(rng(), 16));
   unique_fd fd{open_retry(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)};
   if (!fd) throw directory_error(errno, dir, path);
   const auto fail = [&](int e, const char* what) {
@@ -216,7 +218,7 @@ inline bool handle_unchanged(const handle& fd, const stamp& judged) noexcept {
 /// Returns: a name in the lock's directory for a stale lock moved away.
 inline std::filesystem::path broken_name(const std::filesystem::path& path) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
-  return fmt::format("{}.broken.{}.{:016x}", path.string(), current_pid(), rng());
+  return fmt::format("{}.broken.{}.{}", path.string(), current_pid(), hex_digits(rng(), 16));
 }
 
 enum class moved { done, gone, refused };

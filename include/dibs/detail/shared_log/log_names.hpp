@@ -12,8 +12,10 @@ namespace dibs::detail {
 
 // Returns: the path of rotated file n of the log at `log`, `log + "." + n`.
 inline std::filesystem::path rotated_log_path(const std::filesystem::path& log, std::uint64_t n) {
+  // Appended piece by piece, as below (GCC bug 105651).
   std::filesystem::path p = log;
-  p += "." + std::to_string(n);
+  p += ".";
+  p += std::to_string(n);
   return p;
 }
 

@@ -34,6 +34,7 @@
 // NTFS's own timing of last write times.
 #pragma once
 
+#include <dibs/detail/digits.hpp>
 #include <dibs/detail/win32/sys.hpp>
 
 #include <chrono>
@@ -270,7 +271,7 @@ inline bool handle_unchanged(const handle& h, const stamp& judged) noexcept {
 inline std::filesystem::path broken_name(const std::filesystem::path& path) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   std::filesystem::path out = path;
-  out += fmt::format(".broken.{}.{:016x}", current_pid(), rng());
+  out += fmt::format(".broken.{}.{}", current_pid(), hex_digits(rng(), 16));
   return out;
 }
 
