@@ -138,6 +138,44 @@ TEST_CASE("a store operation waits out another connection's write lock instead o
   CHECK(impatient.read("k")->value == "1");  // nothing was written
 }
 
+TEST_CASE("a store carried into a child by fork() refuses every call there, saying to open it after fork") {
+  temp_dir dir;
+  const auto path = dir.path / "forked.db";
+  dibs::sqlite_store store{path};
+  REQUIRE(store.create("job-1", "parent's"));
+  const int code = dibs_test::wait_exit(dibs_test::spawn([&]() -> int {
+    try {
+      (void)store.read("job-1");
+      return 10;  // SQLite forbids it: a use in the child must not run
+    } catch (const std::system_error& e) {
+      if (e.code() != std::errc::operation_not_permitted) return 11;
+      const std::string what = e.what();
+      if (what.find(path.string()) == std::string::npos || what.find("after fork") == std::string::npos) return 12;
+    }
+    try {
+      (void)store.create("job-2", "child's");
+      return 13;
+    } catch (const std::system_error& e) {
+      if (e.code() != std::errc::operation_not_permitted) return 14;
+    }
+    {
+      dibs::sqlite_store own{path};  // opened in the child: a store of its own, which works
+      if (!own.create("job-3", "child's own")) return 15;
+    }
+    // The inherited copy's destructor touches nothing of the parent's (the
+    // child then ends with _exit: nothing destroys it again).
+    store.~sqlite_store();
+    return 0;
+  }));
+  CHECK(code == 0);
+  // The parent's store is unharmed, and saw the child's own write only.
+  const auto r = store.read("job-1");
+  REQUIRE(r);
+  CHECK(r->value == "parent's");
+  CHECK_FALSE(store.read("job-2"));
+  CHECK(store.read("job-3"));
+}
+
 TEST_CASE("bad input to sqlite_store: a clear error naming what and where, and nothing written") {
   temp_dir dir;
   SECTION("a database path in a missing directory") {

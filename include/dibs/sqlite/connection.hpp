@@ -230,7 +230,9 @@ enum class other_transaction {
 /// call. A transaction belongs to the thread that last ran a statement in
 /// it; a store's operation from another thread waits for it to end instead
 /// of slipping into it. Open a new connection in a child process after
-/// fork() (SQLite forbids carrying a connection across fork).
+/// fork() (SQLite forbids carrying a connection across fork): a call on a
+/// connection a child inherited throws std::errc::operation_not_permitted,
+/// saying so, and the child's destructor leaves the parent's database alone.
 class connection {
 public:
   /// A thread's turn on the connection (see take_turn()).
@@ -312,11 +314,13 @@ public:
   connection& operator=(const connection&) = delete;
   /// Requires (both moves): no call on `o` in progress and no transaction open.
   connection(connection&& o) noexcept
-      : path_(std::move(o.path_)), db_(std::exchange(o.db_, nullptr)), turn_(std::move(o.turn_)) {}
+      : path_(std::move(o.path_)), opened_by_(o.opened_by_), db_(std::exchange(o.db_, nullptr)),
+        turn_(std::move(o.turn_)) {}
   connection& operator=(connection&& o) noexcept {
     if (this != &o) {
       close();
       path_ = std::move(o.path_);
+      opened_by_ = o.opened_by_;
       db_ = std::exchange(o.db_, nullptr);
       turn_ = std::move(o.turn_);
     }
@@ -332,6 +336,9 @@ public:
   /// Returns: the turn (the call ends when it is destroyed); an empty one
   /// if `other` is refuse and another thread has a transaction open.
   [[nodiscard]] turn take_turn(other_transaction other = other_transaction::join) {
+    // Before the turn's mutex, which a thread of the parent may have held
+    // at the fork (it would then never be released here).
+    if (opened_by_ != dibs::detail::current_pid()) refuse_forked();
     std::unique_lock g{turn_->m};
     const auto me = std::this_thread::get_id();
     auto others_tx = [&] { return other != other_transaction::join && turn_->in_tx && turn_->tx_thread != me; };
@@ -473,6 +480,12 @@ private:
 
   void close() noexcept {
     if (!db_) return;
+    if (opened_by_ != dibs::detail::current_pid()) {
+      // A child's copy: closing would act on the parent's database (its
+      // journal, its locks' state). The handle is left to the process's end.
+      db_ = nullptr;
+      return;
+    }
     const bool open = ::sqlite3_get_autocommit(db_) == 0;
     ::sqlite3_close_v2(db_);  // rolls an open transaction back, without calling the rollback hook
     db_ = nullptr;
@@ -491,7 +504,16 @@ private:
     }
   }
 
+  [[noreturn]] void refuse_forked() const {
+    throw std::system_error(std::make_error_code(std::errc::operation_not_permitted),
+                            fmt::format("sqlite: database '{}': this connection was opened by process {}, and this is "
+                                        "a child made from it by fork(): open the store (or connection) after fork, "
+                                        "in the process that uses it",
+                                        detail::path_text(path_), opened_by_));
+  }
+
   std::filesystem::path path_;
+  dibs::detail::process_id opened_by_ = dibs::detail::current_pid();
   ::sqlite3* db_ = nullptr;
   std::unique_ptr<detail::turn_state> turn_;
 };
