@@ -1872,7 +1872,7 @@ NAME STORE' shows who ran each recent slot, and the missed ones.
 )" + store_table + R"(
 Examples:
   0 * * * * dibs once --every 1h --store postgres:host=db1 cleanup -- ./cleanup.sh
-  30 2 * * * dibs once --slot $(date -u +\%F) --store dir:/nfs/jobs nightly -- ./export.sh
+  30 2 * * * dibs once --slot $(date -u +\%F) --store postgres:host=db1 nightly -- ./export.sh
 )");
 
   status_args sa;

@@ -14,9 +14,9 @@
 //     /proc shows) and the observer's /proc is its own PID namespace's.
 // Whatever cannot be read or compared counts as alive: a /proc mounted with
 // hidepid=2, a /proc of another namespace, a record without namespace fields
-// (from an older dibs), a zombie. Then only the lease can free the hold, which
-// is always safe: an alive verdict costs time, a wrong dead verdict costs a
-// second holder.
+// (from an older dibs). Then only the lease can free the hold, which is always
+// safe: an alive verdict costs time, a wrong dead verdict costs a second
+// holder. (A zombie, exited but not reaped, has ended: it counts as gone.)
 //
 // That is the rule on Linux (detail/posix/process.hpp). On Windows
 // (detail/win32/process.hpp) the host is the computer name, the boot is the
