@@ -1,6 +1,6 @@
 # Benchmarks of dibs::file_mutex and dibs::shared_log against the kernel
 # floor, Boost.Interprocess and the lock-file idiom. Run them all with
-# benchmarks/run_lock_benchmarks.sh; the figures are in docs/benchmarks-locks.md.
+# benchmarks/run_lock_benchmarks.sh; the figures are in docs/BENCHMARKS.md.
 
 # Single-process figures (Google Benchmark).
 add_executable(file_mutex_uncontended ${CMAKE_CURRENT_LIST_DIR}/file_mutex_uncontended.cpp)

@@ -6,7 +6,7 @@
 # rounds, the floors a handoff is made of: an uncontended lock+unlock
 # (store_lock_loop, the two record writes of a handoff) and a bare futex
 # handoff between processes (handoff_floor). Prints the medians over the
-# rounds and keeps every output (docs/BENCHMARKS.md records one session):
+# rounds and keeps every output (docs/benchmarks-history.md records sessions):
 #
 #   benchmarks/run_handoff_benchmarks.sh [BASE]      (default BASE: 3d40969, before the queue)
 #

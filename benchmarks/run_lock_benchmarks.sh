@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run_lock_benchmarks.sh: builds and runs the dibs::file_mutex and
-# dibs::shared_log benchmarks (docs/benchmarks-locks.md has the figures):
+# dibs::shared_log benchmarks (docs/BENCHMARKS.md has the figures):
 #
 #   1. uncontended lock+unlock (Google Benchmark, file_mutex_uncontended) and
 #      Python filelock (py_filelock_uncontended.py)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and runs the lock_file / marker_claim / store benchmarks and writes
-# every raw result and a summary to one directory (docs/benchmarks-store.md
+# every raw result and a summary to one directory (docs/benchmarks-history.md
 # describes them and records one session):
 #
 #   benchmarks/run_store_benchmarks.sh [output-dir]

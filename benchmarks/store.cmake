@@ -1,5 +1,5 @@
 # Benchmarks of dibs::lock_file, marker_claim and the stores (see
-# docs/benchmarks-store.md; benchmarks/run_store_benchmarks.sh runs them all).
+# docs/benchmarks-history.md; benchmarks/run_store_benchmarks.sh runs them all).
 #
 # The liblockfile comparison is built only where the library and its header
 # are found (Debian: liblockfile-dev), so the default build never needs it.

@@ -2,7 +2,7 @@
 // rewritten in place, kept open (without its flock) from one operation to
 // the next on the same record, and the handle an operation holds the record
 // through. A lock_file's lock and unlock each cost an open, an fstat and a
-// close less (docs/BENCHMARKS.md, "Fair handoff"): the file's identity is
+// close less (docs/benchmarks-history.md, "Fair handoff"): the file's identity is
 // known from when it was opened, and the operation still checks under the
 // flock, with one lstat, that the path names that file. Separate because
 // whether a kept descriptor may be used (same record, same process, same
