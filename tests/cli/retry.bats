@@ -31,7 +31,11 @@ load helpers
 }
 
 @test "SIGTERM is forwarded to the running command" {
-  dibs retry -- sh -c 'trap "kill \$! 2>/dev/null; echo got > t; exit 3" TERM; touch held; sleep 30 & wait' &
+  # COMMAND waits in short foreground sleeps, so that its trap runs within
+  # 0.1 s of the signal and leaves no child behind. (It waited on a
+  # background 'sleep 30' before: a TERM landing between that fork and $!
+  # left the sleep alive, holding bats's output open for 30 s.)
+  dibs retry -- sh -c 'trap "echo got > t; exit 3" TERM; touch held; while :; do sleep 0.1; done' &
   pid=$!
   wait_for_file held
   kill -TERM $pid
