@@ -97,7 +97,9 @@ runs_min=${DIBS_CLI_LOCK_RUNS:-200}
 }
 
 @test "SIGTERM to dibs lock is forwarded to COMMAND" {
-  dibs lock x.lock -- sh -c 'trap "kill \$! 2>/dev/null; echo got > t; exit 3" TERM; touch held; sleep 30 & wait' &
+  # Short foreground sleeps: the trap runs within 0.1 s and leaves no child
+  # holding bats's output (as in retry.bats).
+  dibs lock x.lock -- sh -c 'trap "echo got > t; exit 3" TERM; touch held; while :; do sleep 0.1; done' &
   pid=$!
   wait_for_file held
   kill -TERM $pid
@@ -143,7 +145,7 @@ runs_min=${DIBS_CLI_LOCK_RUNS:-200}
   dibs lock x.lock -- sh -c "$HOLD" &
   wait_for_file held
   run dibs status x.lock
-  [ "$status" -eq 0 ]
+  [ "$status" -eq 0 ]  # held
   [[ "${lines[0]}" == *HOST*PID*SINCE*LEASE*LEFT*TOKEN* ]]
   run dibs status --json x.lock
   [ "$status" -eq 0 ]
@@ -152,6 +154,9 @@ runs_min=${DIBS_CLI_LOCK_RUNS:-200}
   wait
   run dibs status x.lock
   [ "$output" = "x.lock: free" ]
+  [ "$status" -eq 1 ]  # free
+  run dibs status --json x.lock
+  [ "$status" -eq 1 ]
 }
 
 @test "a COMMAND that ends at once leaves the lock free (dibs removes the record even then)" {
@@ -195,6 +200,7 @@ status_is() { dibs status "$1" | sed -n 2p | grep -q " $2\$"; }
   run dibs status x.lock
   echo "$output" >&3
   [[ "$output" == "x.lock: free: its holder, pid $cpid on $host (token "*"), is gone; the next lock breaks it at once" ]]
+  [ "$status" -eq 1 ]  # free: its holder is gone
   run dibs status --json x.lock
   [[ "$output" == *'"state": "free", "held": false, "gone": true'* ]]
   # Expired: the renewing dibs is stopped (its COMMAND lives on), past its lease.
@@ -211,6 +217,7 @@ status_is() { dibs status "$1" | sed -n 2p | grep -q " $2\$"; }
   wait_until "y.lock was never shown expired" status_is y.lock expired
   run dibs status y.lock
   echo "$output" >&3
+  code=$status
   kill -CONT "$dpid"
   # Continued, dibs may find its lease lost and end on its own (stopping
   # COMMAND) before this SIGTERM comes.
@@ -219,4 +226,5 @@ status_is() { dibs status "$1" | sed -n 2p | grep -q " $2\$"; }
   touch release  # a COMMAND the SIGTERM missed
   [[ "${lines[1]}" == *" expired" ]]
   [[ "${lines[2]}" == "y.lock: expired: pid $cpid on $host stopped renewing"* ]]
+  [ "$code" -eq 2 ]  # expired
 }
