@@ -91,6 +91,11 @@ using steady = std::chrono::steady_clock;
 // guide copies it.
 namespace ex {
 constexpr int ok = 0;
+// dibs status of a lock file (lease or presence): 0 held, 1 free (no record,
+// or its holder is gone), 2 expired (its holder stopped renewing; the next
+// lock breaks it after a lease).
+constexpr int status_free = 1;
+constexpr int status_expired = 2;
 constexpr int conflict = 1;        // lock: held by another (-n, or --wait or -r ran out); see --conflict-exit-code
 constexpr int completed = 10;      // claim: the item is already completed
 constexpr int taken = 11;          // claim: another worker holds the item (or its record is busy)
@@ -113,9 +118,16 @@ constexpr int cannot_exec = 126;   // COMMAND found but not executable
 constexpr int not_found = 127;     // COMMAND not found
 }  // namespace ex
 
+// Where the guides are installed (cmake --install: share/doc/dibs).
+#ifndef DIBS_DOCDIR
+#define DIBS_DOCDIR "the docs/ folder of dibs's sources"
+#endif
+
 constexpr const char* exit_code_table = R"(Exit codes (every subcommand):
   0        success; with a COMMAND: COMMAND's own exit status
   1        lock: the lock is held by another (-n, or --wait or --dot's -r ran out); change with -E
+  0,1,2    status of a lock file: 0 held, 1 free (no holder, or it is gone), 2 expired (its
+           holder stopped renewing: the next lock breaks it after a lease)
   10-15    claim's own outcomes below; COMMAND's status is passed through unchanged,
            so if COMMAND may exit 10-15 too, move these with claim --exit-base N
   10       claim: the item is already completed (nothing run)
@@ -212,15 +224,44 @@ void refuse_special(const char* who, const std::string& path) {
                                   path, std::filesystem::is_fifo(st) ? "FIFO (named pipe)" : "socket"));
 }
 
+// Returns: `text` with the library's C++ names in its messages
+// ("dibs::file_store: cannot create ...", "dibs::marker_claim<...> 'k'")
+// said in words ("file store: cannot create ..."): a script's user reads
+// what failed and where, not a class. The messages keep the rest (the file,
+// the key, what to do).
+std::string plain_names(std::string text) {
+  static const std::pair<const char*, const char*> words[] = {
+      {"file_store", "file store"},       {"sqlite_store", "SQLite store"}, {"postgres_store", "PostgreSQL store"},
+      {"imap_store", "IMAP store"},       {"shm_store", "shared-memory store"}, {"memory_store", "memory store"},
+      {"marker_claim", "claim"},          {"lease_semaphore", "semaphore"}, {"lease_mutex", "lock"},
+      {"lock_file", "lock file"},         {"file_mutex", "lock file"},    {"dot_lock", "lock file"},
+      {"shared_log", "log"},              {"worker_pool", "worker pool"}, {"once", "schedule"},
+      {"exponential_backoff", "backoff"}, {"retry", "retry"},             {"imap", "IMAP"}};
+  static const std::regex cxx_name{R"(dibs::([a-z_]+)(<[^>\s]*>)?)"};
+  std::string out;
+  auto from = text.cbegin();
+  for (std::sregex_iterator it{text.cbegin(), text.cend(), cxx_name}, end; it != end; ++it) {
+    const auto& m = *it;
+    out.append(from, m[0].first);
+    const std::string name = m[1].str();
+    const auto w = std::find_if(std::begin(words), std::end(words), [&](const auto& p) { return name == p.first; });
+    out += w != std::end(words) ? std::string(w->second) : m[0].str();
+    from = m[0].second;
+  }
+  out.append(from, text.cend());
+  return out;
+}
+
 // Returns: `text` with every password it holds replaced by ***: the value
 // of a conninfo key `password=...` (quoted or not; also a URI's
-// ?password=...), and the password of a URI's user:password@. Every
-// message dibs prints goes through it: a store string may hold a secret.
+// ?password=...), and the password of a URI's user:password@; and the
+// library's C++ names said in words (plain_names). Every message dibs
+// prints goes through it: a store string may hold a secret.
 std::string redact(std::string text) {
   static const std::regex key_value{R"((password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&#']*))", std::regex::icase};
   static const std::regex userinfo{R"((://[^\s/?#@:]*:)[^\s/?#@]*@)"};
   text = std::regex_replace(text, key_value, "$1***");
-  return std::regex_replace(text, userinfo, "$1***@");
+  return plain_names(std::regex_replace(text, userinfo, "$1***@"));
 }
 
 // Returns: the exit code for a library error, and a hint of what to do.
@@ -335,7 +376,7 @@ struct lock_args {
   int fd = -1;            // --fd N, or the descriptor form 'dibs lock --kernel N'
   // lockfile(1)'s and dotlockfile's, for --dot
   int retries = -2;       // -r N; -1: forever; -2: not given
-  std::string sleep;      // -s/-i/--sleep between retries
+  std::string sleep;      // -i/--sleep between retries
   std::string stale;      // -l: a lock file older than this is stale (unless its holder lives and touches it)
   bool pid = false;       // -p: the pid is always recorded; accepted for dotlockfile's scripts
   // For the flock, lockfile and dotlockfile names (tools/compat_names.hpp):
@@ -553,7 +594,7 @@ std::variant<bool, int> acquire(const lock_args& a, std::optional<milliseconds> 
       // Nothing that ends the wait (a SIGCHLD of no child's end): wait on.
     }
   }
-  const milliseconds sleep = a.sleep.empty() ? milliseconds{1000} : parse_duration("dibs lock -s", a.sleep);
+  const milliseconds sleep = a.sleep.empty() ? milliseconds{1000} : parse_duration("dibs lock --sleep", a.sleep);
   for (int tries = 0;;) {
     const auto left = std::chrono::duration_cast<milliseconds>(until - steady::now());
     if (left <= milliseconds{0}) return false;
@@ -888,7 +929,7 @@ int cmd_claim(claim_args& a) {
         c->complete(fmt::format("exit 0, token {}", c->token()));
       } catch (const std::system_error& e) {
         if (e.code() != dibs::errc::lease_lost) throw;
-        std::cerr << "dibs claim: " << e.what() << '\n';
+        std::cerr << "dibs claim: " << redact(e.what()) << '\n';
         return outcome(ex::claim_lost);
       }
       return ex::ok;
@@ -1003,7 +1044,7 @@ int cmd_once(once_args& a) {
       return e.code;
     } catch (const std::system_error& e) {
       if (e.code() == dibs::errc::lease_lost) {
-        std::cerr << "dibs once: " << e.what() << '\n';
+        std::cerr << "dibs once: " << redact(e.what()) << '\n';
         return ex::claim_lost;
       }
       if (e.code() == dibs::errc::corrupt_record && std::string_view{e.what()}.find("slot '") != std::string_view::npos) {
@@ -1163,6 +1204,15 @@ bool is_store_spec(const std::string& t) {
 // A presence lock file (dibs lock --dot, dotlockfile, lockfile(1)): its
 // first line is a pid, or "0", or nothing; dibs's has its holder's record
 // after it. Returns: the exit code if `a.target` is one, else nullopt.
+// The exit code of dibs status for a lock in `state` ("held", "free",
+// "expired"). Set when a status is shown: a failed write to standard output
+// is then 74 whatever the state (checked_stdout()).
+bool showing_status = false;
+int status_code(std::string_view state) {
+  showing_status = true;
+  return state == "free" ? ex::status_free : state == "expired" ? ex::status_expired : ex::ok;
+}
+
 std::optional<int> dot_status(const status_args& a) {
   const std::string text = read_head(native_path(a.target), 4096);
   const auto nl = text.find('\n');
@@ -1176,7 +1226,7 @@ std::optional<int> dot_status(const status_args& a) {
     fmt::print("{{\"kind\": \"presence\", \"state\": \"{}\", \"held\": {}, \"gone\": {}, \"dibs\": {}, \"pid\": {}{}}}\n",
                state, gone ? "false" : "true", gone ? "true" : "false", owner ? "true" : "false", first,
                owner ? fmt::format(", \"host\": {}", json_string(owner->host)) : std::string{});
-    return ex::ok;
+    return status_code(state);
   }
   if (!owner)
     fmt::print("{}: held: a presence lock of another tool (dotlockfile, lockfile(1), O_EXCL){}; dibs lock --dot breaks "
@@ -1188,7 +1238,7 @@ std::optional<int> dot_status(const status_args& a) {
                a.target, owner->pid, owner->host);
   else
     fmt::print("{}: held: a presence lock (dibs lock --dot) of pid {} on {}\n", a.target, owner->pid, owner->host);
-  return ex::ok;
+  return status_code(state);
 }
 
 // dibs status --once NAME STORE: a schedule's recent slots (periodic), or
@@ -1344,16 +1394,16 @@ int cmd_status(status_args& a) {
                  json_string(h->host), h->pid, h->since ? unix_ms(*h->since) : 0, h->lease.count(),
                  h->lease_left ? std::to_string(h->lease_left->count()) : "null", h->token);
     }
-    return ex::ok;
+    return status_code(state);
   }
   if (!h) {
     fmt::print("{}: free\n", a.target);
-    return ex::ok;
+    return status_code(state);
   }
   if (h->gone) {
     fmt::print("{}: free: its holder, pid {} on {} (token {}), is gone; the next lock breaks it at once\n", a.target,
                h->pid, h->host, h->token);
-    return ex::ok;
+    return status_code(state);
   }
   fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}\n", "HOST", "PID", "SINCE", "LEASE", "LEFT", "TOKEN", "STATE");
   fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}\n", h->host, h->pid, h->since ? clock_time(*h->since) : "?",
@@ -1362,7 +1412,7 @@ int cmd_status(status_args& a) {
     fmt::print("{}: expired: pid {} on {} stopped renewing (its lease ran out {} ago, as the time in its record says); the "
                "next lock breaks it once it has seen it unchanged for a lease ({})\n",
                a.target, h->pid, h->host, span(-*h->lease_left), span(h->lease));
-  return ex::ok;
+  return status_code(state);
 }
 
 // ---------------------------------------------------------------------------
@@ -1432,8 +1482,36 @@ bool dot_among_options(const CLI::App& lock, int argc, char** argv) {
   return false;
 }
 
+// Effects: names what each option of `app`'s subcommands takes, in their
+// help: DURATION, CODE, N, SIZE, ... instead of CLI11's TEXT and
+// "INT:INT in [0 - 255]" (the checks still apply; a default is shown as
+// DURATION=10s). The man page and the completions are made from this help.
+void name_values(CLI::App& app) {
+  static const std::map<std::string, std::string, std::less<>> kinds{
+      {"wait", "DURATION"},     {"lease", "DURATION"},   {"sleep", "DURATION"},      {"lock-timeout", "DURATION"},
+      {"retry-after", "DURATION"}, {"deadline", "DURATION"}, {"initial", "DURATION"}, {"cap", "DURATION"},
+      {"standby", "DURATION"},  {"every", "DURATION"},   {"timeout", "DURATION"},    {"conflict-exit-code", "CODE"},
+      {"on", "CODE[,CODE...]"}, {"exit-base", "CODE"},   {"max", "N"},               {"retries", "N"},
+      {"keep", "N"},            {"max-attempts", "N"},   {"jobs", "N"},              {"attempts", "N"},
+      {"last", "N"},            {"priority", "N"},       {"fd", "FD"},               {"rotate-size", "SIZE"},
+      {"multiplier", "X"},      {"jitter", "none|full|equal|decorrelated"},         {"sync", "none|record|batch"},
+      {"catch-up", "skip|latest"}, {"store", "STORE"},   {"slot", "NAME"},           {"once", "NAME"},
+      {"prefix", "PREFIX"},     {"next", "PREFIX"},      {"command", "STRING"},      {"not-before", "TIME"}};
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    for (CLI::Option* o : sub->get_options()) {
+      if (o->get_items_expected_min() == 0) continue;  // a flag
+      for (const std::string& n : o->get_lnames())
+        if (const auto it = kinds.find(n); it != kinds.end()) {
+          const std::string def = o->get_default_str();
+          o->option_text(def.empty() ? it->second : it->second + "=" + def);
+          break;
+        }
+    }
+}
+
 // Returns: argv with lock's -s options (up to the data) written as --sleep:
-// '-s 5' as '--sleep 5', '-s5' as '--sleep=5', '-ps 5' as '-p --sleep 5'.
+// '-s 5' as '--sleep 5', '-s5' as '--sleep=5', '-ps 5' as '-p --sleep 5'
+// (so that argv has a -s among its options if the result differs).
 std::vector<std::string> sleep_for_s(const CLI::App& lock, int argc, char** argv) {
   std::vector<std::string> out(argv, argv + std::min(argc, 2));
   int i = 2;
@@ -1466,8 +1544,7 @@ std::vector<std::string> sleep_for_s(const CLI::App& lock, int argc, char** argv
 }
 
 // Returns: which of lock's -s, -x (-e) and -u comes last among its options
-// `args` (argv[2] on; lock's -s already written as --sleep where it means
-// that), as 's', 'x' or 'u'; 0 if none.
+// `args` (argv[2] on), as 's', 'x' or 'u'; 0 if none.
 char last_lock_mode(const CLI::App& lock, const std::vector<char*>& args) {
   char last = 0;
   for (std::size_t i = 2; i < args.size(); ++i) {
@@ -1517,7 +1594,7 @@ struct usage_formatter : CLI::Formatter {
     static const std::pair<const char*, const char*> synopses[] = {
         {"lock", "[OPTIONS] PATH [--] COMMAND [ARGS...]\n       dibs lock [OPTIONS] PATH -c STRING\n"
                  "       dibs lock --kernel [OPTIONS] FD\n       dibs lock --kernel [OPTIONS] --fd FD COMMAND [ARGS...]\n"
-                 "       dibs lock --dot [-r RETRIES] [-s PAUSE] [-l AGE] [OPTIONS] PATH [--] COMMAND [ARGS...]"},
+                 "       dibs lock --dot [-r RETRIES] [-i PAUSE] [-l AGE] [OPTIONS] PATH [--] COMMAND [ARGS...]"},
         {"log", "[OPTIONS] PATH [--] [TEXT...]"},
         {"claim", "[OPTIONS] STORE KEY [--] COMMAND [ARGS...]\n       dibs claim [OPTIONS] --next PREFIX STORE [--] COMMAND [ARGS...]"},
         {"offer", "[OPTIONS] STORE < KEYS"},
@@ -1593,7 +1670,8 @@ int run(int argc, char** argv) {
   app.footer(std::string("\n") + exit_code_table + "\n" + store_table +
              "\nStarted as flock, lockfile or dotlockfile (a link of that name to dibs), dibs reads that\n"
              "tool's own command line and exits with its codes.\n"
-             "\nSee 'dibs SUBCOMMAND --help' and docs/guide-shell.md.");
+             "\nSee 'dibs SUBCOMMAND --help', 'man dibs', and the guides in " DIBS_DOCDIR
+             " (guide-shell.md:\nthis command; guarantees.md: what holds and what does not).");
 
   lock_args la;
   auto* lock = app.add_subcommand("lock", "Run COMMAND holding a lock on PATH (as flock(1), lockfile(1), dotlockfile)");
@@ -1619,7 +1697,7 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(1u, 10000u));
   lock->add_flag("--resize", la.resize,
                  "With --max N: first set the semaphore's number of permits to N, for every user");
-  lock->add_flag("-s,--shared", la.shared, "Kernel lock: a shared lock (with --dot, -s is --sleep)");
+  lock->add_flag("-s,--shared", la.shared, "Kernel lock: a shared lock");
   lock->add_flag("-x,-e,--exclusive", la.exclusive, "An exclusive lock (the default)");
   lock->add_flag("-u,--unlock", la.unlock, "Kernel lock, descriptor form: unlock FD (dibs lock --kernel -u 9)");
   lock->add_flag("-o,--close", la.close,
@@ -1895,16 +1973,21 @@ Examples:
   dibs status --json dir:/srv/claims | jq '.[] | select(.state == "failed")'
 )");
 
-  // lock's -s is flock(1)'s --shared, but with --dot lockfile(1)'s pause
-  // between retries: given --dot, it is read as --sleep.
-  std::vector<std::string> lock_args_owned;
-  std::vector<char*> lock_argv;
+  name_values(app);
+
+  // lock's -s is flock(1)'s --shared, and only that. A presence lock has no
+  // shared form, and its pause between tries is -i or --sleep: -s with --dot
+  // is refused, naming them. (It was lockfile(1)'s pause there once, a
+  // letter with two meanings; under the name lockfile, -s is still
+  // lockfile(1)'s: tools/as_lockfile.hpp.)
   if (argc >= 2 && std::string_view{argv[1]} == "lock" && dot_among_options(*lock, argc, argv)) {
-    lock_args_owned = sleep_for_s(*lock, argc, argv);
-    for (auto& x : lock_args_owned) lock_argv.push_back(x.data());
-    lock_argv.push_back(nullptr);
-    argc = static_cast<int>(lock_args_owned.size());
-    argv = lock_argv.data();
+    const auto as_sleep = sleep_for_s(*lock, argc, argv);
+    if (!std::equal(as_sleep.begin(), as_sleep.end(), argv, argv + argc,
+                    [](const std::string& x, const char* y) { return x == y; })) {
+      std::cerr << "dibs lock --dot: -s is --shared, which a presence lock does not have; the pause between tries is "
+                   "-i SECS or --sleep SECS (lockfile(1)'s -s, under the name lockfile, is unchanged)\n";
+      return ex::usage;
+    }
   }
   // CLI11 gets the options; the data after them is taken apart below.
   std::vector<char*> cli_argv(argv, argv + std::min(argc, 2));
@@ -2052,7 +2135,7 @@ int checked_stdout(int code) {
   if (!failed) return code;
   const int e = errno;
   std::cerr << fmt::format("dibs: cannot write to standard output{}{}\n", e ? ": " : "", e ? std::strerror(e) : "");
-  return code != 0 ? code : ex::ioerr;
+  return code != 0 && !showing_status ? code : ex::ioerr;
 }
 
 }  // namespace

@@ -93,3 +93,34 @@ load helpers
   [ "$status" -eq 74 ]
   [[ "$output" == *"lock file"*"needs "*" KiB"*" KiB free"* ]]
 }
+
+@test "messages name dibs, what failed and the file, never a C++ class of the library" {
+  run dibs claim dir:no-such-dir/claims job-1 -- touch ran
+  echo "$output" >&3
+  [ "$status" -ne 0 ] && [ ! -e ran ]
+  [[ "$output" == "dibs"* && "$output" == *"no-such-dir/claims"* ]]
+  [[ "$output" != *"dibs::"* ]]
+  run dibs log no-such-dir/app.log hello
+  echo "$output" >&3
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"no-such-dir/app.log"* && "$output" != *"dibs::"* ]]
+  printf 'not a record\n' > x.lock
+  run dibs lock x.lock touch ran
+  echo "$output" >&3
+  [ "$status" -eq 65 ] && [ ! -e ran ]
+  [[ "$output" == *"x.lock"* && "$output" != *"dibs::"* ]]
+}
+
+@test "option values are named for what they take (DURATION, CODE, N), not CLI11's TEXT or INT ranges" {
+  run dibs lock --help
+  [[ "$output" == *"--wait,--timeout DURATION"* ]]
+  [[ "$output" == *"--conflict-exit-code CODE"* ]]
+  [[ "$output" == *"--lease DURATION=10s"* ]]
+  # CLI11's own names, on an option's line: "  --keep INT", "  -E,--x INT:INT in [0 - 255]".
+  for sub in lock log claim offer work retry once status; do
+    if dibs "$sub" --help | grep -E -- '^ +-[^ ]+ (TEXT|INT|UINT|FLOAT|[A-Z]+:)'; then
+      echo "dibs $sub --help names a value as CLI11 does" >&3
+      false
+    fi
+  done
+}

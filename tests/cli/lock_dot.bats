@@ -36,16 +36,16 @@ teardown() {
   [[ "${lines[0]}" =~ ^[0-9]+$ ]]
 }
 
-@test "--dot -r N -s PAUSE: N retries PAUSE apart, then exit 1; -r -1 waits until the lock is free" {
+@test "--dot -r N -i PAUSE: N retries PAUSE apart, then exit 1; -r -1 waits until the lock is free" {
   echo 0 > x.lock  # a foreign lock, held (dotlockfile without -p writes 0)
   start=$(date +%s%N)
-  run dibs lock --dot -r 2 -s 0.4 x.lock echo never
+  run dibs lock --dot -r 2 -i 0.4 x.lock echo never
   [ "$status" -eq 1 ]
   [ "$output" != never ]
   [ $(( ($(date +%s%N) - start) / 1000000 )) -ge 800 ]
-  run dibs lock --dot -r 3 -s5 -w 0.3 x.lock true  # -w bounds the retries too
+  run dibs lock --dot -r 3 -i5 -w 0.3 x.lock true  # -w bounds the retries too
   [ "$status" -eq 1 ]
-  dibs lock --dot -ps 0.1 -r -1 x.lock sh -c 'echo ran > ran' &
+  dibs lock --dot -pi 0.1 -r -1 x.lock sh -c 'echo ran > ran' &
   waiter=$!
   sleep 0.3
   [ ! -e ran ]
@@ -179,10 +179,12 @@ EOF
     sleep 0.05
   done
   [[ "$output" == *'"state": "free", "held": false, "gone": true, "dibs": true'*"\"pid\": $cpid"* ]]
+  [ "$status" -eq 1 ]  # free
   run dibs lock --dot -n x.lock true
   [ "$status" -eq 0 ]
   dotlockfile -p -r 0 x.lock
   run dibs status x.lock
   [ "$output" = "x.lock: held: a presence lock of another tool (dotlockfile, lockfile(1), O_EXCL), pid $$; dibs lock --dot breaks it only once it is older than -l (5m by default)" ]
+  [ "$status" -eq 0 ]  # held
   dotlockfile -u x.lock
 }

@@ -145,7 +145,13 @@ unlock_case() {
   run dibs lock -s x.lock true
   [ "$status" -eq 64 ]
   [[ "$output" == *"dibs lock --kernel -s"* ]]
-  run dibs lock --dot -s 1 dot.lock true  # with --dot, -s is the pause between retries
+  # -s means --shared and nothing else: with --dot it is refused, naming the
+  # pause's own options, and nothing runs.
+  run dibs lock --dot -s 1 dot.lock touch ran
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"-s is --shared"* && "$output" == *"-i SECS or --sleep SECS"* ]]
+  [ ! -e ran ] && [ ! -e dot.lock ]
+  run dibs lock --dot -i 1 dot.lock true
   [ "$status" -eq 0 ]
 }
 

@@ -401,7 +401,7 @@ TEST_CASE("dibs.exe retry: a COMMAND failing twice then succeeding (exit codes)"
   CHECK(run_dibs({"retry", "-a", "0", "--", "x"}, d.path) == 64);
 }
 
-TEST_CASE("dibs.exe status: a lock's holder (held or free) and a presence lock", "[dibs_exe]") {
+TEST_CASE("dibs.exe status: a lock's holder (held: exit 0, free: 1) and a presence lock", "[dibs_exe]") {
   temp_dir d;
   const fs::path lk = d.path / "a.lock";
   std::string out, err;
@@ -418,7 +418,7 @@ TEST_CASE("dibs.exe status: a lock's holder (held or free) and a presence lock",
     CHECK(out.find("\"pid\": " + std::to_string(::GetCurrentProcessId())) != std::string::npos);
     held.unlock();
   }
-  REQUIRE(run_dibs({"status", u8(lk)}, d.path, &out) == 0);
+  REQUIRE(run_dibs({"status", u8(lk)}, d.path, &out) == 1);  // free: exit 1 (held 0, expired 2)
   CHECK(out.find(": free") != std::string::npos);
   {
     dibs::dot_lock held{d.path / "d.lock"};
