@@ -257,7 +257,7 @@ TEST_CASE("dibs.exe lock: exit codes as on Linux (COMMAND's own and conflict and
   {
     dibs::dot_lock held{d.path / "d.lock"};
     REQUIRE(held.try_lock());
-    CHECK(run_dibs(cat({"lock", "--dot", "-r", "1", "-s", "100ms", u8(d.path / "d.lock"), "--"},
+    CHECK(run_dibs(cat({"lock", "--dot", "-r", "1", "-i", "100ms", u8(d.path / "d.lock"), "--"},
                    self({"--dibs-count", u8(ran), "1"})),
                d.path) == 1);
     held.unlock();
@@ -323,7 +323,7 @@ TEST_CASE("dibs.exe lock: 4 processes counting under each lock lose no increment
   CHECK(count_under({"--kernel"}, d, d.path / "k.lock") == 160);
   CHECK(count_under({"--kernel", "-w", "60s"}, d, d.path / "k.lock") == 160);
   CHECK(count_under({}, d, d.path / "lease.lock") == 160);
-  CHECK(count_under({"--dot", "-s", "20ms"}, d, d.path / "dot.lock") == 160);
+  CHECK(count_under({"--dot", "-i", "20ms"}, d, d.path / "dot.lock") == 160);
 }
 
 TEST_CASE("dibs.exe lock: COMMAND ends when dibs is killed and the lock is free again", "[dibs_exe]") {
