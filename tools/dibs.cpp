@@ -1201,18 +1201,18 @@ bool is_store_spec(const std::string& t) {
   return false;
 }
 
-// A presence lock file (dibs lock --dot, dotlockfile, lockfile(1)): its
-// first line is a pid, or "0", or nothing; dibs's has its holder's record
-// after it. Returns: the exit code if `a.target` is one, else nullopt.
-// The exit code of dibs status for a lock in `state` ("held", "free",
-// "expired"). Set when a status is shown: a failed write to standard output
-// is then 74 whatever the state (checked_stdout()).
+// Returns: the exit code of dibs status for a lock in `state` ("held",
+// "free", "expired"). Notes that a status is shown: a failed write to
+// standard output is then 74 whatever the state (checked_stdout()).
 bool showing_status = false;
 int status_code(std::string_view state) {
   showing_status = true;
   return state == "free" ? ex::status_free : state == "expired" ? ex::status_expired : ex::ok;
 }
 
+// A presence lock file (dibs lock --dot, dotlockfile, lockfile(1)): its
+// first line is a pid, or "0", or nothing; dibs's has its holder's record
+// after it. Returns: the exit code if `a.target` is one, else nullopt.
 std::optional<int> dot_status(const status_args& a) {
   const std::string text = read_head(native_path(a.target), 4096);
   const auto nl = text.find('\n');
@@ -1509,38 +1509,22 @@ void name_values(CLI::App& app) {
     }
 }
 
-// Returns: argv with lock's -s options (up to the data) written as --sleep:
-// '-s 5' as '--sleep 5', '-s5' as '--sleep=5', '-ps 5' as '-p --sleep 5'
-// (so that argv has a -s among its options if the result differs).
-std::vector<std::string> sleep_for_s(const CLI::App& lock, int argc, char** argv) {
-  std::vector<std::string> out(argv, argv + std::min(argc, 2));
-  int i = 2;
-  for (; i < argc; ++i) {
+// Returns: true if lock's options (up to the data) have a -s, alone or among
+// other letters ('-s', '-s5', '-ps 5').
+bool s_among_options(const CLI::App& lock, int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
     const std::string_view a{argv[i]};
-    if (a == "--" || a.size() < 2 || a[0] != '-') break;
+    if (a == "--" || a.size() < 2 || a[0] != '-') return false;
     if (a[1] == '-') {
-      out.emplace_back(a);
-      if (a.find('=') == std::string_view::npos && takes_value(lock, a.substr(2), true) && i + 1 < argc)
-        out.emplace_back(argv[++i]);
+      if (a.find('=') == std::string_view::npos && takes_value(lock, a.substr(2), true)) ++i;
       continue;
     }
     std::size_t k = 1;
     while (k < a.size() && a[k] != 's' && !takes_value(lock, a.substr(k, 1), false)) ++k;
-    if (k == a.size() || a[k] != 's') {  // no -s in it
-      out.emplace_back(a);
-      if (k + 1 == a.size() && i + 1 < argc) out.emplace_back(argv[++i]);  // its last letter takes the next argument
-      continue;
-    }
-    if (k > 1) out.emplace_back(std::string{"-"} + std::string{a.substr(1, k - 1)});
-    if (k + 1 < a.size()) {
-      out.push_back(std::string{"--sleep="} + std::string{a.substr(k + 1)});
-    } else {
-      out.emplace_back("--sleep");
-      if (i + 1 < argc) out.emplace_back(argv[++i]);
-    }
+    if (k < a.size() && a[k] == 's') return true;
+    if (k + 1 == a.size()) ++i;  // its last letter takes the next argument
   }
-  for (; i < argc; ++i) out.emplace_back(argv[i]);
-  return out;
+  return false;
 }
 
 // Returns: which of lock's -s, -x (-e) and -u comes last among its options
@@ -1980,14 +1964,11 @@ Examples:
   // is refused, naming them. (It was lockfile(1)'s pause there once, a
   // letter with two meanings; under the name lockfile, -s is still
   // lockfile(1)'s: tools/as_lockfile.hpp.)
-  if (argc >= 2 && std::string_view{argv[1]} == "lock" && dot_among_options(*lock, argc, argv)) {
-    const auto as_sleep = sleep_for_s(*lock, argc, argv);
-    if (!std::equal(as_sleep.begin(), as_sleep.end(), argv, argv + argc,
-                    [](const std::string& x, const char* y) { return x == y; })) {
-      std::cerr << "dibs lock --dot: -s is --shared, which a presence lock does not have; the pause between tries is "
-                   "-i SECS or --sleep SECS (lockfile(1)'s -s, under the name lockfile, is unchanged)\n";
-      return ex::usage;
-    }
+  if (argc >= 2 && std::string_view{argv[1]} == "lock" && dot_among_options(*lock, argc, argv) &&
+      s_among_options(*lock, argc, argv)) {
+    std::cerr << "dibs lock --dot: -s is --shared, which a presence lock does not have; the pause between tries is "
+                 "-i SECS or --sleep SECS (lockfile(1)'s -s, under the name lockfile, is unchanged)\n";
+    return ex::usage;
   }
   // CLI11 gets the options; the data after them is taken apart below.
   std::vector<char*> cli_argv(argv, argv + std::min(argc, 2));
