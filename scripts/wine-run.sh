@@ -29,4 +29,19 @@ if [ -n "${DIBS_IMAP_DIR:-}" ] && [ -f "$DIBS_IMAP_DIR/env" ]; then
   . "$DIBS_IMAP_DIR/env"
   set +a
 fi
-exec wine "$@"
+# The program's output goes to files, copied out when it ends. The first
+# Windows program of a Wine session starts Wine's own processes
+# (services.exe, explorer.exe, winedevice.exe, rpcss.exe ...), which inherit
+# its standard error and live until the session ends. Were that ctest's
+# pipe, ctest would wait for them to close it, after the test had ended:
+# as long as other tests kept the session alive, up to the test's timeout
+# (the "hangs" of Windows tests at the start of a run, each 120 s, whose
+# output said "All tests passed").
+out=$(mktemp "${TMPDIR:-/tmp}/wine-run-out.XXXXXX")
+err=$(mktemp "${TMPDIR:-/tmp}/wine-run-err.XXXXXX")
+trap 'rm -f "$out" "$err"' EXIT
+rc=0
+wine "$@" > "$out" 2> "$err" || rc=$?
+cat "$out"
+cat "$err" >&2
+exit "$rc"
