@@ -1,4 +1,5 @@
 #include <dibs/backoff.hpp>
+#include <dibs/text.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -134,11 +135,11 @@ TEST_CASE("bad schedules are refused with durations in human units, not nanoseco
   CHECK_THROWS_WITH((dibs::exponential_backoff{1s, 2.0, 100ms}),
                     Catch::Contains("cap 100 ms < initial 1 s") && !Catch::Contains("ns"));
   CHECK_THROWS_WITH((dibs::exponential_backoff{-1500us, 2.0, 100ms}), Catch::Contains("got -1.5 ms"));
-  CHECK(dibs::detail::human(90s) == "1.5 min");
-  CHECK(dibs::detail::human(250us) == "250 µs");
-  CHECK(dibs::detail::human(7ns) == "7 ns");
-  CHECK(dibs::detail::human(1234567us) == "1.235 s");
-  CHECK(dibs::detail::human(100ms) == "100 ms");
+  CHECK(dibs::show_duration(90s) == "1.5 min");
+  CHECK(dibs::show_duration(250us) == "250 µs");
+  CHECK(dibs::show_duration(7ns) == "7 ns");
+  CHECK(dibs::show_duration(1234567us) == "1.235 s");
+  CHECK(dibs::show_duration(100ms) == "100 ms");
 }
 
 TEST_CASE("fixed-width digits, as the names, checksums and dates dibs writes need them") {

@@ -611,12 +611,28 @@ TEST_CASE("dot_lock: content is written as given and judged by age alone, and re
   }  // its destructor removes nothing: the hold was given up, not the lock
   REQUIRE(fs::exists(lock));
   CHECK(dibs::dot_lock::is_held(lock, {.stale_after = 2s}));
+  {
+    // Another tool's lock, as holder_of shows it: no host, the pid it names (none), its age's lease.
+    const auto h = dibs::dot_lock::holder_of(lock, {.stale_after = 2s});
+    REQUIRE(h);
+    CHECK(h->host.empty());
+    CHECK(h->pid == 0);
+    CHECK(!h->gone);
+    CHECK(h->lease == 2s);
+    REQUIRE(h->lease_left);
+    CHECK(h->lease_left->count() > 0);
+    CHECK(*h->lease_left <= 2s);
+  }
   dibs::dot_lock waiter{lock, {.stale_after = 2s}};
   CHECK(!waiter.try_lock());
   if (has_dotlockfile()) CHECK(sh("dotlockfile -r 0 " + lock.string()) == 4);  // L_MAXTRYS: held for it too
   age_file(lock, 3s);
   CHECK(!dibs::dot_lock::is_held(lock, {.stale_after = 2s}));
-  CHECK(dibs_test::slurp(lock) == "0");  // is_held reads only: nothing broken
+  const auto aged = dibs::dot_lock::holder_of(lock, {.stale_after = 2s});
+  REQUIRE(aged);
+  REQUIRE(aged->lease_left);
+  CHECK(aged->lease_left->count() < 0);  // stale by age: the next lock breaks it
+  CHECK(dibs_test::slurp(lock) == "0");  // is_held and holder_of read only: nothing broken
   CHECK(waiter.try_lock());
   waiter.unlock();
   CHECK(!fs::exists(lock));
@@ -627,15 +643,24 @@ TEST_CASE("dot_lock: a record left by release() for another process is held whil
   const auto lock = d.path / "x.lock";
   dibs_test::child caller{bash("exec sleep 60")};
   {
-    dibs::dot_lock left{lock, {.touch = false, .on_behalf_of = static_cast<dibs::detail::process_id>(caller.pid())}};
+    dibs::dot_lock left{lock, {.touch = false, .on_behalf_of = static_cast<dibs::process_id>(caller.pid())}};
     REQUIRE(left.try_lock());
     REQUIRE(left.release());
   }
   CHECK(dibs_test::slurp(lock).rfind(std::to_string(caller.pid()) + "\n", 0) == 0);
   CHECK(dibs::dot_lock::is_held(lock));
+  const auto held = dibs::dot_lock::holder_of(lock);
+  REQUIRE(held);
+  CHECK(held->pid == caller.pid());
+  CHECK(!held->host.empty());
+  CHECK(!held->gone);
+  CHECK(!held->mine);
   dibs::dot_lock waiter{lock};
   CHECK(!waiter.try_lock());
   caller.kill();
   CHECK(!dibs::dot_lock::is_held(lock));  // its holder is provably gone
+  const auto gone = dibs::dot_lock::holder_of(lock);
+  REQUIRE(gone);
+  CHECK(gone->gone);
   CHECK(waiter.try_lock());
 }

@@ -240,11 +240,17 @@ TEST_CASE("once: bad input (empty name, '/', period 0, keep 0, another period, a
   CHECK_THAT(invalid([&] { once{store, "job"}; }, "no period for a periodic schedule"),
              Contains("opened with no period (named slots only), but the schedule has a period of 3600000 ms"));
   CHECK(record_count(store) == 3);
+  // period_of: what a program that shows schedules opens one with, reading only.
+  CHECK(once::period_of(store, "job") == std::optional{std::chrono::milliseconds{1h}});
+  CHECK(once::period_of(store, "batches") == std::optional{0ms});
+  CHECK(!once::period_of(store, "nothing"));
+  CHECK(record_count(store) == 3);
   // A key of another program is not taken for a schedule.
   REQUIRE(store.create("dibs-once:theirs", "hello"));
-  CHECK_THROWS_MATCHES((once{store, "theirs", 1h}), std::system_error,
-                       Catch::Matchers::Predicate<std::system_error>(
-                           [](const std::system_error& e) { return e.code() == dibs::errc::corrupt_record; }));
+  const auto corrupt = Catch::Matchers::Predicate<std::system_error>(
+      [](const std::system_error& e) { return e.code() == dibs::errc::corrupt_record; });
+  CHECK_THROWS_MATCHES((once{store, "theirs", 1h}), std::system_error, corrupt);
+  CHECK_THROWS_MATCHES(once::period_of(store, "theirs"), std::system_error, corrupt);
 }
 
 TEST_CASE("once: run_slot runs a slot the caller names once, standby 0 says taken while another process runs it") {

@@ -128,6 +128,7 @@ TEST_CASE("append writes whole lines, adding the newline only when missing") {
   // The lock file is hidden and matches no `a.log*` glob (dibs 0.1.0's `a.log.lock` did).
   CHECK(log.lock_path() == lock_of(log.path()));
   CHECK(log.lock_path().filename() == ".a.log.dibs-lock");
+  CHECK(fs::file_size(log.lock_path()) == dibs::shared_log::lock_file_size);  // made whole at first open
   CHECK(fs::exists(dir.path / ".a.log.dibs-lock"));
   CHECK_FALSE(fs::exists(dir.path / "a.log.lock"));
 }

@@ -1,5 +1,7 @@
 #include <dibs/stores/memory_store.hpp>
+#include <dibs/lock_holder.hpp>
 #include <dibs/store.hpp>
+#include <dibs/text.hpp>
 #include <dibs/testing/store_conformance.hpp>
 
 #include <catch2/catch.hpp>
@@ -91,6 +93,18 @@ TEST_CASE("a refused key is named in the message with the call, the rule and wha
   }
   CHECK_THROWS_WITH(s.create("", "v"), Catch::StartsWith("dibs::memory_store::create: invalid key ''") &&
                                            Catch::Contains("must not be empty"));
+}
+
+TEST_CASE("show_key and show_time write keys and times for people as dibs's own messages do") {
+  CHECK(dibs::show_key("mail/4711") == "mail/4711");
+  CHECK(dibs::show_key(std::string("a\x01\\b\x7f", 5)) == "a\\x01\\x5cb\\x7f");
+  CHECK(dibs::show_key("é") == "é");  // UTF-8 text as it is
+  CHECK(dibs::show_key(std::string(100, 'k')) == std::string(80, 'k') + "... (100 bytes)");
+  const auto now = std::chrono::system_clock::now();
+  const std::string today = dibs::show_time(now);
+  CHECK_THAT(today, Catch::Matches("[0-2][0-9]:[0-5][0-9]:[0-6][0-9]"));
+  CHECK_THAT(dibs::show_time(now - std::chrono::hours{24 * 3}),
+             Catch::Matches("20[0-9][0-9]-[01][0-9]-[0-3][0-9] [0-2][0-9]:[0-5][0-9]:[0-6][0-9]"));
 }
 
 TEST_CASE("a Message-ID, a URL and bytes that are not text are keys like any other") {

@@ -146,7 +146,7 @@ int dotlockfile_run(int argc, char** argv, bool& quiet) {
   std::list<left_lock> one;
   left_lock& l = one.emplace_back();
   l.args = a;
-  const auto taken = take_presence(l, pid ? static_cast<dibs::detail::process_id>(::getppid()) : 0);
+  const auto taken = take_presence(l, pid ? static_cast<dibs::process_id>(::getppid()) : 0);
   if (const int* signalled = std::get_if<int>(&taken)) return *signalled;
   if (!std::get<bool>(taken)) return code::max_tries;
   l.kind.lk->release();  // left for dotlockfile -u (or rm -f)

@@ -54,7 +54,7 @@ struct left_lock {
 // loop of `dibs lock --dot -r`. A signal (INT, TERM, HUP, QUIT, USR1, USR2)
 // ends a pause, and the wait.
 // Returns: whether it was taken, or 128+N for signal N.
-std::variant<bool, int> take_presence(left_lock& l, dibs::detail::process_id behalf) {
+std::variant<bool, int> take_presence(left_lock& l, dibs::process_id behalf) {
   l.kind.open(behalf);
   return acquire(l.args, std::nullopt, l.kind, [](milliseconds d) { return sleep_unless_signalled(d); },
                  // Unused: these names always give -r, and acquire's one

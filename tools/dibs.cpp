@@ -412,7 +412,7 @@ struct lease_kind {
   const lock_args& a;
   std::function<void()> on_lost;  // from the library's renewal thread
   std::optional<dibs::lock_file> lk;
-  void open(dibs::detail::process_id behalf) {
+  void open(dibs::process_id behalf) {
     const milliseconds lease = parse_duration("--lease", a.lease);
     if (lease < milliseconds{300}) fail(ex::usage, "dibs lock: --lease must be at least 300ms");
     lk.emplace(native_path(a.path), dibs::lease_options{.lease = lease, .on_lost = on_lost,
@@ -462,7 +462,7 @@ struct permit_kind {
     if (!p.has_filename()) p = p.parent_path();  // "dir/" names dir
     return p.filename().string();
   }
-  void open(dibs::detail::process_id behalf) {
+  void open(dibs::process_id behalf) {
     const milliseconds lease = parse_duration("--lease", a.lease);
     if (lease < milliseconds{300}) fail(ex::usage, "dibs lock: --lease must be at least 300ms");
     const auto dir = native_path(a.path);
@@ -526,7 +526,7 @@ struct permit_kind {
 struct dot_kind {
   const lock_args& a;
   std::optional<dibs::dot_lock> lk;
-  void open(dibs::detail::process_id behalf) {
+  void open(dibs::process_id behalf) {
     dibs::dot_lock_options o = a.dot_options.value_or(dibs::dot_lock_options{});
     if (!a.dot_options && !a.stale.empty()) o.stale_after = parse_duration("dibs lock -l", a.stale);
     if (o.stale_after < milliseconds{3}) fail(ex::usage, "dibs lock: -l must be at least 3ms");
@@ -719,7 +719,7 @@ int cmd_log(log_args& a) {
       fail(ex::ioerr, fmt::format("dibs log: no room for the log's lock file beside '{}': it needs {} KiB, and its "
                                   "filesystem has {} KiB free; free some space there (the log's lines need room "
                                   "too). Nothing was written ({})",
-                                  a.path, (sizeof(dibs::detail::log_shared_state) + 1023) / 1024,
+                                  a.path, (dibs::shared_log::lock_file_size + 1023) / 1024,
                                   space.available / 1024, e.what()));
 #endif
     throw;
@@ -904,7 +904,7 @@ int cmd_claim(claim_args& a) {
             if (s.not_before > std::chrono::system_clock::now()) {
               say(fmt::format("dibs claim: '{}' is not claimable for another {} (attempt {} was given back: {}); "
                               "--retry-after chooses that wait",
-                              a.key, dibs::detail::human(s.not_before - std::chrono::system_clock::now()), s.attempts,
+                              a.key, dibs::show_duration(s.not_before - std::chrono::system_clock::now()), s.attempts,
                               s.error.empty() ? "scheduled" : s.error));
               return outcome(ex::taken);
             }
@@ -1176,17 +1176,6 @@ std::string span(milliseconds ms) {
   return fmt::format("{} ms", n);
 }
 
-// Returns: local time "12:03:07", with the date before it if not today.
-std::string clock_time(std::chrono::system_clock::time_point t) {
-  const time_t at = std::chrono::system_clock::to_time_t(t);
-  const time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm a{}, b{};
-  if (!dibs::detail::local_time(at, a) || !dibs::detail::local_time(now, b)) return fmt::format("unix {}", at);
-  char out[32];
-  const bool today = a.tm_year == b.tm_year && a.tm_yday == b.tm_yday;
-  return std::strftime(out, sizeof out, today ? "%H:%M:%S" : "%Y-%m-%d %H:%M:%S", &a) ? out : "?";
-}
-
 struct status_args {
   std::string target;
   std::string prefix;
@@ -1218,26 +1207,28 @@ std::optional<int> dot_status(const status_args& a) {
   const auto nl = text.find('\n');
   const std::string first = text.substr(0, nl);
   if (first.empty() || first.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-  const auto owner = dibs::detail::parse_dot_lock(text);
-  if (!owner && nl != std::string::npos && nl + 1 < text.size()) return std::nullopt;  // more than a pid: not one
-  const bool gone = owner && dibs::detail::provably_dead(*owner);
+  const auto holder = dibs::dot_lock::holder_of(native_path(a.target));
+  if (!holder) return std::nullopt;  // gone since it was read
+  const bool ours = !holder->host.empty();  // dibs's record, not another tool's bare pid
+  if (!ours && nl != std::string::npos && nl + 1 < text.size()) return std::nullopt;  // more than a pid: not one
+  const bool gone = holder->gone;
   const char* state = gone ? "free" : "held";
   if (a.json) {
     fmt::print("{{\"kind\": \"presence\", \"state\": \"{}\", \"held\": {}, \"gone\": {}, \"dibs\": {}, \"pid\": {}{}}}\n",
-               state, gone ? "false" : "true", gone ? "true" : "false", owner ? "true" : "false", first,
-               owner ? fmt::format(", \"host\": {}", json_string(owner->host)) : std::string{});
+               state, gone ? "false" : "true", gone ? "true" : "false", ours ? "true" : "false", first,
+               ours ? fmt::format(", \"host\": {}", json_string(holder->host)) : std::string{});
     return status_code(state);
   }
-  if (!owner)
+  if (!ours)
     fmt::print("{}: held: a presence lock of another tool (dotlockfile, lockfile(1), O_EXCL){}; dibs lock --dot breaks "
                "it only once it is older than -l (5m by default)\n",
                a.target, first == "0" ? std::string{", no pid in it"} : ", pid " + first);
   else if (gone)
     fmt::print("{}: free: its holder, pid {} on {} (a presence lock, dibs lock --dot), is gone; the next lock breaks it "
                "at once\n",
-               a.target, owner->pid, owner->host);
+               a.target, holder->pid, holder->host);
   else
-    fmt::print("{}: held: a presence lock (dibs lock --dot) of pid {} on {}\n", a.target, owner->pid, owner->host);
+    fmt::print("{}: held: a presence lock (dibs lock --dot) of pid {} on {}\n", a.target, holder->pid, holder->host);
   return status_code(state);
 }
 
@@ -1246,13 +1237,11 @@ std::optional<int> dot_status(const status_args& a) {
 int once_status(const std::string& target, const std::string& name, std::size_t last, bool json) {
   return with_store(target, [&](auto& store) -> int {
     using S = std::remove_reference_t<decltype(store)>;
-    const auto r = store.read(std::string(dibs::detail::once_prefix) + name);
-    if (!r) fail(ex::noinput, fmt::format("dibs status: {} has no schedule '{}'", target, name));
-    const auto c = dibs::detail::parse_once(r->value);
-    if (!c) fail(ex::dataerr, fmt::format("dibs status: the record of schedule '{}' in {} is not a dibs schedule's", name, target));
+    const auto period = dibs::once<S>::period_of(store, name);
+    if (!period) fail(ex::noinput, fmt::format("dibs status: {} has no schedule '{}'", target, name));
     std::vector<dibs::once_slot_status> slots;
-    if (c->period_ms > 0) {
-      dibs::once<S> job{store, name, std::chrono::milliseconds{c->period_ms}};
+    if (period->count() > 0) {
+      dibs::once<S> job{store, name, *period};
       slots = job.recent(last);
     } else {
       dibs::once<S> job{store, name};
@@ -1326,7 +1315,7 @@ int semaphore_status(const status_args& a) {
   for (const auto& p : st->holders) {
     const auto& h = p.holder;
     fmt::print("{:<8} {:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}{}\n", p.permit, h.host, h.pid,
-               h.since ? clock_time(*h.since) : "?", span(h.lease), h.lease_left ? span(*h.lease_left) : "?", h.token,
+               h.since ? dibs::show_time(*h.since) : "?", span(h.lease), h.lease_left ? span(*h.lease_left) : "?", h.token,
                lease_state(h), p.above_limit ? " (above the permits now: not handed out again)" : "");
   }
   return ex::ok;
@@ -1406,7 +1395,7 @@ int cmd_status(status_args& a) {
     return status_code(state);
   }
   fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}\n", "HOST", "PID", "SINCE", "LEASE", "LEFT", "TOKEN", "STATE");
-  fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}\n", h->host, h->pid, h->since ? clock_time(*h->since) : "?",
+  fmt::print("{:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}\n", h->host, h->pid, h->since ? dibs::show_time(*h->since) : "?",
              span(h->lease), h->lease_left ? span(*h->lease_left) : "?", h->token, state);
   if (std::string_view{state} == "expired")
     fmt::print("{}: expired: pid {} on {} stopped renewing (its lease ran out {} ago, as the time in its record says); the "

@@ -52,12 +52,12 @@ std::vector<std::string> read_keys(std::istream& in) {
       fail(ex::dataerr, fmt::format("dibs offer: line {} of standard input is a key of {} bytes ('{}'); a key is at "
                                     "most {} bytes: key the item by a digest of its name (e.g. its SHA-256 in hex); "
                                     "nothing was offered",
-                                    n, line.size(), dibs::detail::show_key(line), dibs::key_rules::max_key_size));
+                                    n, line.size(), dibs::show_key(line), dibs::key_rules::max_key_size));
     const auto [at, fresh] = line_of.emplace(line, n);
     if (!fresh)
       fail(ex::dataerr, fmt::format("dibs offer: line {} of standard input repeats the key '{}' of line {}: give each "
                                     "key once (e.g. through 'sort -u'); nothing was offered",
-                                    n, dibs::detail::show_key(line), at->second));
+                                    n, dibs::show_key(line), at->second));
     keys.push_back(std::move(line));
   }
   if (in.bad()) fail(ex::ioerr, "dibs offer: cannot read standard input; nothing was offered");

@@ -128,6 +128,7 @@
 #include <dibs/detail/sys.hpp>
 #include <dibs/detail/timed_lockable.hpp>
 #include <dibs/error.hpp>
+#include <dibs/lock_holder.hpp>
 
 #ifdef _WIN32
 #include <dibs/detail/win32/dot_file.hpp>
@@ -159,7 +160,7 @@ struct dot_lock_options {
   /// (dibs lock --dot) holds it for a COMMAND it forked, so the lock outlives
   /// the launcher exactly as long as the COMMAND runs. Requires: a live
   /// process of this host and PID namespace (a child not yet reaped).
-  detail::process_id on_behalf_of = 0;
+  process_id on_behalf_of = 0;
   /// Instead of dibs's record, the lock file's whole content, exactly as
   /// another tool writes it ("0" as lockfile(1), "0\n" as dotlockfile
   /// without -p). Such a lock names no holder, so every waiter, dibs's
@@ -307,6 +308,52 @@ public:
     detail::dot_file::handle fd;
     detail::dot_file::stamp st;
     return judge_at(file, o, fd, st) == verdict::held;
+  }
+
+  /// Returns: who holds the lock file at `file`, as a dot_lock with `o`
+  /// judges it, or nothing if there is no lock file there. For dibs's own
+  /// record: its host, pid, lease (its holder's stale_after) and gone
+  /// (provably gone: the next lock breaks it at once); for a lock of
+  /// another tool (dotlockfile, lockfile(1), O_EXCL): the pid on its first
+  /// line (0 if none) and an empty host, as nothing more is known of it.
+  /// lease_left: how much longer its age keeps it held (negative: it is
+  /// stale by age, and the next lock breaks it). For a file this process may
+  /// not read: pid 0, empty host, nothing else known. Reads only, as is_held.
+  /// Throws: std::system_error naming the path for a symbolic link, a
+  /// directory or another non-file at the path.
+  static std::optional<lock_holder> holder_of(const std::filesystem::path& file, const dot_lock_options& o = {}) {
+    namespace f = detail::dot_file;
+    f::handle fd;
+    f::stamp st;
+    char buf[4096];
+    std::size_t n = 0;
+    switch (f::open_judged(file, fd, st)) {
+      case f::look::gone: return std::nullopt;
+      case f::look::unreadable: return lock_holder{};
+      case f::look::opened: break;
+    }
+    switch (f::read_head(fd, buf, sizeof buf, n, file)) {
+      case f::look::gone: return std::nullopt;
+      case f::look::unreadable: return lock_holder{};
+      case f::look::opened: break;
+    }
+    const std::string_view text(buf, n);
+    lock_holder h;
+    auto limit = o.stale_after;
+    if (const auto owner = detail::parse_dot_lock(text)) {
+      h.host = owner->host;
+      h.pid = owner->pid;
+      h.gone = detail::provably_dead(*owner);
+      limit = std::max(limit, owner->lease);
+    } else {
+      const auto first = text.substr(0, text.find('\n'));
+      long pid = 0;
+      const auto [p, ec] = std::from_chars(first.data(), first.data() + first.size(), pid);
+      h.pid = ec == std::errc{} && p == first.data() + first.size() ? pid : 0;
+    }
+    h.lease = std::chrono::duration_cast<std::chrono::milliseconds>(limit);
+    h.lease_left = std::chrono::duration_cast<std::chrono::milliseconds>(limit - (std::chrono::system_clock::now() - st.modified()));
+    return h;
   }
 
   /// Effects: sets the lock file's mtime to now (what touch does on its own).

@@ -122,7 +122,7 @@ struct lease_options {
   exponential_backoff wait{std::chrono::microseconds{500}, 2.0, std::chrono::milliseconds{50}, jitter::full};
   /// The process the lock is held for; 0: this process. See "Holding for
   /// another process" at the top of this header.
-  detail::process_id on_behalf_of = 0;
+  process_id on_behalf_of = 0;
 };
 
 namespace detail {

@@ -25,8 +25,30 @@
 
 namespace dibs {
 
+/// Returns: `t` as local time, as dibs shows a holder's: "12:03:07" today,
+/// "2026-12-05 12:03:07" on another day, "unix time N" if the system gives no
+/// local time for it.
+inline std::string show_time(std::chrono::system_clock::time_point t) {
+  const time_t secs = std::chrono::system_clock::to_time_t(t);
+  const time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm at{}, today{};
+  if (!detail::local_time(secs, at) || !detail::local_time(now, today))
+    return fmt::format("unix time {}", static_cast<long long>(secs));
+  const auto two = [](int v) { return detail::padded(v, 2); };
+  const std::string clock = fmt::format("{}:{}:{}", two(at.tm_hour), two(at.tm_min), two(at.tm_sec));
+  if (at.tm_year == today.tm_year && at.tm_yday == today.tm_yday) return clock;
+  return fmt::format("{}-{}-{} {}", detail::padded(at.tm_year + 1900, 4), two(at.tm_mon + 1), two(at.tm_mday), clock);
+}
+
+/// A process of this host, as the system numbers it (pid_t; a DWORD on
+/// Windows): what dot_lock_options::on_behalf_of and lease_options::on_behalf_of take.
+using process_id = detail::process_id;
+
 struct lock_holder {
+  /// The holder's host name; empty where the lock names none (a presence
+  /// lock file of another tool, dot_lock::holder_of).
   std::string host;
+  /// Its process id; 0 if the lock names none.
   long pid = 0;
   /// When the hold began, on the holder's wall clock; nothing if the record
   /// does not say (one written by a dibs before issue 12).
@@ -61,19 +83,6 @@ inline std::string format_span(std::chrono::milliseconds ms) {
   return fmt::format("{} ms", n);
 }
 
-/// Returns: local time "12:03:07", with the date before it if not today.
-inline std::string format_wall(std::chrono::system_clock::time_point t) {
-  const time_t secs = std::chrono::system_clock::to_time_t(t);
-  const time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm at{}, today{};
-  if (!detail::local_time(secs, at) || !detail::local_time(now, today))
-    return fmt::format("unix time {}", static_cast<long long>(secs));
-  const auto two = [](int v) { return detail::padded(v, 2); };
-  const std::string clock = fmt::format("{}:{}:{}", two(at.tm_hour), two(at.tm_min), two(at.tm_sec));
-  if (at.tm_year == today.tm_year && at.tm_yday == today.tm_yday) return clock;
-  return fmt::format("{}-{}-{} {}", detail::padded(at.tm_year + 1900, 4), two(at.tm_mon + 1), two(at.tm_mday), clock);
-}
-
 inline std::chrono::system_clock::time_point from_wall_ms(std::int64_t ms) {
   return std::chrono::system_clock::time_point{
       std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::milliseconds{ms})};
@@ -85,7 +94,7 @@ inline std::chrono::system_clock::time_point from_wall_ms(std::int64_t ms) {
 /// token 17", leaving out what is not known; " (this object)" if mine.
 inline std::string to_string(const lock_holder& h) {
   std::string out = fmt::format("pid {} on {}", h.pid, h.host.empty() ? "an unnamed host" : h.host);
-  if (h.since) out += " since " + detail::format_wall(*h.since);
+  if (h.since) out += " since " + show_time(*h.since);
   if (h.lease.count() > 0) out += ", lease " + detail::format_span(h.lease);
   if (h.lease_left) {
     if (h.lease_left->count() >= 0) out += ", " + detail::format_span(*h.lease_left) + " left";

@@ -317,6 +317,19 @@ private:
   }
 
 public:
+  /// Returns: the period of the schedule `name` of `store` (zero for one of
+  /// named slots only), or nothing if `store` has no schedule of that name:
+  /// what a program that shows schedules (dibs status --once) opens one
+  /// with. Reads only.
+  /// Throws: errc::corrupt_record if the schedule's key holds something
+  /// else; as the store's read.
+  static std::optional<std::chrono::milliseconds> period_of(Store& store, std::string_view name) {
+    const std::string key = std::string(detail::once_prefix) + std::string(name);
+    const auto r = detail::store_read(store, key, dibs::time_limit::max());
+    if (!r) return std::nullopt;
+    return std::chrono::milliseconds{parse_record(name, key, *r).period_ms};
+  }
+
   const std::string& name() const noexcept { return name_; }
   /// Zero for a schedule of named slots only.
   std::chrono::milliseconds period() const noexcept { return period_; }
@@ -422,13 +435,14 @@ private:
   std::string id_of(std::int64_t k) const { return detail::utc_id(start_of(k), period_.count() % 1000 != 0); }
   std::string slot_key(const std::string& id) const { return key_ + "/" + id; }
 
-  detail::once_config parse(const record& r) const {
+  detail::once_config parse(const record& r) const { return parse_record(name_, key_, r); }
+  static detail::once_config parse_record(std::string_view name, std::string_view key, const record& r) {
     const auto c = detail::parse_once(r.value);
     if (!c)
       throw std::system_error(make_error_code(errc::corrupt_record),
                               fmt::format("dibs::once '{}': the record '{}' is not a dibs schedule's (it starts "
                                           "'{}'); is the key used by another program?",
-                                          detail::show_key(name_), detail::show_key(key_),
+                                          detail::show_key(name), detail::show_key(key),
                                           detail::show_key(r.value.substr(0, r.value.find('\n')))));
     return *c;
   }

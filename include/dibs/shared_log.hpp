@@ -161,6 +161,9 @@ public:
   /// their own writer under the lock. (On Windows every record is written by
   /// its own writer.)
   static constexpr std::size_t slot_capacity = sizeof(detail::log_slot::data);
+  /// The size of the lock file (its queue of records), made at its full
+  /// size when the log is first opened: room its filesystem must have.
+  static constexpr std::size_t lock_file_size = sizeof(detail::log_shared_state);
 #endif
 
   /// Effects: resolves `path` (see path()), opens (creating if needed) the

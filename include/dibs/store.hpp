@@ -46,6 +46,7 @@
 
 #include <dibs/detail/digits.hpp>
 #include <dibs/error.hpp>
+#include <dibs/text.hpp>
 
 namespace dibs {
 
@@ -411,25 +412,7 @@ concept snapshot_store = listable_store<S> && requires(S& s, std::string_view pr
 };
 
 namespace detail {
-
-/// Returns: `key` as a person can read it in a message: printable ASCII and
-/// other bytes of UTF-8 text as they are, control bytes as \xNN, cut after
-/// 80 bytes.
-inline std::string show_key(std::string_view key) {
-  std::string shown;
-  for (const char ch : key.substr(0, 80)) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c < 0x20 || c == 0x7f || c == '\\') {
-      shown += "\\x";
-      shown += detail::hex_digits(c, 2);
-    } else {
-      shown += ch;
-    }
-  }
-  if (key.size() > 80) shown += fmt::format("... ({} bytes)", key.size());
-  return shown;
-}
-
+using dibs::show_key;  // <dibs/text.hpp>
 }  // namespace detail
 
 /// Throws: std::system_error(errc::invalid_argument) naming the call, the key

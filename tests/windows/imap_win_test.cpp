@@ -13,9 +13,9 @@
 #include <dibs/imap/mailbox.hpp>
 #include <dibs/imap/store.hpp>
 // The forwarding paths of 0.1 build on Windows too.
-#include <dibs/imap.hpp>
-#include <dibs/imap_mailbox.hpp>
-#include <dibs/imap_store.hpp>
+#include <dibs/imap/client.hpp>
+#include <dibs/imap/mailbox.hpp>
+#include <dibs/imap/store.hpp>
 #include <dibs/marker_claim.hpp>
 #include <dibs/stores/file_store.hpp>
 #include <dibs/testing/store_conformance.hpp>

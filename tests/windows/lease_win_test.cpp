@@ -80,7 +80,7 @@ TEST_CASE("Windows lease_mutex: on_behalf_of an id no process has is refused by 
   REQUIRE(free_id != 0);
   dibs::memory_store store;
   try {
-    dibs::lease_mutex<dibs::memory_store> m{store, "job", {.on_behalf_of = static_cast<dibs::detail::process_id>(free_id)}};
+    dibs::lease_mutex<dibs::memory_store> m{store, "job", {.on_behalf_of = static_cast<dibs::process_id>(free_id)}};
     FAIL("no error");
   } catch (const std::system_error& e) {
     CHECK(e.code() == std::errc::no_such_process);

@@ -13,8 +13,8 @@
 #include <dibs/stores/sqlite_store.hpp>
 #include <dibs/testing/store_conformance.hpp>
 // The paths of 0.1, which forward to the two above, build on Windows too.
-#include <dibs/sqlite.hpp>
-#include <dibs/sqlite_store.hpp>
+#include <dibs/sqlite/connection.hpp>
+#include <dibs/stores/sqlite_store.hpp>
 
 #include <fmt/format.h>
 
