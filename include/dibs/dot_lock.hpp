@@ -322,38 +322,9 @@ public:
   /// Throws: std::system_error naming the path for a symbolic link, a
   /// directory or another non-file at the path.
   static std::optional<lock_holder> holder_of(const std::filesystem::path& file, const dot_lock_options& o = {}) {
-    namespace f = detail::dot_file;
-    f::handle fd;
-    f::stamp st;
-    char buf[4096];
-    std::size_t n = 0;
-    switch (f::open_judged(file, fd, st)) {
-      case f::look::gone: return std::nullopt;
-      case f::look::unreadable: return lock_holder{};
-      case f::look::opened: break;
-    }
-    switch (f::read_head(fd, buf, sizeof buf, n, file)) {
-      case f::look::gone: return std::nullopt;
-      case f::look::unreadable: return lock_holder{};
-      case f::look::opened: break;
-    }
-    const std::string_view text(buf, n);
-    lock_holder h;
-    auto limit = o.stale_after;
-    if (const auto owner = detail::parse_dot_lock(text)) {
-      h.host = owner->host;
-      h.pid = owner->pid;
-      h.gone = detail::provably_dead(*owner);
-      limit = std::max(limit, owner->lease);
-    } else {
-      const auto first = text.substr(0, text.find('\n'));
-      long pid = 0;
-      const auto [p, ec] = std::from_chars(first.data(), first.data() + first.size(), pid);
-      h.pid = ec == std::errc{} && p == first.data() + first.size() ? pid : 0;
-    }
-    h.lease = std::chrono::duration_cast<std::chrono::milliseconds>(limit);
-    h.lease_left = std::chrono::duration_cast<std::chrono::milliseconds>(limit - (std::chrono::system_clock::now() - st.modified()));
-    return h;
+    detail::dot_file::handle fd;
+    detail::dot_file::stamp st;
+    return read_holder(file, o, fd, st);
   }
 
   /// Effects: sets the lock file's mtime to now (what touch does on its own).
@@ -465,29 +436,53 @@ private:
   verdict judge(detail::dot_file::handle& fd, detail::dot_file::stamp& st) const {
     return judge_at(path_, opts_, fd, st);
   }
-  // The rule, for a lock file at `file` judged with `o` (also for is_held).
+  // The rule, for a lock file at `file` judged with `o` (also for is_held):
+  // gone if there is none; stale if its holder is provably gone or its age
+  // has used up its lease; else held (also when it cannot be read).
   static verdict judge_at(const std::filesystem::path& file, const dot_lock_options& o,
                           detail::dot_file::handle& fd, detail::dot_file::stamp& st) {
-    switch (detail::dot_file::open_judged(file, fd, st)) {
-      case detail::dot_file::look::gone: return verdict::gone;
-      case detail::dot_file::look::unreadable: return verdict::held;
-      case detail::dot_file::look::opened: break;
-    }
+    const auto h = read_holder(file, o, fd, st);
+    if (!h) return verdict::gone;
+    return h->gone || (h->lease_left && h->lease_left->count() <= 0) ? verdict::stale : verdict::held;
+  }
+
+  // Opens the lock file at `file` (into `fd`, `st`) and reads who holds it
+  // (holder_of). lease_left is rounded up, so that it is <= 0 exactly when
+  // the file's age has reached its limit. The wall clock, against the mtime
+  // the system stamped with it: the only lease the other tools keep (see
+  // the top of this header).
+  static std::optional<lock_holder> read_holder(const std::filesystem::path& file, const dot_lock_options& o,
+                                                detail::dot_file::handle& fd, detail::dot_file::stamp& st) {
+    namespace f = detail::dot_file;
     char buf[4096];
     std::size_t n = 0;
-    switch (detail::dot_file::read_head(fd, buf, sizeof buf, n, file)) {
-      case detail::dot_file::look::gone: return verdict::gone;
-      case detail::dot_file::look::unreadable: return verdict::held;
-      case detail::dot_file::look::opened: break;
+    switch (f::open_judged(file, fd, st)) {
+      case f::look::gone: return std::nullopt;
+      case f::look::unreadable: return lock_holder{};
+      case f::look::opened: break;
     }
+    switch (f::read_head(fd, buf, sizeof buf, n, file)) {
+      case f::look::gone: return std::nullopt;
+      case f::look::unreadable: return lock_holder{};
+      case f::look::opened: break;
+    }
+    const std::string_view text(buf, n);
+    lock_holder h;
     auto limit = o.stale_after;
-    if (const auto owner = detail::parse_dot_lock(std::string_view(buf, n))) {
-      if (detail::provably_dead(*owner)) return verdict::stale;
+    if (const auto owner = detail::parse_dot_lock(text)) {
+      h.host = owner->host;
+      h.pid = owner->pid;
+      h.gone = detail::provably_dead(*owner);
       limit = std::max(limit, owner->lease);  // its holder touches it by its own stale_after
+    } else {
+      const auto first = text.substr(0, text.find('\n'));
+      long pid = 0;
+      const auto [p, ec] = std::from_chars(first.data(), first.data() + first.size(), pid);
+      h.pid = ec == std::errc{} && p == first.data() + first.size() ? pid : 0;
     }
-    // The wall clock, against the mtime the system stamped with it: the only
-    // lease the other tools keep (see the top of this header).
-    return std::chrono::system_clock::now() - st.modified() >= limit ? verdict::stale : verdict::held;
+    h.lease = std::chrono::duration_cast<std::chrono::milliseconds>(limit);
+    h.lease_left = std::chrono::ceil<std::chrono::milliseconds>(limit - (std::chrono::system_clock::now() - st.modified()));
+    return h;
   }
 
   // Moves away the file judged stale (open as `fd`, as it was `judged`),
