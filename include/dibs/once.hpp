@@ -17,12 +17,14 @@
 // (outcome::too_late), whatever the clocks say.
 //
 // Slots. A periodic schedule (a period P) numbers time in slots of P from
-// the Unix epoch, by the clock of options::clock (this host's system clock
-// by default): slot k starts at k * P. A slot's id is its start, in UTC
+// the Unix epoch, by the clock of options::clock: by default the store's
+// own where it has one (store_with_wall_clock: postgres_store's is the
+// server's, so hosts whose clocks differ agree), else this host's system
+// clock. Slot k starts at k * P. A slot's id is its start, in UTC
 // ("2026-12-06T15:00:00Z", with milliseconds if P is not whole seconds).
 // run_slot(id, fn) runs a slot the caller names (a date, a batch) instead.
-// Hosts whose clocks differ run a slot early or late by the difference,
-// never twice: whoever reaches it first runs it, the others find it done.
+// By the hosts' own clocks, hosts whose clocks differ run a slot early or
+// late by the difference, never twice: whoever reaches it first runs it, the others find it done.
 //
 // While another process runs the slot, run() stands by (options::standby,
 // by default until the slot's end): if that run's process dies, this one
@@ -98,7 +100,9 @@ struct once_options {
   std::uint32_t keep = 1000;
   /// What run() does about the latest missed slot.
   catch_up missed = catch_up::skip;
-  /// The clock slots are numbered by; unset: std::chrono::system_clock::now.
+  /// The clock slots are numbered by. Unset: the store's (now(), one round
+  /// trip a reading) if it is a store_with_wall_clock, else
+  /// std::chrono::system_clock::now.
   std::function<std::chrono::system_clock::time_point()> clock{};
 };
 
@@ -294,7 +298,12 @@ private:
     if (opts_.keep == 0)
       throw std::system_error(make_error_code(errc::invalid_argument),
                               fmt::format("dibs::once '{}': keep must be at least 1 slot", detail::show_key(name_)));
-    if (!opts_.clock) opts_.clock = [] { return std::chrono::system_clock::now(); };
+    if (!opts_.clock) {
+      if constexpr (store_with_wall_clock<Store>)
+        opts_.clock = [&store] { return store.now(dibs::time_limit::max()); };
+      else
+        opts_.clock = [] { return std::chrono::system_clock::now(); };
+    }
     key_ = std::string(detail::once_prefix) + name_;
     for (;;) {
       if (const auto r = detail::store_read(store, key_, dibs::time_limit::max())) {

@@ -115,6 +115,15 @@ concept store_with_clock = shared_store<S> && requires(S& s, std::string_view ke
   { s.read_aged(key, t) } -> std::same_as<std::optional<aged_record>>;
 };
 
+/// A store with a wall clock of its own, the same for every client (a
+/// server's): `now(t)` reads it. dibs::once numbers its slots by it, so
+/// that hosts whose clocks differ agree on which slot is due
+/// (postgres_store is one).
+template <class S>
+concept store_with_wall_clock = shared_store<S> && requires(S& s, dibs::time_limit t) {
+  { s.now(t) } -> std::same_as<std::chrono::system_clock::time_point>;
+};
+
 /// What create_or_read did: `created` the new record's version, if the key
 /// had no record; else `existing`, the record it has (left as it was). Both
 /// empty: another writer created the key at that moment, and its record was

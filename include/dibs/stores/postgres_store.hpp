@@ -187,6 +187,15 @@ public:
                        std::chrono::milliseconds{static_cast<std::int64_t>(integer(r.get(), 0, 2))}};
   }
 
+  /// Returns: the server's wall clock now (clock_timestamp(), to the
+  /// millisecond): one clock for every client, whatever the hosts' clocks
+  /// say (dibs::once numbers its slots by it; store_with_wall_clock).
+  std::chrono::system_clock::time_point now(dibs::time_limit t = dibs::time_limit::max()) {
+    const auto r = run(stmt::now, {}, t, false, "read the server's clock");
+    return std::chrono::system_clock::time_point{
+        std::chrono::milliseconds{static_cast<std::int64_t>(integer(r.get(), 0, 0))}};
+  }
+
   std::optional<dibs::version> create(std::string_view key, std::string_view value) {
     return create(key, value, dibs::time_limit::max());
   }
@@ -405,6 +414,7 @@ private:
   enum class stmt {
     read,
     read_aged,
+    now,
     create,
     create_or_read,
     replace,
@@ -933,6 +943,7 @@ private:
         {stmt::read_aged, fmt::format("SELECT value, version, (extract(epoch FROM clock_timestamp() - written) * 1000)::bigint "
                                       "FROM \"{}\" WHERE key = $1",
                                       t)},
+        {stmt::now, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"},
         {stmt::create, fmt::format("WITH ins AS (INSERT INTO \"{0}\" AS r (key, value, version, written, state, attempts, "
                                    "priority, not_before, synced, claimable) VALUES ($1, $2, {1}, clock_timestamp(), $3, "
                                    "$4::integer, $5::bigint, $6::bigint, {1}, $7::boolean) ON CONFLICT (key) DO UPDATE "
@@ -998,6 +1009,7 @@ private:
     switch (s) {
       case stmt::read: return "dibs_read";
       case stmt::read_aged: return "dibs_read_aged";
+      case stmt::now: return "dibs_now";
       case stmt::create: return "dibs_create";
       case stmt::create_or_read: return "dibs_create_or_read";
       case stmt::replace: return "dibs_replace";
@@ -1278,6 +1290,7 @@ private:
 static_assert(listable_store<postgres_store>);
 static_assert(timed_shared_store<postgres_store>);
 static_assert(store_with_clock<postgres_store>);
+static_assert(store_with_wall_clock<postgres_store>);
 static_assert(create_or_read_store<postgres_store>);
 static_assert(batch_store<postgres_store>);
 static_assert(requires(const postgres_store& s) { s.wait_for_change("k", std::chrono::seconds{1}); });
