@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "once_checks.hpp"
 #include "support.hpp"
 
 #include <fcntl.h>
@@ -31,40 +32,10 @@ namespace once_tests {
 namespace fs = std::filesystem;
 using sys = std::chrono::system_clock;
 
-// A clock the test sets: slots by it, not by the machine's.
-struct test_clock {
-  std::shared_ptr<std::atomic<long long>> ms = std::make_shared<std::atomic<long long>>(1'800'000'000'000LL);
-  std::function<sys::time_point()> fn() const {
-    return [m = ms] { return sys::time_point{std::chrono::milliseconds{m->load()}}; };
-  }
-  void set(long long v) const { ms->store(v); }
-  void add(std::chrono::milliseconds d) const { ms->fetch_add(d.count()); }
-};
-
-dibs::once_options with_clock(const test_clock& c, dibs::once_options o = {}) {
-  o.clock = c.fn();
-  return o;
-}
-
 std::size_t record_count(dibs::memory_store& s) { return s.keys("").size(); }
 
-// A process that runs the current slot of the schedule "sync" (1 h, by
-// `clock`) in the file_store at `dir`, says its token on `started` and
-// stays inside the run until it is killed (60 s lease, not renewed).
-dibs_test::child stuck_run(const fs::path& dir, const test_clock& clock, const dibs_test::channel& started) {
-  return dibs_test::child{dibs_test::spawn([&]() -> int {
-    dibs::file_store mine{dir};
-    dibs::once_options o = with_clock(clock);
-    o.claims.renew = false;  // no thread in a child forked from a process with threads
-    o.claims.lease = 60s;
-    dibs::once<dibs::file_store> job{mine, "sync", 1h, o};
-    job.run([&](const auto& slot) {
-      started.send(fmt::format("{}", slot.token()));
-      for (;;) ::pause();
-    });
-    return 0;
-  })};
-}
+// The checks more stores run, the test clock, stuck_run (once_checks.hpp).
+using namespace dibs_test::once_checks;
 
 }  // namespace once_tests
 
@@ -277,35 +248,14 @@ TEST_CASE("once: run_slot runs a slot the caller names once, standby 0 says take
   CHECK(job.run_slot("2026-12-07", [](const auto&) {}).outcome == dibs::once_outcome::ran);
 }
 
+TEST_CASE("once: of 4 processes that run a slot at once one runs it, the others stand by and find it done") {
+  dibs_test::temp_dir dir;
+  one_of_many_runs([&] { return dibs::file_store{dir.path}; }, 4);
+}
+
 TEST_CASE("once: a run whose process was SIGKILLed is taken over by one standing by, at once on proof (attempt 2, a larger token)") {
   dibs_test::temp_dir dir;
-  dibs::file_store store{dir.path};
-  test_clock clock;
-  dibs_test::channel started;
-  dibs_test::child host = stuck_run(dir.path, clock, started);
-  const auto msg = started.receive();
-  REQUIRE(msg);
-  const auto their_token = std::stoull(*msg);
-  dibs::once_options o = with_clock(clock);
-  o.standby = 60s;
-  dibs::once<dibs::file_store> job{store, "sync", 1h, o};
-  std::uint32_t attempt = 0;
-  dibs::version token = 0;
-  auto standing_by = std::async(std::launch::async, [&] {
-    return job.run([&](const auto& slot) {
-      attempt = slot.attempt();
-      token = slot.token();
-    });
-  });
-  // It stands by while the run's process lives (60 s lease, renewed or not).
-  CHECK(standing_by.wait_for(300ms) == std::future_status::timeout);
-  const auto t0 = std::chrono::steady_clock::now();
-  host.kill();
-  const auto r = standing_by.get();
-  CHECK(std::chrono::steady_clock::now() - t0 < 20s);  // on proof, not after the 60 s lease
-  CHECK(r.outcome == dibs::once_outcome::ran);
-  CHECK(attempt == 2);
-  CHECK(token > their_token);
+  killed_run_taken_over([&] { return dibs::file_store{dir.path}; });
 }
 
 TEST_CASE("once: a slot whose run died after the slot's end is finished by the next slot's run(), before that slot") {
@@ -313,7 +263,7 @@ TEST_CASE("once: a slot whose run died after the slot's end is finished by the n
   dibs::file_store store{dir.path};
   test_clock clock;
   dibs_test::channel started;
-  dibs_test::child host = stuck_run(dir.path, clock, started);
+  dibs_test::child host = stuck_run([&] { return dibs::file_store{dir.path}; }, clock, started);
   REQUIRE(started.receive());
   dibs::once<dibs::file_store> job{store, "sync", 1h, with_clock(clock)};
   const std::string stuck = job.slot_id();
