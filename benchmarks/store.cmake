@@ -40,6 +40,9 @@ dibs_store_benchmark(store_marker_claim)
 # 3b. claim_next + complete on file_store's queue view at 1,000 to 100,000 items queued.
 dibs_store_benchmark(file_claim_next benchmark::benchmark)
 # 4. lease_semaphore acquire+release against lease_mutex and lock_file, uncontended.
+# 4b. P processes sharing N permits against P sharing one lock: throughput, and
+# how many held at once (benchmarks/run_semaphore_benchmarks.sh).
 if(TARGET dibs::sqlite)
   dibs_store_benchmark(semaphore_uncontended benchmark::benchmark dibs::sqlite)
+  dibs_store_benchmark(semaphore_contended dibs::sqlite)
 endif()
