@@ -67,6 +67,7 @@ group_tests=(
   liblockfile-bin                                  # dotlockfile(1): dot_lock_test's and tests/cli's foreign lock holder
   procmail                                         # lockfile(1): tests/cli/lock_dot.bats
   stress-ng                                        # the load scripts/soak.sh runs the tests under
+  faketime                                         # a host whose clock is a day off: tests/cli/postgres.bats
 )
 group_clang=(
   clang libclang-rt-14-dev                         # the clang and sanitizer presets

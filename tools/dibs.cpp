@@ -71,6 +71,7 @@ extern char** environ;
 #include <dibs/marker_claim.hpp>
 #include <dibs/once.hpp>
 #include <dibs/shared_log.hpp>
+#include <dibs/text.hpp>
 #include <dibs/version.hpp>
 #ifdef DIBS_TOOL_SQLITE
 #include <dibs/stores/sqlite_store.hpp>
@@ -351,6 +352,11 @@ std::uint64_t parse_size(const std::string& what, const std::string& s) {
 // ---------------------------------------------------------------------------
 // dibs lock
 
+// Stores by name (below): dibs lock --max --store keeps a semaphore in one.
+bool is_store_spec(const std::string& t);
+template <class F>
+int with_store(const std::string& spec, F&& f, bool read_only = false);
+
 struct lock_args {
   std::string path;
   std::vector<std::string> command;
@@ -362,6 +368,7 @@ struct lock_args {
   std::string lease = "10s";
   std::uint32_t max = 0;  // --max N: one of N permits (dibs::lease_semaphore) instead of the lock; 0: not given
   bool resize = false;    // --resize: set the semaphore's N to --max first, for every user
+  std::string store;      // --store STORE: with --max, the semaphore PATH is kept in STORE
   // flock(1)'s
   bool shared = false;
   bool exclusive = false;
@@ -409,6 +416,7 @@ std::string conflict_message(const std::string& path, const std::optional<dibs::
 // process, try_for(d) tries (once if d is 0), conflict(waited) says who
 // holds it, token() is the fencing token if the lock has one, unlock().
 struct lease_kind {
+  lease_kind(const lock_args& args, std::function<void()> lost) : a(args), on_lost(std::move(lost)) {}
   const lock_args& a;
   std::function<void()> on_lost;  // from the library's renewal thread
   std::optional<dibs::lock_file> lk;
@@ -441,20 +449,25 @@ struct lease_kind {
   void unlock() { lk->unlock(); }  // a compare-and-set: a lock taken over is left to its new holder
 };
 
-// --max N: one of the N permits of the semaphore kept in the directory
-// PATH (dibs::lease_semaphore over a file_store there, named after the
-// directory), as the lease lock is one permit: the same lease, renewal,
-// proof rule and fencing token (per permit), and the same waiter queue.
+// --max N: one of the N permits of a semaphore (dibs::lease_semaphore), as
+// the lease lock is one permit: the same lease, renewal, proof rule and
+// fencing token (per permit), and the same waiter queue. The semaphore is
+// kept in the directory PATH (a file_store there, the semaphore named
+// after the directory), or with --store in that STORE, named PATH (for
+// hosts that share a database).
+template <class Store = dibs::file_store>
 struct permit_kind {
-  using semaphore = dibs::lease_semaphore<dibs::file_store>;
-  // As lease_kind is made: {args, on_lost, {}}.
-  permit_kind(const lock_args& args, std::function<void()> lost, std::optional<dibs::file_store> s)
-      : a(args), on_lost(std::move(lost)), store(std::move(s)) {}
+  using semaphore = dibs::lease_semaphore<Store>;
+  // As lease_kind is made (args, on_lost), and --store's store.
+  permit_kind(const lock_args& args, std::function<void()> lost, Store* given = nullptr)
+      : a(args), on_lost(std::move(lost)), store(given) {}
   const lock_args& a;
   std::function<void()> on_lost;  // from the library's renewal thread
-  std::optional<dibs::file_store> store;
+  Store* store;                   // --store's; else the directory's (own)
+  std::optional<dibs::file_store> own;
+  std::string name;
   std::optional<semaphore> sem;
-  semaphore::permit held;
+  typename semaphore::permit held;
 
   // The semaphore's name in its directory: the directory's own name.
   static std::string name_of(const std::string& path) {
@@ -462,22 +475,32 @@ struct permit_kind {
     if (!p.has_filename()) p = p.parent_path();  // "dir/" names dir
     return p.filename().string();
   }
+  // How a message names the semaphore, and the options that name it again.
+  std::string where() const { return a.store.empty() ? a.path : fmt::format("{} in {}", a.path, a.store); }
+  std::string again() const { return a.store.empty() ? a.path : fmt::format("--store '{}' {}", a.store, a.path); }
   void open(dibs::process_id behalf) {
     const milliseconds lease = parse_duration("--lease", a.lease);
     if (lease < milliseconds{300}) fail(ex::usage, "dibs lock: --lease must be at least 300ms");
-    const auto dir = native_path(a.path);
-    std::error_code ec;
-    if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
-      fail(ex::dataerr, fmt::format("dibs lock --max: '{}' is a file; --max keeps its permits in a directory of their "
-                                    "own: give a directory's path (dibs makes it)",
-                                    a.path));
-    if (!std::filesystem::create_directory(dir, ec) && ec)
-      fail(ex::noinput, fmt::format("dibs lock --max: cannot make the directory '{}': {}", a.path, ec.message()));
-    const std::string name = name_of(a.path);
-    if (name.empty() || name == "." || name == "..")
-      fail(ex::usage, fmt::format("dibs lock --max: '{}' names no directory of its own; give e.g. /run/lock/exports",
-                                  a.path));
-    store.emplace(dir);
+    if (store) {
+      name = a.path;
+    } else {
+      if constexpr (std::is_same_v<Store, dibs::file_store>) {
+        const auto dir = native_path(a.path);
+        std::error_code ec;
+        if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
+          fail(ex::dataerr, fmt::format("dibs lock --max: '{}' is a file; --max keeps its permits in a directory of "
+                                        "their own: give a directory's path (dibs makes it)",
+                                        a.path));
+        if (!std::filesystem::create_directory(dir, ec) && ec)
+          fail(ex::noinput, fmt::format("dibs lock --max: cannot make the directory '{}': {}", a.path, ec.message()));
+        name = name_of(a.path);
+        if (name.empty() || name == "." || name == "..")
+          fail(ex::usage, fmt::format("dibs lock --max: '{}' names no directory of its own; give e.g. "
+                                      "/run/lock/exports",
+                                      a.path));
+        store = &own.emplace(dir);
+      }
+    }
     if (a.resize) {
       try {
         (void)semaphore::resize(*store, name, a.max);
@@ -494,7 +517,7 @@ struct permit_kind {
       fail(ex::usage, fmt::format("dibs lock --max {}: '{}' has {} permits, not {}: give --max {}, or change it for "
                                   "every user with 'dibs lock --max {} --resize {} -- COMMAND' (holders of permits "
                                   "above the new number keep them until they end)",
-                                  a.max, a.path, st->permits, a.max, st->permits, a.max, a.path));
+                                  a.max, where(), st->permits, a.max, st->permits, a.max, again()));
     }
   }
   bool try_for(milliseconds d) {
@@ -515,8 +538,9 @@ struct permit_kind {
     }
     return fmt::format("dibs lock: all {} permits of '{}' are held{}{}; wait longer (-w), or see who holds them with "
                        "'dibs status {}'",
-                       sem->permits(), a.path, who.empty() ? std::string{} : " (" + who + ")",
-                       waited ? " (--wait ran out)" : "", a.path);
+                       sem->permits(), where(), who.empty() ? std::string{} : " (" + who + ")",
+                       waited ? " (--wait ran out)" : "",
+                       a.store.empty() ? a.path : fmt::format("--semaphore {} '{}'", a.path, a.store));
   }
   std::optional<dibs::version> token() { return held.token(); }
   std::optional<std::uint32_t> permit() { return held.index(); }  // DIBS_PERMIT: 0 to N - 1
@@ -653,8 +677,12 @@ int cmd_lock(lock_args& a) {
                     "presence lock: add --dot");
   if (a.retries < -2) fail(ex::usage, "dibs lock -r: retries must be -1 (forever) or more");
   if (a.retries == -2 && !a.sleep.empty()) a.retries = -1;  // lockfile(1): retry forever unless -r says
+  if (!a.store.empty() && a.max == 0)
+    fail(ex::usage, fmt::format("dibs lock --store: a store keeps a semaphore's permits: give --max N (--max 1: one "
+                                "holder at a time), as in 'dibs lock --max 1 --store {} {} -- COMMAND'",
+                                a.store, a.path));
   if (!a.kernel) refuse_unless_kernel(a);
-  if (!a.kernel && a.fd < 0) refuse_special("dibs lock", a.path);  // --kernel: as flock(1) opens it
+  if (!a.kernel && a.fd < 0 && a.store.empty()) refuse_special("dibs lock", a.path);  // --kernel: as flock(1) opens it
   refuse_unported(a);
   if (a.command.empty() && a.fd < 0)
     fail(ex::usage, fmt::format("dibs lock: no COMMAND to run; write: dibs lock {} -- COMMAND [ARGS...]", a.path));
@@ -662,8 +690,15 @@ int cmd_lock(lock_args& a) {
   if (!a.wait.empty()) wait = parse_duration("dibs lock -w", a.wait);
   if (a.kernel) return lock_kernel(a, wait);
   if (a.dot) return lock_dot(a, wait);
+  if (!a.store.empty()) {
+    if (!is_store_spec(a.store))
+      fail(ex::usage, fmt::format("dibs lock --store: '{}' is not a store (dir:..., sqlite:..., postgres:...)", a.store));
+    return with_store(a.store, [&](auto& store) {
+      return lock_lease<permit_kind<std::remove_reference_t<decltype(store)>>>(a, wait, &store);
+    });
+  }
   try {
-    return a.max > 0 ? lock_lease<permit_kind>(a, wait) : lock_lease(a, wait);
+    return a.max > 0 ? lock_lease<permit_kind<>>(a, wait) : lock_lease(a, wait);
   } catch (const std::system_error& e) {
     // What flock(1) and every flock-style tool leave behind: no record.
     std::error_code ec;
@@ -763,7 +798,7 @@ constexpr const char* store_table = R"(Stores (STORE):
 // `read_only`: for dibs status, which must write nothing: a store that
 // does not exist yet is not made.
 template <class F>
-int with_store(const std::string& spec, F&& f, bool read_only = false) {
+int with_store(const std::string& spec, F&& f, bool read_only) {
   const auto colon = spec.find(':');
   const std::string scheme = colon == std::string::npos ? std::string{} : spec.substr(0, colon);
   std::string rest = colon == std::string::npos ? spec : spec.substr(colon + 1);
@@ -1149,6 +1184,17 @@ int cmd_retry(retry_args& a) {
 // ---------------------------------------------------------------------------
 // dibs status
 
+// Returns: `s` as one word of a shell command line: as it is if it has
+// only characters no shell treats specially, else in single quotes.
+std::string shell_word(std::string_view s) {
+  const bool plain = !s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                       "0123456789@%+=:,./_-") == std::string_view::npos;
+  if (plain) return std::string(s);
+  std::string out = "'";
+  for (const char c : s) out += c == '\'' ? std::string{"'\\''"} : std::string(1, c);
+  return out + "'";
+}
+
 std::string json_string(std::string_view s) {
   std::string out = "\"";
   for (const char ch : s) {
@@ -1180,6 +1226,7 @@ struct status_args {
   std::string target;
   std::string prefix;
   std::string once;       // --once NAME: a schedule of dibs once
+  std::string semaphore;  // --semaphore NAME: a semaphore of dibs lock --max --store
   std::size_t last = 24;  // --last N: its recent slots shown
   bool json = false;
 };
@@ -1283,20 +1330,17 @@ const char* lease_state(const std::optional<dibs::lock_holder>& h) {
                                                         : "held";
 }
 
-// A directory of dibs lock --max: its semaphore's permits and holders.
-int semaphore_status(const status_args& a) {
-  const std::string name = permit_kind::name_of(a.target);
-  dibs::file_store store{native_path(a.target)};
-  const auto st = permit_kind::semaphore::inspect(store, name);
-  if (!st)
-    fail(ex::noinput, fmt::format("dibs status: '{}' is a directory with no semaphore of 'dibs lock --max' in it (a "
-                                  "store? write dir:{})",
-                                  a.target, a.target));
+// A semaphore of dibs lock --max: its permits and holders. `label` names
+// it in what is printed (the directory, or NAME in STORE).
+template <class Store>
+int show_semaphore(Store& store, const std::string& name, const std::string& label, bool json, const std::string& none) {
+  const auto st = dibs::lease_semaphore<Store>::inspect(store, name);
+  if (!st) fail(ex::noinput, none);
   std::size_t held = 0;
   for (const auto& p : st->holders) held += std::string_view{lease_state(p.holder)} != "free";
-  if (a.json) {
+  if (json) {
     std::string out = fmt::format("{{\"path\": {}, \"kind\": \"semaphore\", \"permits\": {}, \"held\": {}, \"holders\": [",
-                                  json_string(a.target), st->permits, held);
+                                  json_string(label), st->permits, held);
     for (const auto& p : st->holders) {
       const auto& h = p.holder;
       out += fmt::format("{}\n  {{\"permit\": {}, \"state\": \"{}\", \"above_limit\": {}, \"host\": {}, \"pid\": {}, "
@@ -1308,7 +1352,7 @@ int semaphore_status(const status_args& a) {
     fmt::print("{}{}]}}\n", out, st->holders.empty() ? "" : "\n");
     return ex::ok;
   }
-  fmt::print("{}: {} of {} permits held\n", a.target, held, st->permits);
+  fmt::print("{}: {} of {} permits held\n", label, held, st->permits);
   if (st->holders.empty()) return ex::ok;
   fmt::print("{:<8} {:<8} {:<8} {:<20} {:<10} {:<10} {:<8} {}\n", "PERMIT", "HOST", "PID", "SINCE", "LEASE", "LEFT",
              "TOKEN", "STATE");
@@ -1321,6 +1365,15 @@ int semaphore_status(const status_args& a) {
   return ex::ok;
 }
 
+// A directory of dibs lock --max.
+int semaphore_status(const status_args& a) {
+  dibs::file_store store{native_path(a.target)};
+  return show_semaphore(store, permit_kind<>::name_of(a.target), a.target, a.json,
+                        fmt::format("dibs status: '{}' is a directory with no semaphore of 'dibs lock --max' in it (a "
+                                    "store? write dir:{})",
+                                    a.target, a.target));
+}
+
 int cmd_status(status_args& a) {
   if (!a.once.empty()) {
     if (!is_store_spec(a.target))
@@ -1329,11 +1382,28 @@ int cmd_status(status_args& a) {
                                   a.once, a.target));
     return once_status(a.target, a.once, a.last, a.json);
   }
+  if (!a.semaphore.empty()) {
+    if (!is_store_spec(a.target))
+      fail(ex::usage, fmt::format("dibs status --semaphore {}: '{}' is not a store; give the STORE of dibs lock --max "
+                                  "--store (dir:..., sqlite:..., postgres:...), or the directory of dibs lock --max "
+                                  "without --semaphore",
+                                  a.semaphore, a.target));
+    return with_store(a.target, [&](auto& store) -> int {
+      return show_semaphore(store, a.semaphore, fmt::format("{} in {}", a.semaphore, a.target), a.json,
+                            fmt::format("dibs status: {} has no semaphore '{}'", a.target, a.semaphore));
+    }, true);
+  }
   if (is_store_spec(a.target)) {
     return with_store(a.target, [&](auto& store) -> int {
       using S = std::remove_reference_t<decltype(store)>;
       dibs::marker_claim<S> claims{store};
-      const auto items = claims.list(a.prefix);
+      auto items = claims.list(a.prefix);
+      // The records of semaphores and schedules are not items: they are
+      // listed by name after the items (unless --prefix asks for them).
+      if (a.prefix.rfind("dibs-", 0) != 0)
+        std::erase_if(items, [](const auto& it) {
+          return it.key.rfind("dibs-semaphore", 0) == 0 || it.key.rfind("dibs-once:", 0) == 0;
+        });
       if (a.json) {
         std::string out = "[";
         for (const auto& it : items) {
@@ -1357,6 +1427,22 @@ int cmd_status(status_args& a) {
       std::string sum;
       for (const auto& [state, n] : counts) sum += fmt::format("{}{} {}", sum.empty() ? "" : ", ", n, state);
       fmt::print("{} item(s){}{}\n", items.size(), sum.empty() ? "" : ": ", sum);
+      if (!a.prefix.empty()) return ex::ok;
+      for (const auto& name : dibs::lease_semaphore<S>::names(store)) {
+        std::size_t held = 0, permits = 0;
+        if (const auto st = dibs::lease_semaphore<S>::inspect(store, name)) {
+          permits = st->permits;
+          for (const auto& p : st->holders) held += std::string_view{lease_state(p.holder)} != "free";
+        }
+        fmt::print("semaphore {}: {} of {} permits held (dibs status --semaphore {} {})\n", name, held, permits,
+                   shell_word(name), shell_word(a.target));
+      }
+      for (const auto& name : dibs::once<S>::names(store)) {
+        const auto period = dibs::once<S>::period_of(store, name);
+        fmt::print("schedule {}: {} (dibs status --once {} {})\n", name,
+                   period && period->count() > 0 ? "every " + dibs::show_duration(*period) : std::string{"named slots"},
+                   shell_word(name), shell_word(a.target));
+      }
       return ex::ok;
     }, true);
   }
@@ -1668,6 +1754,9 @@ int run(int argc, char** argv) {
                    "At most N at a time (as sem -j N): hold one of N permits of the semaphore kept in the directory "
                    "PATH (made if missing) instead of the lock; each permit a lease lock with its own token")
       ->check(CLI::Range(1u, 10000u));
+  lock->add_option("--store", la.store,
+                   "With --max N: keep the semaphore in STORE (dir:..., sqlite:..., postgres:...), named PATH, "
+                   "instead of in the directory PATH: at most N at a time across the hosts that share STORE");
   lock->add_flag("--resize", la.resize,
                  "With --max N: first set the semaphore's number of permits to N, for every user");
   lock->add_flag("-s,--shared", la.shared, "Kernel lock: a shared lock");
@@ -1910,8 +1999,9 @@ dies mid-run), then exit 10. COMMAND gets DIBS_SLOT (the slot: its start in
 UTC, or --slot's name), DIBS_TOKEN (the run's fencing token, larger for each
 run of the slot) and DIBS_ATTEMPT. Exit 0: the slot is done, never run again.
 Another status: the slot is given back, and a host standing by runs it
-again, up to --max-attempts runs. Slots are by each host's clock: a host
-whose clock is off runs a slot early or late, never twice.
+again, up to --max-attempts runs. Slots are by the server's clock on
+postgres:, else by each host's: a host whose clock is off runs a slot early
+or late, never twice.
 
 Exit codes: COMMAND's status if it ran here; 10 another host ran the slot;
 11 another host runs it now (--standby ran out); 12 it failed for good; 13
@@ -1931,18 +2021,22 @@ Examples:
   status->add_option("--prefix", sa.prefix, "Only items whose key starts with PREFIX");
   status->add_flag("--json", sa.json, "JSON for programs instead of a table");
   status->add_option("--once", sa.once, "The schedule NAME of dibs once in STORE: its recent slots, missed ones too");
+  status->add_option("--semaphore", sa.semaphore,
+                     "The semaphore NAME of dibs lock --max --store in STORE: its permits and holders");
   status->add_option("--last", sa.last, "With --once: how many recent slots")->capture_default_str()->check(CLI::Range(1, 100000));
   status->footer(std::string(data_rule) + R"(
 
 TARGET: a lock file (lease, or presence: dibs lock --dot, dotlockfile,
 lockfile(1)), a directory of dibs lock --max, or a STORE (dir:...,
-sqlite:..., postgres:...); with --once NAME, the STORE of that schedule.
-Reads only: takes no lock, changes nothing.
+sqlite:..., postgres:...): its items, then the semaphores and schedules it
+keeps; with --once NAME or --semaphore NAME, the STORE of that schedule
+or semaphore. Reads only: takes no lock, changes nothing.
 
 Examples:
   dibs status /run/lock/nightly.lock
   dibs status /run/lock/exports                        # a semaphore's permits
   dibs status --once nightly-export postgres:host=db1  # who ran each slot, and the missed ones
+  dibs status --semaphore exports postgres:host=db1    # dibs lock --max 3 --store postgres:host=db1 exports
   dibs status --json dir:/srv/claims | jq '.[] | select(.state == "failed")'
 )");
 

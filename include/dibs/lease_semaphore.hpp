@@ -345,6 +345,17 @@ public:
     return state{c.permits, holders_of(store, name, c)};
   }
 
+  /// Returns: the names of the semaphores `store` holds, sorted (what a
+  /// status tool lists; open or inspect() each by name). Reads only.
+  static std::vector<std::string> names(Store& store)
+    requires listable_store<Store>
+  {
+    std::vector<std::string> out;
+    for (auto& k : store.keys(detail::semaphore_prefix)) out.push_back(k.substr(detail::semaphore_prefix.size()));
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   /// Returns: the number of permits, as this object last read it.
   std::uint32_t permits() const {
     std::lock_guard g{m_};

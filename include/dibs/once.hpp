@@ -49,6 +49,7 @@
 // first (latest), marked caught_up, and then the current slot.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -337,6 +338,18 @@ public:
     const auto r = detail::store_read(store, key, dibs::time_limit::max());
     if (!r) return std::nullopt;
     return std::chrono::milliseconds{parse_record(name, key, *r).period_ms};
+  }
+
+  /// Returns: the names of the schedules `store` holds, sorted (what a
+  /// status tool lists; period_of() says how to open each). Reads only.
+  static std::vector<std::string> names(Store& store)
+    requires listable_store<Store>
+  {
+    std::vector<std::string> out;
+    for (auto& k : store.keys(detail::once_prefix))
+      if (k.find('/', detail::once_prefix.size()) == std::string::npos) out.push_back(k.substr(detail::once_prefix.size()));
+    std::sort(out.begin(), out.end());
+    return out;
   }
 
   const std::string& name() const noexcept { return name_; }

@@ -24,15 +24,20 @@ read o < $m; [ "$o" = $$ ] || echo "leave $$ saw $o" >> overlaps
 
 runs=${DIBS_CLI_LOCK_RUNS:-50}
 
-# holders_in N: N sections have said they got in (a got.PID file each).
-holders_in() { [ "$(cat got.* 2>/dev/null | wc -l)" -eq "$1" ]; }
-
-@test "dibs lock --max 2 from 6 shells x 50 runs with SIGKILLs of dibs: never 3 inside, one holder per permit, tokens rising per permit, every permit back" {
+# The files $crit uses, empty.
+crit_files() {
   mkdir in
   : > marker.0
   : > marker.1
   : > overlaps
   : > inside
+}
+
+# holders_in N: N sections have said they got in (a got.PID file each).
+holders_in() { [ "$(cat got.* 2>/dev/null | wc -l)" -eq "$1" ]; }
+
+@test "dibs lock --max 2 from 6 shells x 50 runs with SIGKILLs of dibs: never 3 inside, one holder per permit, tokens rising per permit, every permit back" {
+  crit_files
   pids=()
   for l in 1 2 3 4 5 6; do
     (
@@ -127,4 +132,70 @@ holders_in() { [ "$(cat got.* 2>/dev/null | wc -l)" -eq "$1" ]; }
   run dibs status empty
   [ "$status" -eq 66 ]
   [[ "$output" == *"no semaphore"* ]]
+}
+
+@test "dibs lock --max 2 --store: the semaphore kept in a store, named; two hold, a third is refused (-n), status --semaphore and status STORE list it; 4 shells x 20 runs never 3 inside" {
+  store="sqlite:$PWD/sem.db"
+  hold='echo "$DIBS_PERMIT $DIBS_TOKEN" > got.$$; until [ -e release ]; do sleep 0.05; done'
+  dibs lock --max 2 --store "$store" exports -- sh -c "$hold" &
+  a=$!
+  dibs lock --max 2 --store "$store" exports -- sh -c "$hold" &
+  b=$!
+  wait_until "two holders never got in" holders_in 2
+  [ "$(cut -d' ' -f1 got.* | sort | tr '\n' ' ')" = "0 1 " ]
+  run dibs lock --max 2 --store "$store" -n --verbose exports -- true
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"all 2 permits of 'exports in $store' are held"*"dibs status --semaphore exports '$store'"* ]]
+  run dibs status --semaphore exports "$store"
+  echo "$output" >&3
+  [ "$status" -eq 0 ]
+  [[ "${lines[0]}" == "exports in $store: 2 of 2 permits held" ]]
+  [ "${#lines[@]}" -eq 4 ]
+  # The store's listing: its items (none: a semaphore's records are not
+  # items), then the semaphore by name.
+  run dibs status "$store"
+  echo "$output" >&3
+  [ "$status" -eq 0 ]
+  [[ "$output" != *"dibs-semaphore"* ]]
+  [[ "$output" == *"0 item(s)"* ]]
+  [[ "$output" == *"semaphore exports: 2 of 2 permits held (dibs status --semaphore exports $store)"* ]]
+  touch release
+  wait "$a" "$b"
+  [[ "$(dibs status --semaphore exports "$store")" == "exports in $store: 0 of 2 permits held" ]]
+  # Shells taking turns: never 3 inside, tokens rising per permit.
+  crit_files
+  pids=()
+  for l in 1 2 3 4; do
+    (for i in $(seq 1 20); do dibs lock --max 2 -w 60s --store "$store" exports -- sh -c "$crit"; done) &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  [ ! -s overlaps ] || { cat overlaps >&2; false; }
+  [ "$(wc -l < inside)" -eq 80 ]
+  [ "$(sort -n inside | tail -1)" -le 2 ]
+  for p in 0 1; do
+    [ -s journal.$p ]
+    sort -n -c journal.$p
+  done
+}
+
+@test "dibs lock --store: bad input is refused with what to do, and nothing is made" {
+  run dibs lock --store "sqlite:$PWD/sem.db" exports -- true
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"give --max N (--max 1: one holder at a time)"* ]]
+  [ ! -e sem.db ]
+  run dibs lock --max 2 --store "$PWD/sem.db" exports -- true
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"is not a store"* ]]
+  run dibs lock --max 2 --store "sqlite:$PWD/sem.db" '' -- true
+  [ "$status" -eq 64 ]
+  dibs lock --max 2 --store "sqlite:$PWD/sem.db" exports -- true
+  run dibs lock --max 3 --store "sqlite:$PWD/sem.db" exports -- true
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"'exports in sqlite:$PWD/sem.db' has 2 permits, not 3"*"--resize --store 'sqlite:$PWD/sem.db' exports"* ]]
+  run dibs status --semaphore nothing "sqlite:$PWD/sem.db"
+  [ "$status" -eq 66 ]
+  [[ "$output" == *"has no semaphore 'nothing'"* ]]
+  run dibs status --semaphore exports "$PWD"
+  [ "$status" -eq 64 ]
 }

@@ -85,3 +85,50 @@ load helpers
   run dibs work "$store" -- true
   [ "$status" -eq 14 ]
 }
+
+@test "postgres: dibs lock --max 2 --store: at most 2 across the hosts that share the server; status --semaphore lists the holders" {
+  [ -n "${DIBS_PG_DIR:-}" ] || skip "no DIBS_PG_DIR: run through ctest, which starts the server"
+  store="postgres:$(cat "$DIBS_PG_DIR/conninfo")#cli_$$_$RANDOM"
+  hold='echo "$DIBS_PERMIT $DIBS_TOKEN" > got.$$; until [ -e release ]; do sleep 0.05; done'
+  dibs lock --max 2 --store "$store" exports -- sh -c "$hold" &
+  a=$!
+  dibs lock --max 2 --store "$store" exports -- sh -c "$hold" &
+  b=$!
+  wait_until "two holders never got in" eval '[ "$(cat got.* 2>/dev/null | wc -l)" -eq 2 ]'
+  [ "$(cut -d' ' -f1 got.* | sort | tr '\n' ' ')" = "0 1 " ]
+  run dibs lock --max 2 --store "$store" -n exports -- touch third
+  [ "$status" -eq 1 ]
+  [ ! -e third ]
+  run dibs status --json --semaphore exports "$store"
+  [[ "$output" == *'"kind": "semaphore", "permits": 2, "held": 2'* ]]
+  # A waiter gets the first permit given back.
+  dibs lock --max 2 -w 60s --store "$store" exports -- sh -c 'echo $DIBS_PERMIT > third' &
+  c=$!
+  touch release
+  wait "$a" "$b" "$c"
+  grep -qx '[01]' third
+}
+
+@test "postgres: dibs once numbers slots by the server's clock: a host a day ahead (faketime) runs today's slot, and the others find it done" {
+  [ -n "${DIBS_PG_DIR:-}" ] || skip "no DIBS_PG_DIR: run through ctest, which starts the server"
+  store="postgres:$(cat "$DIBS_PG_DIR/conninfo")#cli_$$_$RANDOM"
+  # Run again if the day ended between the first look and the last (the
+  # slots are days).
+  for try in 1 2; do
+    today=$(date -u +%F)
+    tomorrow=$(date -u -d "$today + 1 day" +%F)
+    # Under faketime, dibs-postgres and COMMAND see tomorrow's clock
+    # (COMMAND's date shows it); the slot is still the server's today.
+    run faketime -f '+1d' dibs once --every 24h --store "$store" "nightly-$try" -- sh -c 'echo "$DIBS_SLOT $(date -u +%F)"'
+    echo "$output" >&3
+    [ "$status" -eq 0 ]
+    ran_as=$output
+    run dibs once --every 24h --store "$store" "nightly-$try" -- touch ran
+    [ "$(date -u +%F)" = "$today" ] && break
+  done
+  [[ "$ran_as" == *"${today}T00:00:00Z $tomorrow"* ]]
+  [ "$status" -eq 10 ]
+  [ ! -e ran ]
+  run dibs status --json --once "nightly-$try" --last 1 "$store"
+  [[ "$output" == *"\"slot\": \"${today}T00:00:00Z\", \"state\": \"completed\""* ]]
+}

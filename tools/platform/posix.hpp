@@ -435,15 +435,16 @@ int lock_for_child(const lock_args& a, std::optional<milliseconds> wait, Kind& k
   return lost ? ex::lock_lost : status_code(status);
 }
 
-// Kind: lease_kind (the lease lock), or permit_kind (--max N).
-template <class Kind = lease_kind>
-int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
+// Kind: lease_kind (the lease lock), or permit_kind<Store> (--max N; `more`:
+// --store's store).
+template <class Kind = lease_kind, class... More>
+int lock_lease(const lock_args& a, std::optional<milliseconds> wait, More... more) {
   // A lost lease is told to the main thread through `lost` (from the
   // library's renewal thread), so that only the thread that reaps COMMAND
   // ever signals it.
   int lost[2];
   if (::pipe2(lost, O_CLOEXEC | O_NONBLOCK) != 0) fail(ex::software, "dibs lock: pipe failed");
-  Kind k{a, [fd = lost[1]] { (void)!::write(fd, "x", 1); }, {}};
+  Kind k{a, [fd = lost[1]] { (void)!::write(fd, "x", 1); }, more...};
   return lock_for_child(a, wait, k, lost[0]);
 }
 

@@ -426,9 +426,10 @@ int lock_and_run(const lock_args& a, std::optional<milliseconds> wait, Kind& kin
   return was_lost ? ex::lock_lost : code;
 }
 
-// Kind: lease_kind (the lease lock), or permit_kind (--max N).
-template <class Kind = lease_kind>
-int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
+// Kind: lease_kind (the lease lock), or permit_kind<Store> (--max N; `more`:
+// --store's store).
+template <class Kind = lease_kind, class... More>
+int lock_lease(const lock_args& a, std::optional<milliseconds> wait, More... more) {
   // A lost lease is told to the waiting thread through an event (set from
   // the library's renewal thread), so that only that thread ends COMMAND.
   const HANDLE lost = ::CreateEventW(nullptr, TRUE, FALSE, nullptr);
@@ -437,7 +438,7 @@ int lock_lease(const lock_args& a, std::optional<milliseconds> wait) {
     HANDLE h;
     ~closer() { ::CloseHandle(h); }
   } close_lost{lost};
-  Kind k{a, [lost] { ::SetEvent(lost); }, {}};
+  Kind k{a, [lost] { ::SetEvent(lost); }, more...};
   return lock_and_run(a, wait, k, lost);
 }
 

@@ -943,7 +943,7 @@ private:
         {stmt::read_aged, fmt::format("SELECT value, version, (extract(epoch FROM clock_timestamp() - written) * 1000)::bigint "
                                       "FROM \"{}\" WHERE key = $1",
                                       t)},
-        {stmt::now, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"},
+        {stmt::now, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"},
         {stmt::create, fmt::format("WITH ins AS (INSERT INTO \"{0}\" AS r (key, value, version, written, state, attempts, "
                                    "priority, not_before, synced, claimable) VALUES ($1, $2, {1}, clock_timestamp(), $3, "
                                    "$4::integer, $5::bigint, $6::bigint, {1}, $7::boolean) ON CONFLICT (key) DO UPDATE "
