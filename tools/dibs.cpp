@@ -1570,7 +1570,7 @@ void name_values(CLI::App& app) {
       {"keep", "N"},            {"max-attempts", "N"},   {"jobs", "N"},              {"attempts", "N"},
       {"last", "N"},            {"priority", "N"},       {"fd", "FD"},               {"rotate-size", "SIZE"},
       {"multiplier", "X"},      {"jitter", "none|full|equal|decorrelated"},         {"sync", "none|record|batch"},
-      {"catch-up", "skip|latest"}, {"store", "STORE"},   {"slot", "NAME"},           {"once", "NAME"},
+      {"catch-up", "skip|latest"}, {"store", "STORE"},   {"slot", "NAME"},           {"once", "NAME"},       {"semaphore", "NAME"},
       {"prefix", "PREFIX"},     {"next", "PREFIX"},      {"command", "STRING"},      {"not-before", "TIME"}};
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
     for (CLI::Option* o : sub->get_options()) {

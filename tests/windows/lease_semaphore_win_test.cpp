@@ -61,38 +61,6 @@ int with_store(const std::string& kind, const fs::path& dir, F&& f) {
   return 2;
 }
 
-// Runs a role's body; what it throws is printed and is exit code 99.
-template <class F>
-int guarded(const char* role, F&& f) {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", role, e.what());
-    return 99;
-  }
-}
-
-// Effects: `p` appears with `text` whole (written beside it, then renamed),
-// so that a test waiting for it never reads half of it.
-void put(const fs::path& p, const std::string& text) {
-  const auto tmp = fs::path{p}.concat(L".tmp");
-  {
-    std::ofstream out{tmp, std::ios::binary};
-    out << text;
-  }
-  fs::rename(tmp, p);
-}
-
-std::string get(const fs::path& p) {
-  std::ifstream in{p, std::ios::binary};
-  return {std::istreambuf_iterator<char>{in}, {}};
-}
-
-std::vector<std::string> words(const std::string& s) {
-  std::istringstream in{s};
-  return {std::istream_iterator<std::string>{in}, {}};
-}
-
 // The holding role: opens the semaphore NAME with N permits, acquires one
 // (lease 60 s, renewed), says "INDEX TOKEN" in OUT, and holds it until the
 // file RELEASE appears (then releases it and exits 0); with RELEASE "-",

@@ -40,37 +40,6 @@ dibs::once_options fixed_clock(dibs::once_options o = {}) {
   return o;
 }
 
-// Runs a role's body; what it throws is printed and is exit code 99.
-template <class F>
-int guarded(const char* role, F&& f) {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", role, e.what());
-    return 99;
-  }
-}
-
-// Effects: `p` appears with `text` whole (written beside it, then renamed).
-void put(const fs::path& p, const std::string& text) {
-  const auto tmp = fs::path{p}.concat(L".tmp");
-  {
-    std::ofstream out{tmp, std::ios::binary};
-    out << text;
-  }
-  fs::rename(tmp, p);
-}
-
-std::string get(const fs::path& p) {
-  std::ifstream in{p, std::ios::binary};
-  return {std::istreambuf_iterator<char>{in}, {}};
-}
-
-std::vector<std::string> words(const std::string& s) {
-  std::istringstream in{s};
-  return {std::istream_iterator<std::string>{in}, {}};
-}
-
 // The files of `dir` whose names start with `prefix`.
 std::vector<fs::path> files_starting(const fs::path& dir, const std::string& prefix) {
   std::vector<fs::path> out;

@@ -51,17 +51,6 @@ std::int64_t count(dibs::sqlite::connection& db, const std::string& sql) { retur
 
 std::string item_key(int n) { return fmt::format("item-{:05}", n); }
 
-// Runs a role's body; what it throws is printed and is exit code 99.
-template <class F>
-int guarded(const char* role, F&& f) {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", role, e.what());
-    return 99;
-  }
-}
-
 // The counting role: `n` transactions, each reading the counter and writing
 // it back plus one; then writes to `busy_file` how many attempts failed with
 // SQLITE_BUSY ("database is locked") and were retried.

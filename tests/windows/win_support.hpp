@@ -16,11 +16,14 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,6 +123,38 @@ inline std::size_t lines(const fs::path& p) {
   std::size_t n = 0;
   for (std::string l; std::getline(in, l);) n += !l.empty();
   return n;
+}
+
+// Runs a helper role's body; what it throws is printed and is exit code 99.
+template <class F>
+int guarded(const char* role, F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", role, e.what());
+    return 99;
+  }
+}
+
+// Effects: `p` appears with `text` whole (written beside it, then renamed),
+// so that a test or helper waiting for it never reads half of it.
+inline void put(const fs::path& p, const std::string& text) {
+  const auto tmp = fs::path{p}.concat(L".tmp");
+  {
+    std::ofstream out{tmp, std::ios::binary};
+    out << text;
+  }
+  fs::rename(tmp, p);
+}
+
+inline std::string get(const fs::path& p) {
+  std::ifstream in{p, std::ios::binary};
+  return {std::istreambuf_iterator<char>{in}, {}};
+}
+
+inline std::vector<std::string> words(const std::string& s) {
+  std::istringstream in{s};
+  return {std::istream_iterator<std::string>{in}, {}};
 }
 
 }  // namespace win_test
