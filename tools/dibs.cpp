@@ -536,11 +536,12 @@ struct permit_kind {
         who += fmt::format("{}permit {}: {}", who.empty() ? "" : "; ", h.permit, h.holder);
     } catch (...) {
     }
-    return fmt::format("dibs lock: all {} permits of '{}' are held{}{}; wait longer (-w), or see who holds them with "
-                       "'dibs status {}'",
-                       sem->permits(), where(), who.empty() ? std::string{} : " (" + who + ")",
-                       waited ? " (--wait ran out)" : "",
-                       a.store.empty() ? a.path : fmt::format("--semaphore {} '{}'", a.path, a.store));
+    // A store's name may hold a password: redacted, as every message.
+    return redact(fmt::format("dibs lock: all {} permits of '{}' are held{}{}; wait longer (-w), or see who holds them "
+                              "with 'dibs status {}'",
+                              sem->permits(), where(), who.empty() ? std::string{} : " (" + who + ")",
+                              waited ? " (--wait ran out)" : "",
+                              a.store.empty() ? a.path : fmt::format("--semaphore {} '{}'", a.path, a.store)));
   }
   std::optional<dibs::version> token() { return held.token(); }
   std::optional<std::uint32_t> permit() { return held.index(); }  // DIBS_PERMIT: 0 to N - 1
@@ -1389,7 +1390,7 @@ int cmd_status(status_args& a) {
                                   "without --semaphore",
                                   a.semaphore, a.target));
     return with_store(a.target, [&](auto& store) -> int {
-      return show_semaphore(store, a.semaphore, fmt::format("{} in {}", a.semaphore, a.target), a.json,
+      return show_semaphore(store, a.semaphore, redact(fmt::format("{} in {}", a.semaphore, a.target)), a.json,
                             fmt::format("dibs status: {} has no semaphore '{}'", a.target, a.semaphore));
     }, true);
   }
@@ -1435,13 +1436,13 @@ int cmd_status(status_args& a) {
           for (const auto& p : st->holders) held += std::string_view{lease_state(p.holder)} != "free";
         }
         fmt::print("semaphore {}: {} of {} permits held (dibs status --semaphore {} {})\n", name, held, permits,
-                   shell_word(name), shell_word(a.target));
+                   shell_word(name), shell_word(redact(a.target)));
       }
       for (const auto& name : dibs::once<S>::names(store)) {
         const auto period = dibs::once<S>::period_of(store, name);
         fmt::print("schedule {}: {} (dibs status --once {} {})\n", name,
                    period && period->count() > 0 ? "every " + dibs::show_duration(*period) : std::string{"named slots"},
-                   shell_word(name), shell_word(a.target));
+                   shell_word(name), shell_word(redact(a.target)));
       }
       return ex::ok;
     }, true);

@@ -24,7 +24,8 @@
 // ("2026-12-06T15:00:00Z", with milliseconds if P is not whole seconds).
 // run_slot(id, fn) runs a slot the caller names (a date, a batch) instead.
 // By the hosts' own clocks, hosts whose clocks differ run a slot early or
-// late by the difference, never twice: whoever reaches it first runs it, the others find it done.
+// late by the difference, never twice: whoever reaches it first runs it,
+// the others find it done.
 //
 // While another process runs the slot, run() stands by (options::standby,
 // by default until the slot's end): if that run's process dies, this one

@@ -3,6 +3,10 @@
 # dibs-postgres), on the tests' throwaway server (DIBS_PG_DIR, set by ctest).
 load helpers
 
+teardown() {
+  touch "$BATS_TEST_TMPDIR/release"  # the holders of a test that failed midway end
+}
+
 @test "postgres: claim, exit codes, --next and status, on a table of this test's own" {
   [ -n "${DIBS_PG_DIR:-}" ] || skip "no DIBS_PG_DIR: run through ctest, which starts the server"
   table="cli_$$_$RANDOM"
@@ -96,11 +100,20 @@ load helpers
   b=$!
   wait_until "two holders never got in" eval '[ "$(cat got.* 2>/dev/null | wc -l)" -eq 2 ]'
   [ "$(cut -d' ' -f1 got.* | sort | tr '\n' ' ')" = "0 1 " ]
-  run dibs lock --max 2 --store "$store" -n exports -- touch third
+  run dibs lock --max 2 --store "$store" -n --verbose exports -- touch third
   [ "$status" -eq 1 ]
   [ ! -e third ]
+  # What dibs prints names the store, never its password.
+  secret=$(sed -E 's/.*password=([^ ]*).*/\1/' "$DIBS_PG_DIR/conninfo")
+  [ -n "$secret" ]
+  [[ "$output" == *"all 2 permits of 'exports in postgres:"*"password=***"* ]]
+  [[ "$output" != *"$secret"* ]]
   run dibs status --json --semaphore exports "$store"
   [[ "$output" == *'"kind": "semaphore", "permits": 2, "held": 2'* ]]
+  [[ "$output" != *"$secret"* ]]
+  run dibs status "$store"
+  [[ "$output" == *"semaphore exports: 2 of 2 permits held (dibs status --semaphore exports 'postgres:"*"password=***"* ]]
+  [[ "$output" != *"$secret"* ]]
   # A waiter gets the first permit given back.
   dibs lock --max 2 -w 60s --store "$store" exports -- sh -c 'echo $DIBS_PERMIT > third' &
   c=$!
