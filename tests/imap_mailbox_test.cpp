@@ -299,7 +299,11 @@ TEST_CASE("imap_mailbox: the server SIGKILLed and restarted 5 times mid-run, ans
           leave_files(uidnext);
           dibs_test::imap::restart_server();
           deliver_after_restart(mailbox, at_start + crashes * per_crash, at_start + (crashes + 1) * per_crash);
-          const auto give_up = std::chrono::steady_clock::now() + 60s;
+          // The evidence comes with the workers' first APPEND to the claims
+          // folder after the restart, which a server stalled behind its
+          // mailbox-list index lock (180 s at most, above) can hold back:
+          // 60 s was once too few under a loaded soak (4 rebuilds of 5).
+          const auto give_up = std::chrono::steady_clock::now() + 200s;
           while (!rebuilt_from(uidnext) && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(20ms);
           rebuilt += rebuilt_from(uidnext);
         }
