@@ -320,7 +320,7 @@ TEST_CASE("Windows dot_lock: 8 waiters break one dead holder's lock together, an
   CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator{}) == 0);  // no .broken. file left
 }
 
-TEST_CASE("Windows dot_lock: 4 processes count under the lock while holders are terminated, every dead holder's lock is broken on proof, no increment lost or doubled") {
+TEST_CASE("Windows dot_lock: 4 processes count under the lock while holders are terminated, every dead holder's lock is broken on proof, no increment lost or doubled", "[chaos]") {
   temp_dir dir;
   const auto lock = dir.path / "job.lck", counter = dir.path / "counter", journal = dir.path / "journal";
   write_text(counter, fmt::format("{:019}\r\n", 0));

@@ -186,7 +186,7 @@ TEST_CASE("Windows file_mutex: lock(stop_token) ends with errc::cancelled soon a
   m.unlock();
 }
 
-TEST_CASE("Windows file_mutex: 4 processes, 25 TerminateProcess kills, no increment lost under the lock") {
+TEST_CASE("Windows file_mutex: 4 processes, 25 TerminateProcess kills, no increment lost under the lock", "[chaos]") {
   temp_dir dir;
   const auto lock = dir.path / "n.lock", counter = dir.path / "counter";
   std::ofstream{counter, std::ios::binary} << fmt::format("{:019}\n", 0);

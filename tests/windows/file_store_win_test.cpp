@@ -161,7 +161,7 @@ TEST_CASE("Windows lock_file: a holder ended by TerminateProcess is broken at on
   m.unlock();
 }
 
-TEST_CASE("Windows lock_file: 4 processes, 24 TerminateProcess kills, no increment lost under the lock") {
+TEST_CASE("Windows lock_file: 4 processes, 24 TerminateProcess kills, no increment lost under the lock", "[chaos]") {
   temp_dir dir;
   const auto lock = dir.path / "count.lock", counter = dir.path / "counter";
   std::ofstream{counter} << fmt::format("{:019}\n", 0);
@@ -194,7 +194,7 @@ TEST_CASE("Windows lock_file: 4 processes, 24 TerminateProcess kills, no increme
   CHECK(acked >= 4 * 200);  // the 4 last processes each finished their 200
 }
 
-TEST_CASE("Windows marker_claim<file_store>: 4 worker processes, 2,000 items, 20 TerminateProcess kills, each item completed once with its effect") {
+TEST_CASE("Windows marker_claim<file_store>: 4 worker processes, 2,000 items, 20 TerminateProcess kills, each item completed once with its effect", "[chaos]") {
   temp_dir dir;
   const auto items_dir = dir.path / "items", journal_dir = dir.path / "journal";
   fs::create_directories(items_dir);

@@ -186,7 +186,7 @@ std::string message_of(const fs::path& p, dibs::shared_log_options opts = {}) {
 
 }  // namespace
 
-TEST_CASE("Windows shared_log: 4 writer processes, 14 TerminateProcess kills, no acknowledged record lost, torn or doubled") {
+TEST_CASE("Windows shared_log: 4 writer processes, 14 TerminateProcess kills, no acknowledged record lost, torn or doubled", "[chaos]") {
   temp_dir dir;
   const auto log_path = dir.path / "app.log";
   constexpr int writers = 4, min_kills = 14;
@@ -234,7 +234,7 @@ TEST_CASE("Windows shared_log: 4 writer processes, 14 TerminateProcess kills, no
   CHECK(records > 50);
 }
 
-TEST_CASE("Windows shared_log: rotation by size under 4 writer processes loses no record, and no record reaches a rotated file late") {
+TEST_CASE("Windows shared_log: rotation by size under 4 writer processes loses no record, and no record reaches a rotated file late", "[chaos]") {
   temp_dir dir;
   const auto log_path = dir.path / "rot.log";
   constexpr int writers = 4;

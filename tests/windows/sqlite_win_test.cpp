@@ -249,7 +249,7 @@ TEST_CASE("Windows sqlite: a database in a missing directory, or a directory as 
   CHECK(fs::is_empty(adir));
 }
 
-TEST_CASE("Windows sqlite: 4 processes x 150 read-modify-write transactions, retried after database is locked (SQLITE_BUSY): the counter ends at exactly 600") {
+TEST_CASE("Windows sqlite: 4 processes x 150 read-modify-write transactions, retried after database is locked (SQLITE_BUSY): the counter ends at exactly 600", "[chaos]") {
   temp_dir dir;
   const auto db_path = dir.path / "counter.db";
   {
@@ -279,7 +279,7 @@ TEST_CASE("Windows sqlite: 4 processes x 150 read-modify-write transactions, ret
   CHECK(busy > 0);  // the processes did meet each other's lock
 }
 
-TEST_CASE("Windows marker_claim<sqlite_store>: 4 worker processes, 2,000 items, 20 TerminateProcess kills: every item completed exactly once") {
+TEST_CASE("Windows marker_claim<sqlite_store>: 4 worker processes, 2,000 items, 20 TerminateProcess kills: every item completed exactly once", "[chaos]") {
   temp_dir dir;
   const auto db_path = dir.path / "work.db";
   constexpr int workers = 4, items = 2000, kills = 20;
