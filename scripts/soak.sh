@@ -3,11 +3,13 @@
 # each failure with its test and run: flakes are found here, before CI
 # finds them.
 #
-#   scripts/soak.sh [-n RUNS] [-p PRESET] [--no-load] [-- CTEST_ARGS...]
+#   scripts/soak.sh [-n RUNS] [-p PRESET] [-t TESTPRESET] [--no-load] [-- CTEST_ARGS...]
 #
 #   -n RUNS     how many runs (default 20)
 #   -p PRESET   the workflow preset whose build and tests are used (default
 #               default); it is configured and built first if needed
+#   -t TESTPRESET  the test preset, if not PRESET's own: `-t full` runs the
+#               default build's tests in full, the chaos runs with them
 #   --no-load   run on a quiet machine
 #   CTEST_ARGS  passed to ctest, e.g. -L unit, -LE chaos, -R 'lock_test'
 #
@@ -25,15 +27,17 @@ cd "$(dirname "$0")/.."
 
 runs=20
 preset=default
+test_preset=
 load=1
 ctest_args=()
 while (($#)); do
   case $1 in
     -n) runs=$2; shift ;;
     -p) preset=$2; shift ;;
+    -t) test_preset=$2; shift ;;
     --no-load) load=0 ;;
     --) shift; ctest_args=("$@"); break ;;
-    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "soak.sh: unknown argument '$1' (see --help)" >&2; exit 64 ;;
   esac
   shift
@@ -75,7 +79,7 @@ start=$SECONDS
 for ((k = 1; k <= runs; ++k)); do
   log=$build/soak/run-$k.log
   t0=$SECONDS
-  if ctest --preset "$preset" "${ctest_args[@]}" > "$log" 2>&1; then
+  if ctest --preset "${test_preset:-$preset}" "${ctest_args[@]}" > "$log" 2>&1; then
     echo "soak: run $k/$runs passed ($((SECONDS - t0)) s)"
     continue
   fi
@@ -92,7 +96,7 @@ for ((k = 1; k <= runs; ++k)); do
 done
 
 echo
-echo "soak: $((runs - bad)) of $runs runs passed in $((SECONDS - start)) s (preset $preset${ctest_args[*]:+, ctest ${ctest_args[*]}}$( ((load)) && echo ", loaded"))"
+echo "soak: $((runs - bad)) of $runs runs passed in $((SECONDS - start)) s (preset ${test_preset:-$preset}${ctest_args[*]:+, ctest ${ctest_args[*]}}$( ((load)) && echo ", loaded"))"
 if ((bad)); then
   echo "soak: tests that failed, with the runs they failed in (logs in $build/soak/):"
   for f in "${!failed_runs[@]}"; do
