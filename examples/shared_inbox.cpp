@@ -33,10 +33,15 @@
 // the state on each message. The results database and the log stay local
 // (SQLite, in --dir). The checks are the same, and the end also lists the
 // mailbox: every message must show $Completed, the store agreeing.
-// scripts/demo.sh --store imap starts a throwaway Dovecot for it.
+// scripts/demo.sh --store imap starts a throwaway Dovecot for it. A mailbox
+// that takes OAuth2 tokens only (Exchange Online, Gmail) is reached with
+// --imap-token-cmd CMD (a command printing the access token, run at each
+// login, as mail clients' PassCmd is), a shared mailbox with --imap-authzid
+// ADDR (its address; the token is the user's); the rest of
+// dibs::imap::options::from_env() applies (DIBS_IMAP_TLS=implicit, ...).
 //
-//   shared_inbox [--store sqlite|postgres|imap] [--pg CONNINFO] [--workers M] [--messages N] [--kills K] [--rate R]
-//                [--hold-us U] [--dir D] [--json FILE] [--keep]
+//   shared_inbox [--store sqlite|postgres|imap] [--pg CONNINFO] [--imap-token-cmd CMD] [--imap-authzid ADDR]
+//                [--workers M] [--messages N] [--kills K] [--rate R] [--hold-us U] [--dir D] [--json FILE] [--keep]
 //
 // Workers are this program started again (by exec, with --role worker): a
 // database connection must never be carried across fork(). On Windows they
@@ -102,6 +107,10 @@ struct args {
   bool keep = false;
   std::string store = "sqlite";
   std::string pg;  // conninfo, for --store postgres
+  // For --store imap: the OAuth2 token command and the authorization
+  // identity (empty: from the environment, see imap_options()).
+  std::string imap_token_cmd;
+  std::string imap_authzid;
   // Internal: the roles of the processes the demo starts; the name of the
   // run (its PostgreSQL tables start with it; on IMAP, its mailboxes).
   std::string role;
@@ -111,8 +120,9 @@ struct args {
 
 [[noreturn]] void usage(int code) {
   std::fputs(
-      "usage: shared_inbox [--store sqlite|postgres|imap] [--pg CONNINFO] [--workers M] [--messages N]\n"
-      "                    [--kills K] [--rate R] [--hold-us U] [--dir D] [--json FILE] [--keep]\n"
+      "usage: shared_inbox [--store sqlite|postgres|imap] [--pg CONNINFO] [--imap-token-cmd CMD]\n"
+      "                    [--imap-authzid ADDR] [--workers M] [--messages N] [--kills K] [--rate R]\n"
+      "                    [--hold-us U] [--dir D] [--json FILE] [--keep]\n"
       "\n"
       "  A delivery process drops N messages into a SQLite mailbox at R per second\n"
       "  while M worker processes watch it. Each message is claimed by exactly one\n"
@@ -131,6 +141,14 @@ struct args {
       "                 results and the log in --dir)\n"
       "  --pg C         the PostgreSQL server, a libpq connection string (default:\n"
       "                 $DIBS_PG_CONNINFO, else the PG* environment)\n"
+      "  --imap-token-cmd CMD\n"
+      "                 log in to the IMAP server with an OAuth2 access token (XOAUTH2 or\n"
+      "                 OAUTHBEARER, as Exchange Online and Gmail want) that the shell command\n"
+      "                 CMD prints, run at each login (as mbsync's PassCmd; default:\n"
+      "                 $DIBS_IMAP_TOKEN_CMD); the token is never printed\n"
+      "  --imap-authzid ADDR\n"
+      "                 the mailbox to act as, when it is not $DIBS_IMAP_USER's own (an Exchange\n"
+      "                 Online shared mailbox's address; default: $DIBS_IMAP_AUTHZID)\n"
       "  --workers M    worker processes (default 4)\n"
       "  --messages N   messages to deliver (default 2000)\n"
       "  --kills K      workers killed with SIGKILL during the run (default 5; 0: no chaos)\n"
@@ -178,6 +196,8 @@ args parse(int argc, char** argv) {
     else if (opt == "--keep") a.keep = true;
     else if (opt == "--store") a.store = value();
     else if (opt == "--pg") a.pg = value();
+    else if (opt == "--imap-token-cmd") a.imap_token_cmd = value();
+    else if (opt == "--imap-authzid") a.imap_authzid = value();
     else if (opt == "--run") a.run = value();
     else if (opt == "--role") a.role = value();
     else if (opt == "--id") a.id = number(0, 1'000'000);
@@ -648,16 +668,35 @@ std::string body_of(const std::string& raw) {
   return blank == std::string::npos ? std::string{} : raw.substr(blank + 4);
 }
 
+// The IMAP server and login: dibs::imap::options::from_env() ($DIBS_IMAP_HOST,
+// _PORT, _USER, _PASSWORD, _TLS, _TOKEN_CMD, _AUTHZID, ...), then
+// --imap-token-cmd and --imap-authzid. A token command replaces the
+// password: it logs in by XOAUTH2 or OAUTHBEARER (dibs::imap::token_command).
+dibs::imap::options imap_options(const args& a) {
+  auto o = dibs::imap::options::from_env();
+  if (!a.imap_token_cmd.empty()) {
+#ifdef _WIN32
+    throw std::runtime_error("shared_inbox: --imap-token-cmd is not supported on Windows yet");
+#else
+    o.oauth2_token = dibs::imap::token_command(a.imap_token_cmd);
+#endif
+  }
+  if (!a.imap_authzid.empty()) o.authzid = a.imap_authzid;
+  return o;
+}
+
 class imap_engine : public sqlite_results_engine {
 public:
   explicit imap_engine(const args& a)
-      : sqlite_results_engine(a), server_(dibs::imap::options::from_env()), mailbox_(a.run), folder_(a.run + "-claims") {}
+      : sqlite_results_engine(a), server_(imap_options(a)), mailbox_(a.run), folder_(a.run + "-claims") {}
   const dibs::imap::options& server() const { return server_; }
   dibs::imap_store open_claims() const { return dibs::imap_store{server_, {.folder = folder_}}; }
   dibs::imap_mailbox_options mailbox_options() const { return {.mailbox = mailbox_, .claims = claim_policy()}; }
   std::string where() const {
-    return fmt::format("IMAP server {}@{}:{}: messages delivered into mailbox '{}', claims in folder '{}'", server_.user,
-                       server_.host, server_.port, mailbox_, folder_);
+    return fmt::format("IMAP server {}@{}:{}{}{}: messages delivered into mailbox '{}', claims in folder '{}'",
+                       server_.user, server_.host, server_.port,
+                       server_.authzid.empty() ? std::string{} : fmt::format(" (as {})", server_.authzid),
+                       server_.oauth2_token ? " (OAuth2 token from a command)" : "", mailbox_, folder_);
   }
 
   void create() const {
@@ -960,7 +999,8 @@ int run_demo(args a) {
   const std::string d = dir.string();
   // Every process gets the same place: the directory (the log; SQLite's
   // files), the store, the server and the run's name.
-  const std::vector<std::string> place = {"--dir", d, "--store", a.store, "--pg", a.pg, "--run", a.run};
+  const std::vector<std::string> place = {"--dir", d, "--store", a.store, "--pg", a.pg, "--run", a.run,
+                                           "--imap-token-cmd", a.imap_token_cmd, "--imap-authzid", a.imap_authzid};
   auto with_place = [&](std::vector<std::string> v) {
     v.insert(v.end(), place.begin(), place.end());
     return v;

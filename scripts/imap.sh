@@ -18,8 +18,23 @@
 #
 # DIR/env holds lines a shell can source (`set -a; . DIR/env; set +a`):
 #   DIBS_IMAP_HOST=127.0.0.1 DIBS_IMAP_PORT=N DIBS_IMAP_USER=dibs
-#   DIBS_IMAP_PASSWORD=dibs-secret
-# A second user, `other` with password `other-secret`, is there too.
+#   DIBS_IMAP_PASSWORD=dibs-secret DIBS_IMAP_OAUTH2_KEY=BASE64
+# Two more users are there: `other` (password `other-secret`) and `third`
+# (`third-secret`).
+#
+# Logins: LOGIN and AUTHENTICATE PLAIN with the passwords; AUTHENTICATE
+# XOAUTH2 and OAUTHBEARER (SASL-IR announced, as Dovecot does) with OAuth2
+# access tokens, which Dovecot's oauth2 passdb validates locally
+# (introspection_mode = local, Dovecot 2.3.11 and later): a JWT signed
+# HS256 with the key DIBS_IMAP_OAUTH2_KEY (32 random bytes, base64, made
+# with the openssl CLI at each start, kept in HOME/oauth2/keys), whose
+# "sub" is the user logging in and whose "exp" has not passed (no "kid",
+# no "azp"). `dibs` is a master user (a master passdb): AUTHENTICATE PLAIN
+# with authorization identity `other`, authentication identity `dibs` and
+# dibs's password logs into other's mailbox; `third` is no master user, so
+# the same with `third` is refused. Failed logins are answered without
+# Dovecot's delay (auth_failure_delay = 0, no auth penalty per address),
+# so that the tests of refusals take no seconds.
 #
 # --tls: a test CA and a server certificate it signed, made with the openssl
 # CLI in HOME/tls (ca.crt; server.crt and server.key, EC P-256, for the IP
@@ -190,6 +205,17 @@ EOF
   chmod 0644 "$t/ca.crt" "$t/server.crt"
 }
 
+# The OAuth2 tokens' HS256 key (see the header), in the oauth2 passdb's
+# key dict; test data, readable by the auth process.
+make_oauth2_key() {  # HOME
+  local k=$1/oauth2/keys/default/HS256
+  command -v openssl >/dev/null 2>&1 || die "the OAuth2 key needs the openssl command (apt-get install openssl)"
+  mkdir -p "$k"
+  chmod 0755 "$1/oauth2" "$1/oauth2/keys" "$1/oauth2/keys/default" "$k"
+  openssl rand -base64 32 | tr -d '\n' >"$k/default"
+  chmod 0644 "$k/default"
+}
+
 write_config() {  # DIR HOME PORT [TLS_PORT]
   local dir=$1 home=$2 port=$3 tls_port=${4:-} user group uid gid login_user instance
   user=$(mail_user)
@@ -205,7 +231,18 @@ write_config() {  # DIR HOME PORT [TLS_PORT]
   {
     echo "dibs:{PLAIN}dibs-secret:$uid:$gid::$home/mail/dibs::"
     echo "other:{PLAIN}other-secret:$uid:$gid::$home/mail/other::"
+    echo "third:{PLAIN}third-secret:$uid:$gid::$home/mail/third::"
   } >"$home/users"
+  # The users who may log in as another (PLAIN's authorization identity).
+  echo "dibs:{PLAIN}dibs-secret" >"$home/masters"
+  # OAuth2: tokens are JWTs validated with the HS256 key in the dict
+  # (fs:posix: the file <prefix><azp>/<alg>/<kid>, "default" for a missing
+  # azp or kid; its content the key in base64), the user from "sub".
+  cat >"$home/oauth2.conf" <<OAUTH2
+introspection_mode = local
+local_validation_key_dict = fs:posix:prefix=$home/oauth2/keys/
+username_attribute = sub
+OAUTH2
   is_root && chown "$user:$group" "$home/mail"
   cat >"$dir/dovecot.conf.new" <<EOF
 # Written by scripts/imap.sh: a throwaway IMAP server for dibs's tests,
@@ -225,8 +262,12 @@ $(if [ -n "$tls_port" ]; then
     echo 'ssl = no'
   fi)
 disable_plaintext_auth = no
-auth_mechanisms = plain login
+auth_mechanisms = plain login xoauth2 oauthbearer
 login_trusted_networks = 127.0.0.0/8
+# A refused login is answered at once (at the auth process's next check,
+# every 0.5 s), not after 2 s, nor later for an address that failed before
+# (the penalty is off: its anvil socket cannot be opened, mode 0).
+auth_failure_delay = 0
 
 default_internal_user = $user
 default_internal_group = $group
@@ -236,8 +277,23 @@ last_valid_uid = 0
 first_valid_gid = $gid
 last_valid_gid = 0
 
+# A master user's password, when a login asks for another's mailbox
+# (PLAIN with an authorization identity); result_success = continue: that
+# user must exist in the passdbs below.
 passdb {
   driver = passwd-file
+  master = yes
+  result_success = continue
+  args = scheme=PLAIN username_format=%u $home/masters
+}
+passdb {
+  driver = oauth2
+  mechanisms = xoauth2 oauthbearer
+  args = $home/oauth2.conf
+}
+passdb {
+  driver = passwd-file
+  mechanisms = plain login
   args = scheme=PLAIN username_format=%u $home/users
 }
 userdb {
@@ -260,6 +316,11 @@ protocol imap {
 }
 service imap {
   process_limit = 1000
+}
+service anvil {
+  unix_listener anvil-auth-penalty {
+    mode = 0
+  }
 }
 # Login processes that stay (Dovecot's "high-performance mode"): each
 # holds its connection to the auth process already, so the greeting and a
@@ -366,6 +427,7 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 write_env() {  # DIR PORT (and DIR/tls_port, if started with --tls)
   printf 'DIBS_IMAP_HOST=127.0.0.1\nDIBS_IMAP_PORT=%s\nDIBS_IMAP_USER=dibs\nDIBS_IMAP_PASSWORD=dibs-secret\n' "$2" >"$1/env.new"
+  printf 'DIBS_IMAP_OAUTH2_KEY=%s\n' "$(cat "$(cat "$1/home")/oauth2/keys/default/HS256/default")" >>"$1/env.new"
   if [ -f "$1/tls_port" ]; then
     printf 'DIBS_IMAP_TLS_PORT=%s\nDIBS_IMAP_CA_FILE=%s\n' "$(cat "$1/tls_port")" "$(cat "$1/home")/tls/ca.crt" >>"$1/env.new"
   fi
@@ -401,8 +463,9 @@ start)
   mkdir -p "$home"
   chmod 0755 "$home"
   # A throwaway server starts empty.
-  rm -rf "$home/mail" "$home/state" "$home/tls" "$dir/env" "$dir/port" "$dir/tls_port"
+  rm -rf "$home/mail" "$home/state" "$home/tls" "$home/oauth2" "$dir/env" "$dir/port" "$dir/tls_port"
   if [ "$tls" -eq 1 ]; then make_certs "$home"; fi
+  make_oauth2_key "$home"
   for _ in $(seq 1 50); do
     port=$((20000 + RANDOM % 40000))
     port_free "$port" || continue

@@ -7,11 +7,20 @@
 // imap_tls_test.cpp, against Dovecot); options::timeout bounding the whole
 // connect (a full accept queue, a slow greeting); malformed replies (numbers
 // that are none, a literal that lies about its size); untagged lines said
-// while a literal waits for the server's go-ahead.
+// while a literal waits for the server's go-ahead. Logging in with SASL
+// (Dovecot's side: imap_auth_test.cpp): the SASL responses' encodings, the
+// initial response with SASL-IR and after "+" without, the mechanism
+// automatic picks, a refused token's JSON challenge answered and the
+// provider asked once to renew it, refusals twice and throttled ones,
+// check()'s throttling words, secrets kept out of every message (a cut
+// connection, a malformed reply, an echo), a provider that throws, options
+// that cannot go together, from_env, and token_command.
 #include <dibs/imap/client.hpp>
 #include <dibs/imap/store.hpp>
 
 #include <catch2/catch.hpp>
+
+#include "support.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -693,4 +702,449 @@ TEST_CASE("imap::session::send_ahead: a connection lost before every reply came 
   CHECK(s.finish().empty());  // all of that read is in doubt, d2 too (its reply came, but not d3's)
   CHECK_FALSE(s.connected());
   CHECK(s.finish().empty());
+}
+
+// --- Logging in with SASL: PLAIN, XOAUTH2, OAUTHBEARER (against Dovecot:
+// imap_auth_test.cpp), token providers, throttling words, secrets.
+
+namespace {
+
+std::string b64(std::string_view s) { return dibs::imap::detail::base64_encode(s); }
+
+// A token provider that gives `tokens` in turn (the last one again when
+// they run out) and records how it was called.
+struct token_script {
+  std::vector<std::string> tokens;
+  std::shared_ptr<std::vector<bool>> calls = std::make_shared<std::vector<bool>>();
+  std::function<std::string(bool)> provider() const {
+    return [t = tokens, c = calls](bool refresh) {
+      c->push_back(refresh);
+      return t[std::min(c->size(), t.size()) - 1];
+    };
+  }
+};
+
+dibs::imap::options oauth_at(const std::string& port, const token_script& tokens) {
+  auto o = at(port);
+  o.password.clear();
+  o.oauth2_token = tokens.provider();
+  return o;
+}
+
+// Returns: false, and says where, if `secret` or its base64 is in `text`.
+bool clean_of(std::string_view text, const std::string& secret) {
+  for (const auto& s : {secret, b64(secret)})
+    if (text.find(s) != std::string_view::npos) {
+      UNSCOPED_INFO("a secret in: " << text);
+      return false;
+    }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("SASL responses: XOAUTH2, OAUTHBEARER and PLAIN, as the RFCs' and Google's examples encode them") {
+  using namespace dibs::imap::detail;
+  // Google's XOAUTH2 documentation.
+  CHECK(base64_encode(xoauth2_response("someuser@example.com", "ya29.vF9dft4qmTc2Nvb3RlckBhdHRhdmlzdGEuY29tCg")) ==
+        "dXNlcj1zb21ldXNlckBleGFtcGxlLmNvbQFhdXRoPUJlYXJlciB5YTI5LnZGOWRmdDRxbVRjMk52YjNSbGNrQmhkSFJoZG1semRHRXVZMjl0"
+        "Q2cBAQ==");
+  // RFC 7628 4.1.
+  CHECK(base64_encode(oauthbearer_response("user@example.com", "server.example.com", "143",
+                                           "vF9dft4qmTc2Nvb3RlckBhbHRhdmlzdGEuY29tCg==")) ==
+        "bixhPXVzZXJAZXhhbXBsZS5jb20sAWhvc3Q9c2VydmVyLmV4YW1wbGUuY29tAXBvcnQ9MTQzAWF1dGg9QmVhcmVyIHZGOWRmdDRxbVRjMk52"
+        "YjNSbGNrQmhiSFJoZG1semRHRXVZMjl0Q2c9PQEB");
+  // RFC 5801's saslname: ',' and '=' escaped in a=.
+  CHECK(gs2_escape("a=b,c") == "a=3Db=2Cc");
+  CHECK(base64_encode(oauthbearer_response("a=b,c", "h", "1", "t")) ==
+        "bixhPWE9M0RiPTJDYywBaG9zdD1oAXBvcnQ9MQFhdXRoPUJlYXJlciB0AQE=");
+  CHECK(base64_encode(plain_response("shared@example.com", "me@example.com", "pa ss")) ==
+        "c2hhcmVkQGV4YW1wbGUuY29tAG1lQGV4YW1wbGUuY29tAHBhIHNz");
+  CHECK(base64_encode("") == "");
+  for (std::string s : {"", "a", "ab", "abc", "abcd", "\x01\x02\xff"})
+    CHECK(base64_decode(base64_encode(s)) == s);
+  CHECK_FALSE(base64_decode("abc"));
+  CHECK_FALSE(base64_decode("ab!d"));
+  CHECK(sasl_error_status(*base64_decode("eyJzdGF0dXMiOiI0MDEiLCJzY2hlbWVzIjoiYmVhcmVyIiwic2NvcGUiOiJtYWlsIn0=")) == "401");
+  CHECK(sasl_error_status(R"({"status" : "invalid_token","scope":"x"})") == "invalid_token");
+  CHECK(sasl_error_status("{}") == "");
+}
+
+TEST_CASE("XOAUTH2: the first response on the AUTHENTICATE line with SASL-IR, after the server's '+' without it") {
+  const token_script tokens{{"tok-1"}};
+  for (const bool announced : {true, false})
+    for (const bool allowed : {true, false}) {
+      std::string heard;
+      {
+        scripted_server server([&](int fd) {
+          say(fd, fmt::format("* OK [CAPABILITY IMAP4rev1 {}AUTH=XOAUTH2] ready\r\n", announced ? "SASL-IR " : ""));
+          heard = hear(fd, "\r\n");
+          if (heard == "d1 AUTHENTICATE XOAUTH2\r\n") {
+            say(fd, "+ \r\n");
+            heard += hear(fd, "\r\n");
+          }
+          say(fd, "d1 OK [CAPABILITY IMAP4rev1 IDLE] logged in\r\n");
+          hear(fd, "LOGOUT\r\n");
+        });
+        auto o = oauth_at(server.port, tokens);
+        o.sasl_ir = allowed;
+        dibs::imap::session s{o};
+        CHECK(s.has("IDLE"));  // the capabilities of the logged-in state, from the OK
+      }
+      const auto response = b64("user=u\x01" "auth=Bearer tok-1\x01\x01");
+      CHECK(heard == (announced && allowed ? "d1 AUTHENTICATE XOAUTH2 " + response + "\r\n"
+                                           : "d1 AUTHENTICATE XOAUTH2\r\n" + response + "\r\n"));
+    }
+}
+
+TEST_CASE("automatic: OAUTHBEARER where announced (a= the authzid, escaped), XOAUTH2 (user= the authzid), PLAIN for an authzid") {
+  const token_script tokens{{"tok-2"}};
+  // Logs in to a server announcing `caps`; returns what it heard first, with
+  // the port it listened on.
+  auto login = [](const std::string& caps, const std::function<void(dibs::imap::options&)>& configure) {
+    std::string heard;
+    std::string port;
+    {
+      scripted_server server([&](int fd) {
+        say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR " + caps + "] ready\r\n");
+        heard = hear(fd, "\r\n");
+        say(fd, "d1 OK [CAPABILITY IMAP4rev1] logged in\r\n");
+        hear(fd, "LOGOUT\r\n");
+      });
+      port = server.port;
+      auto o = at(server.port);
+      configure(o);
+      dibs::imap::session s{o};
+    }
+    return std::pair{heard, port};
+  };
+  auto oauth = [&](dibs::imap::options& o) {
+    o.password.clear();
+    o.oauth2_token = tokens.provider();
+    o.authzid = "shared,box=1@example.com";
+  };
+  {
+    const auto [heard, port] = login("AUTH=PLAIN AUTH=XOAUTH2 AUTH=OAUTHBEARER", oauth);
+    CHECK(heard == "d1 AUTHENTICATE OAUTHBEARER " +
+                       b64("n,a=shared=2Cbox=3D1@example.com,\x01host=127.0.0.1\x01port=" + port +
+                           "\x01" "auth=Bearer tok-2\x01\x01") + "\r\n");
+  }
+  {
+    const auto [heard, port] = login("AUTH=PLAIN AUTH=XOAUTH2", oauth);
+    CHECK(heard == "d1 AUTHENTICATE XOAUTH2 " + b64("user=shared,box=1@example.com\x01" "auth=Bearer tok-2\x01\x01") + "\r\n");
+  }
+  {
+    const auto [heard, port] = login("AUTH=PLAIN", [](dibs::imap::options& o) { o.authzid = "shared@example.com"; });
+    CHECK(heard == "d1 AUTHENTICATE PLAIN " + b64(std::string("shared@example.com") + '\0' + "u" + '\0' + "p w") + "\r\n");
+  }
+  {  // LOGINDISABLED, yet AUTH=PLAIN offered (over TLS, typically): PLAIN, not LOGIN
+    const auto [heard, port] = login("LOGINDISABLED AUTH=PLAIN", [](dibs::imap::options&) {});
+    CHECK(heard == "d1 AUTHENTICATE PLAIN " + b64(std::string(1, '\0') + "u" + '\0' + "p w") + "\r\n");
+  }
+  CHECK(*tokens.calls == std::vector<bool>{false, false});
+}
+
+TEST_CASE("a refused OAuth2 token: the JSON challenge answered as each RFC says, the provider asked once to renew it") {
+  for (const std::string mech : {"XOAUTH2", "OAUTHBEARER"}) {
+    const token_script tokens{{"old-token", "new-token"}};
+    std::string answer, second, expected;
+    {
+      scripted_server server([&](int fd) {
+        say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=" + mech + "] ready\r\n");
+        hear(fd, "\r\n");
+        say(fd, "+ " + b64(mech == "XOAUTH2" ? R"({"status":"401","schemes":"bearer","scope":"mail"})"
+                                            : R"({"status":"invalid_token"})") + "\r\n");
+        answer = hear(fd, "\r\n");
+        say(fd, "d1 NO [AUTHENTICATIONFAILED] Authentication failed.\r\n");
+        second = hear(fd, "\r\n");
+        say(fd, "d2 OK [CAPABILITY IMAP4rev1] logged in\r\n");
+        hear(fd, "LOGOUT\r\n");
+      });
+      auto o = oauth_at(server.port, tokens);
+      o.auth = mech == "XOAUTH2" ? dibs::imap::auth_mechanism::xoauth2 : dibs::imap::auth_mechanism::oauthbearer;
+      expected = "d2 AUTHENTICATE " + mech + " " +
+                 b64(mech == "XOAUTH2" ? std::string("user=u\x01" "auth=Bearer new-token\x01\x01")
+                                       : "n,a=u,\x01host=127.0.0.1\x01port=" + server.port +
+                                             "\x01" "auth=Bearer new-token\x01\x01") + "\r\n";
+      dibs::imap::session s{o};
+      CHECK(s.connected());
+    }
+    // RFC 7628 3.2.3: OAUTHBEARER's client answers %x01; XOAUTH2's an empty response.
+    CHECK(answer == (mech == "XOAUTH2" ? "\r\n" : "AQ==\r\n"));
+    CHECK(second == expected);
+    CHECK(*tokens.calls == std::vector<bool>{false, true});
+  }
+}
+
+TEST_CASE("an OAuth2 token refused twice: permission_denied, not transient, naming server, user, mechanism and status") {
+  const std::string token = "tok-zq7XW3vR9-never-in-a-message";
+  const token_script tokens{{token}};
+  scripted_server server([&](int fd) {
+    say(fd, "* OK [CAPABILITY IMAP4rev1 AUTH=XOAUTH2] ready\r\n");
+    for (const std::string tag : {"d1", "d2"}) {
+      hear(fd, "\r\n");
+      say(fd, "+ \r\n");
+      hear(fd, "\r\n");
+      say(fd, "+ " + b64(R"({"status":"401","schemes":"bearer"})") + "\r\n");
+      hear(fd, "\r\n");
+      // A server that quotes what it was given (the token): cut out of the message.
+      say(fd, tag + " NO [AUTHENTICATIONFAILED] Invalid credentials for " + token + " (Failure)\r\n");
+    }
+    hear(fd, "never");
+  });
+  auto o = oauth_at(server.port, tokens);
+  o.authzid = "shared@example.com";
+  const auto [e, took] = refused(o);
+  CHECK(e.code() == std::errc::permission_denied);
+  CHECK_FALSE(dibs::is_transient(e.code()));
+  CHECK_THAT(e.what(), Catch::Contains("127.0.0.1:" + server.port) && Catch::Contains("user 'u' as 'shared@example.com'") &&
+                           Catch::Contains("AUTHENTICATE XOAUTH2, twice") && Catch::Contains("status 401") &&
+                           Catch::Contains("[AUTHENTICATIONFAILED] Invalid credentials for <secret> (Failure)") &&
+                           Catch::Contains("expired"));
+  CHECK(clean_of(e.what(), token));
+  CHECK(*tokens.calls == std::vector<bool>{false, true});
+}
+
+TEST_CASE("a login refused with throttling words or UNAVAILABLE is transient, the token not renewed for it") {
+  for (const std::string no : {"NO [UNAVAILABLE] Try later", "NO Request is throttled. Suggested Backoff Time: 500 milliseconds",
+                               "NO [ALERT] Too many simultaneous connections. (Failure)", "NO [THROTTLED] slow down"}) {
+    const token_script tokens{{"tok-3"}};
+    scripted_server server([&](int fd) {
+      say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=XOAUTH2] ready\r\n");
+      hear(fd, "\r\n");
+      say(fd, "d1 " + no + "\r\n");
+      hear(fd, "never");
+    });
+    const auto [e, took] = refused(oauth_at(server.port, tokens));
+    CHECK(dibs::is_transient(e.code()));
+    CHECK_THAT(e.what(), Catch::Contains("busy or throttling"));
+    CHECK(*tokens.calls == std::vector<bool>{false});
+  }
+}
+
+TEST_CASE("check(): the throttling words of Exchange Online and Gmail, and THROTTLED, are transient, other NOs not") {
+  scripted_server server([&](int fd) {
+    say(fd, "* OK [CAPABILITY IMAP4rev1] ready\r\n");
+    hear(fd, "\r\n");
+    say(fd, "d1 OK [CAPABILITY IMAP4rev1] logged in\r\n");
+    hear(fd, "LOGOUT\r\n");
+  });
+  dibs::imap::session s{at(server.port)};
+  auto code = [&](const std::string& status, const std::string& response_code, const std::string& text) {
+    try {
+      s.check(dibs::imap::reply{{}, status, response_code, text}, "SELECT INBOX");
+    } catch (const std::system_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(text));
+      return e.code();
+    }
+    return std::error_code{};
+  };
+  CHECK(dibs::is_transient(code("NO", "", "User is authenticated but not connected.")));
+  CHECK(dibs::is_transient(code("BAD", "", "User is authenticated but not connected.")));
+  CHECK(dibs::is_transient(code("NO", "", "Request is throttled. Suggested Backoff Time: 1200 milliseconds")));
+  CHECK(dibs::is_transient(code("NO", "", "Server Unavailable. 15")));
+  CHECK(dibs::is_transient(code("NO", "ALERT", "Too many simultaneous connections. (Failure)")));
+  CHECK(dibs::is_transient(code("NO", "ALERT", "Account exceeded command or bandwidth limits. (Failure)")));
+  CHECK(dibs::is_transient(code("NO", "THROTTLED", "slow down")));
+  CHECK(dibs::is_transient(code("NO", "UNAVAILABLE", "try later")));
+  CHECK_FALSE(dibs::is_transient(code("NO", "", "Mailbox doesn't exist: x")));
+  CHECK(code("NO", "NONEXISTENT", "Mailbox doesn't exist: x") == std::errc::no_such_file_or_directory);
+}
+
+TEST_CASE("secrets: a connection cut mid-AUTHENTICATE, a malformed reply during it, a provider that throws") {
+  const std::string token = "tok-Q9pL2mXv-distinctive";
+  {  // cut after the token was sent: transient, the next command would log in anew
+    const token_script tokens{{token}};
+    scripted_server server([&](int fd) {
+      say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=XOAUTH2] ready\r\n");
+      hear(fd, "\r\n");
+    });
+    const auto [e, took] = refused(oauth_at(server.port, tokens));
+    CHECK(e.code() == dibs::errc::connection_lost);
+    CHECK(clean_of(e.what(), token));
+  }
+  {  // a malformed line that echoes the client's response: not quoted
+    const token_script tokens{{token}};
+    scripted_server server([&](int fd) {
+      say(fd, "* OK [CAPABILITY IMAP4rev1 AUTH=XOAUTH2] ready\r\n");
+      hear(fd, "\r\n");
+      say(fd, "+\r\n");
+      const auto sent = hear(fd, "\r\n");
+      say(fd, "* 99999999999 EXISTS " + sent);  // a number out of range, then what it was sent
+      hear(fd, "never");
+    });
+    const auto [e, took] = refused(oauth_at(server.port, tokens));
+    CHECK(e.code() == std::errc::protocol_error);
+    CHECK_THAT(e.what(), Catch::Contains("not quoted"));
+    CHECK(clean_of(e.what(), token));
+    CHECK(clean_of(e.what(), "user=u\x01" "auth=Bearer " + token + "\x01\x01"));
+  }
+  {  // a BYE that echoes the token
+    const token_script tokens{{token}};
+    scripted_server server([&](int fd) {
+      say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=XOAUTH2] ready\r\n");
+      hear(fd, "\r\n");
+      say(fd, "* BYE no such token " + token + "\r\n");
+      hear(fd, "never");
+    });
+    const auto [e, took] = refused(oauth_at(server.port, tokens));
+    CHECK(dibs::is_transient(e.code()));
+    CHECK_THAT(e.what(), Catch::Contains("no such token <secret>"));
+    CHECK(clean_of(e.what(), token));
+  }
+  {  // after the login, a malformed reply: the token was never kept to be quoted
+    const token_script tokens{{token}};
+    scripted_server server([&](int fd) {
+      say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=XOAUTH2] ready\r\n");
+      hear(fd, "\r\n");
+      say(fd, "d1 OK [CAPABILITY IMAP4rev1] logged in\r\n");
+      hear(fd, "\r\n");
+      say(fd, "* 0 FETCH (UID 1)\r\nd2 OK done\r\n");
+      hear(fd, "never");
+    });
+    dibs::imap::session s{oauth_at(server.port, tokens)};
+    try {
+      s.run("NOOP");
+      FAIL("a malformed reply was taken");
+    } catch (const std::system_error& e) {
+      CHECK(e.code() == std::errc::protocol_error);
+      CHECK(clean_of(e.what(), token));
+    }
+  }
+  for (const bool system_error : {true, false}) {  // a provider that throws: its code, its words, our context
+    std::string heard;
+    {
+      scripted_server server([&](int fd) {
+        say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=XOAUTH2] ready\r\n");
+        char c;
+        while (::read(fd, &c, 1) == 1) heard += c;
+      });
+      auto o = at(server.port);
+      o.oauth2_token = [&](bool) -> std::string {
+        if (system_error) throw std::system_error(dibs::make_error_code(dibs::errc::timed_out), "the helper is slow");
+        throw std::runtime_error("no refresh token stored");
+      };
+      const auto [e, took] = refused(o);
+      CHECK(dibs::is_transient(e.code()) == system_error);
+      if (!system_error) CHECK(e.code() == std::errc::permission_denied);
+      CHECK_THAT(e.what(), Catch::Contains("u@127.0.0.1:" + server.port) &&
+                               Catch::Contains(system_error ? "the helper is slow" : "no refresh token stored") &&
+                               Catch::Contains("no OAuth2 token"));
+    }
+    CHECK(heard.find("AUTHENTICATE") == std::string::npos);  // nothing sent without a token
+  }
+}
+
+TEST_CASE("options that cannot go together: LOGIN with an authzid, XOAUTH2 without a provider, nothing sent") {
+  std::string heard;
+  {
+    scripted_server server([&](int fd) {
+      say(fd, "* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] ready\r\n");
+      char c;
+      while (::read(fd, &c, 1) == 1) heard += c;
+    });
+    auto o = at(server.port);
+    o.auth = dibs::imap::auth_mechanism::login;
+    o.authzid = "shared@example.com";
+    const auto [e, took] = refused(o);
+    CHECK(e.code() == std::errc::not_supported);
+    CHECK_THAT(e.what(), Catch::Contains("auth_mechanism::plain") && Catch::Contains("shared@example.com"));
+  }
+  CHECK(heard.find("p w") == std::string::npos);
+  scripted_server server([&](int fd) {
+    say(fd, "* OK [CAPABILITY IMAP4rev1 AUTH=XOAUTH2] ready\r\n");
+    hear(fd, "never");
+  });
+  auto o = at(server.port);
+  o.auth = dibs::imap::auth_mechanism::xoauth2;
+  const auto [e, took] = refused(o);
+  CHECK(e.code() == dibs::errc::invalid_argument);
+  CHECK_THAT(e.what(), Catch::Contains("oauth2_token is not set"));
+}
+
+TEST_CASE("imap::options::from_env: DIBS_IMAP_AUTH, DIBS_IMAP_AUTHZID and DIBS_IMAP_TOKEN_CMD") {
+  ::setenv("DIBS_IMAP_AUTH", "oauthbearer", 1);
+  ::setenv("DIBS_IMAP_AUTHZID", "shared@example.com", 1);
+  ::setenv("DIBS_IMAP_TOKEN_CMD", "printf 'tok-env\\n'", 1);
+  auto o = dibs::imap::options::from_env();
+  CHECK(o.auth == dibs::imap::auth_mechanism::oauthbearer);
+  CHECK(o.authzid == "shared@example.com");
+  REQUIRE(o.oauth2_token);
+  CHECK(o.oauth2_token(false) == "tok-env");
+  ::setenv("DIBS_IMAP_AUTH", "kerberos", 1);
+  try {
+    (void)dibs::imap::options::from_env();
+    FAIL("DIBS_IMAP_AUTH=kerberos was taken");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == dibs::errc::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains("'kerberos'") && Catch::Contains("xoauth2"));
+  }
+  ::unsetenv("DIBS_IMAP_AUTH");
+  ::unsetenv("DIBS_IMAP_AUTHZID");
+  ::unsetenv("DIBS_IMAP_TOKEN_CMD");
+  o = dibs::imap::options::from_env();
+  CHECK(o.auth == dibs::imap::auth_mechanism::automatic);
+  CHECK_FALSE(o.oauth2_token);
+}
+
+TEST_CASE("token_command: output trimmed, run again at each call, failures name the command and status, never the output") {
+  const dibs_test::temp_dir dir;
+  const auto runs = (dir.path / "runs").string();
+  // A helper that counts its runs and prints the count in its token.
+  const auto provider = dibs::imap::token_command(
+      fmt::format("echo x >> '{0}'; printf 'tok-%s \\r\\n\\n' \"$(wc -l < '{0}' | tr -d ' ')\"", runs));
+  CHECK(provider(false) == "tok-1");
+  CHECK(provider(true) == "tok-2");
+  CHECK(provider(false) == "tok-3");
+  CHECK(dibs_test::slurp(runs) == "x\nx\nx\n");
+
+  // What the failing commands print: never in a message (their command
+  // lines, which are named, do not hold it whole).
+  const std::string printed = "tok-printed-8Hq";
+  auto failure = [](const std::string& command, std::chrono::milliseconds timeout = std::chrono::seconds{60}) {
+    try {
+      (void)dibs::imap::token_command(command, timeout)(false);
+    } catch (const std::system_error& e) {
+      return std::pair{e.code(), std::string(e.what())};
+    }
+    FAIL("the token command '" << command << "' gave a token");
+    return std::pair{std::error_code{}, std::string{}};
+  };
+  {
+    const auto [code, what] = failure("printf '%s-%s\\n' tok-printed 8Hq; exit 3");
+    CHECK(code == std::errc::permission_denied);
+    CHECK_FALSE(dibs::is_transient(code));
+    CHECK_THAT(what, Catch::Contains("the token command 'printf '%s-%s\\n' tok-printed 8Hq; exit 3' exited with status 3"));
+    CHECK(what.find(printed) == std::string::npos);
+  }
+  {
+    const auto [code, what] = failure("printf '%s-%s' tok-printed 8Hq; kill -TERM $$");
+    CHECK(code == std::errc::permission_denied);
+    CHECK_THAT(what, Catch::Contains("ended by signal 15"));
+    CHECK(what.find(printed) == std::string::npos);
+  }
+  {
+    const auto [code, what] = failure("printf '  \\n'");
+    CHECK(code == std::errc::permission_denied);
+    CHECK_THAT(what, Catch::Contains("printed no token"));
+  }
+  {
+    const auto [code, what] = failure("printf 'one\\ntwo\\n'");
+    CHECK(code == std::errc::permission_denied);
+    CHECK_THAT(what, Catch::Contains("more than one line"));
+    CHECK(what.find("one\ntwo") == std::string::npos);
+  }
+  {  // a helper that hangs: killed at the deadline, transient
+    const auto start = std::chrono::steady_clock::now();
+    const auto [code, what] = failure("sleep 30", std::chrono::milliseconds{300});
+    CHECK(code == dibs::errc::timed_out);
+    CHECK(dibs::is_transient(code));
+    CHECK_THAT(what, Catch::Contains("'sleep 30' did not finish within 300 ms"));
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds{20});
+  }
+  {
+    const auto [code, what] = failure("head -c 100000 /dev/zero | tr '\\0' a");
+    CHECK(code == dibs::errc::invalid_argument);
+    CHECK_THAT(what, Catch::Contains("more than 64 KiB"));
+  }
 }

@@ -1,11 +1,13 @@
 // The Dovecot of the tests (started by scripts/imap.sh through the ctest
 // fixture `imap`, its directory in DIBS_IMAP_DIR): connection options, a
-// fresh folder per test, crashing and restarting the server, and a plain
-// session's view of a folder (what a person's mail client would see).
+// fresh folder per test, crashing and restarting the server, a plain
+// session's view of a folder (what a person's mail client would see), and
+// OAuth2 access tokens the server takes (JWTs signed with its test key).
 #pragma once
 
 #include <dibs/imap/client.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -14,9 +16,12 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "support.hpp"
 
@@ -46,6 +51,37 @@ inline dibs::imap::options options() {
   o.password = env("DIBS_IMAP_PASSWORD");
   o.timeout = std::chrono::seconds{30};
   return o;
+}
+
+/// Returns: `s` in base64url without padding (RFC 7515 2), as JWTs have it.
+inline std::string base64url(std::string_view s) {
+  auto out = dibs::imap::detail::base64_encode(s);
+  while (!out.empty() && out.back() == '=') out.pop_back();
+  for (auto& c : out) c = c == '+' ? '-' : c == '/' ? '_' : c;
+  return out;
+}
+
+/// Returns: an OAuth2 access token the tests' server takes for `user` (its
+/// oauth2 passdb checks it locally, scripts/imap.sh): a JWT signed HS256
+/// with DIBS_IMAP_OAUTH2_KEY (or with `key`, base64, when given: a key the
+/// server does not have), "sub" `user`, expiring `expires_in` from now
+/// (negative: expired already), issued an hour ago.
+inline std::string jwt(const std::string& user, std::chrono::seconds expires_in = std::chrono::hours{1},
+                       const std::string& key = {}) {
+  const auto k = dibs::imap::detail::base64_decode(key.empty() ? env("DIBS_IMAP_OAUTH2_KEY") : key);
+  if (!k || k->empty())
+    throw std::runtime_error("no DIBS_IMAP_OAUTH2_KEY in " + dir() + "/env: was the server started by this imap.sh?");
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch());
+  const auto signed_part =
+      base64url(R"({"alg":"HS256","typ":"JWT"})") + "." +
+      base64url(fmt::format(R"({{"sub":"{}","iat":{},"exp":{}}})", user, (now - std::chrono::hours{1}).count(),
+                            (now + expires_in).count()));
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (!HMAC(EVP_sha256(), k->data(), static_cast<int>(k->size()), reinterpret_cast<const unsigned char*>(signed_part.data()),
+            signed_part.size(), mac, &len))
+    throw std::runtime_error("HMAC-SHA256 failed");
+  return signed_part + "." + base64url(std::string_view(reinterpret_cast<const char*>(mac), len));
 }
 
 /// Returns: the same server over TLS (the fixture starts it with --tls):

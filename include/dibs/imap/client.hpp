@@ -22,6 +22,27 @@
 //   dibs::imap::session s{{.host = "imap.example.com", .user = "me", .password = pw,
 //                          .tls = dibs::imap::tls_mode::implicit}};
 //
+// Logging in (options::auth, auth_mechanism::automatic by default): LOGIN
+// with a password; AUTHENTICATE PLAIN (RFC 4616) where an authorization
+// identity (options::authzid: the mailbox to act as) is given or the server
+// says LOGINDISABLED and offers AUTH=PLAIN; with an OAuth2 token provider
+// (options::oauth2_token) AUTHENTICATE OAUTHBEARER (RFC 7628) where the
+// server announces it, else XOAUTH2 (Google's and Microsoft's). The initial
+// response goes on the AUTHENTICATE line where the server announces SASL-IR
+// (RFC 4959). A token the server refuses is asked for once more, renewed
+// (oauth2_token(true)), and tried again; token_command() makes a provider
+// that runs a helper command, as mail clients do. Exchange Online logs into
+// a shared mailbox with the shared mailbox's address as the identity and a
+// licensed user's token:
+//
+//   dibs::imap::session s{{.host = "outlook.office365.com", .user = "me@example.com",
+//                          .tls = dibs::imap::tls_mode::implicit, .authzid = "shared@example.com",
+//                          .oauth2_token = dibs::imap::token_command("oauth2-helper --account work")}};
+//
+// Passwords and tokens go to the server and nowhere else: no message of an
+// exception this header throws holds one (nor their base64), and what a
+// server says during the login is quoted only with them cut out.
+//
 // Failures, as std::system_error:
 //   - the server cannot be reached, closes the connection, says BYE, or a
 //     reply does not come within options::timeout: errc::connection_lost or
@@ -38,7 +59,18 @@
 //     naming the server and quoting the start of the line; not transient. The
 //     session is closed (what else was in flight cannot be read reliably):
 //     under run_write() that is errc::outcome_unknown, never a reply dropped;
-//   - a login refused: std::errc::permission_denied, naming server and user;
+//   - a login refused: std::errc::permission_denied, naming server and user
+//     (and the authorization identity, the mechanism); an OAuth2 token
+//     refused, renewed through the provider and refused again: the same,
+//     saying so. A refusal that says the server is busy (UNAVAILABLE, or the
+//     throttling words of Exchange Online and Gmail: detail::throttle_texts)
+//     is errc::connection_lost (transient). A token provider that throws:
+//     its error's code, its message wrapped with the server and user. An
+//     options::auth that cannot be used with the options given
+//     (auth_mechanism::login with an authzid: std::errc::not_supported;
+//     xoauth2 or oauthbearer without oauth2_token: errc::invalid_argument),
+//     and AUTHENTICATE in a build without OpenSSL (its base64 comes from
+//     there): std::errc::not_supported, before anything secret is sent;
 //   - TLS: a server certificate that does not verify (wrong CA, not for the
 //     host): std::errc::permission_denied, with OpenSSL's verify result
 //     ("certificate verify failed: self-signed certificate"); a handshake
@@ -50,8 +82,9 @@
 //   - a tagged NO or BAD, through check(): the server's response code decides
 //     (NONEXISTENT: no_such_file_or_directory, NOPERM/AUTHORIZATIONFAILED:
 //     permission_denied, OVERQUOTA: no_space_on_device, UNAVAILABLE/INUSE/
-//     LIMIT: transient), and the message names server, user, what was done
-//     and the server's own words.
+//     LIMIT/THROTTLED, or words of a server that throttles: transient), and
+//     the message names server, user, what was done and the server's own
+//     words.
 // A session is used by one thread at a time. After fork() the child's copy
 // never writes to the parent's connection, nor uses its TLS state (it frees
 // it without SSL_shutdown): it connects anew.
@@ -83,10 +116,12 @@
 #ifdef _WIN32
 #include <dibs/detail/win32/socket.hpp>
 #else
+#include <dibs/detail/posix/shell_command.hpp>
 #include <dibs/detail/posix/socket.hpp>
 #endif
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -95,9 +130,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -108,7 +146,9 @@
 
 #include <fmt/format.h>
 #if DIBS_IMAP_OPENSSL
+#include <openssl/crypto.h>
 #include <openssl/err.h>
+#include <openssl/evp.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #endif
@@ -123,6 +163,238 @@ enum class tls_mode {
   starttls,  ///< plain TCP, then STARTTLS before the login (RFC 3501 6.2.1, RFC 2595); usually port 143
   implicit,  ///< TLS from the first byte (RFC 8314); usually port 993
 };
+
+namespace detail {
+
+inline bool iequals(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
+inline bool istarts_with(std::string_view s, std::string_view prefix) noexcept {
+  return s.size() >= prefix.size() && iequals(s.substr(0, prefix.size()), prefix);
+}
+
+// Effects: overwrites `s` (a password, a token, what holds one) and empties
+// it, so that the bytes do not linger in freed memory.
+inline void forget(std::string& s) noexcept {
+#if DIBS_IMAP_OPENSSL
+  if (!s.empty()) OPENSSL_cleanse(s.data(), s.size());
+#else
+  for (volatile char* p = s.data(); p != s.data() + s.size(); ++p) *p = 0;
+#endif
+  s.clear();
+}
+
+// The SASL client responses, before base64 (the session encodes them).
+// XOAUTH2 (Google's "OAuth 2.0 Mechanism", Microsoft's "Authenticate an
+// IMAP connection using OAuth"): user=U ^A auth=Bearer T ^A ^A.
+inline std::string xoauth2_response(std::string_view user, std::string_view token) {
+  // "\x01" "auth": one string, and the 'a' is no hex digit of the escape.
+  return fmt::format("user={}\x01" "auth=Bearer {}\x01\x01", user, token);
+}
+
+// Returns: `s` with ',' and '=' written =2C and =3D, as a GS2 header's a=
+// wants them (RFC 5801 4, saslname).
+inline std::string gs2_escape(std::string_view s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == ',') out += "=2C";
+    else if (c == '=') out += "=3D";
+    else out += c;
+  }
+  return out;
+}
+
+// OAUTHBEARER (RFC 7628 3.1): the GS2 header "n,a=AUTHZID," then
+// key=value pairs, each ended by ^A, and a final ^A.
+inline std::string oauthbearer_response(std::string_view authzid, std::string_view host, std::string_view port,
+                                        std::string_view token) {
+  return fmt::format("n,a={},\x01host={}\x01port={}\x01" "auth=Bearer {}\x01\x01", gs2_escape(authzid), host, port,
+                     token);
+}
+
+// PLAIN (RFC 4616 2): authzid NUL authcid NUL password.
+inline std::string plain_response(std::string_view authzid, std::string_view user, std::string_view password) {
+  std::string out;
+  out.reserve(authzid.size() + user.size() + password.size() + 2);
+  out.append(authzid).append(1, '\0').append(user).append(1, '\0').append(password);
+  return out;
+}
+
+// Returns: the value of "status" in the JSON error an OAuth2 mechanism's
+// server sends when it refuses a token (RFC 7628 3.2.2: {"status":
+// "invalid_token", ...}; XOAUTH2: {"status":"401",...}), as printable
+// text of at most 40 characters; "" if there is none.
+inline std::string sasl_error_status(std::string_view json) {
+  auto at = json.find("\"status\"");
+  if (at == std::string_view::npos) return {};
+  at += 8;
+  while (at < json.size() && (json[at] == ' ' || json[at] == ':' || json[at] == '\t')) ++at;
+  if (at >= json.size() || json[at] != '"') return {};
+  std::string out;
+  for (++at; at < json.size() && json[at] != '"' && out.size() < 40; ++at) {
+    const auto c = static_cast<unsigned char>(json[at]);
+    out += c >= 0x20 && c < 0x7f ? static_cast<char>(c) : '?';
+  }
+  return out;
+}
+
+#if DIBS_IMAP_OPENSSL
+inline std::string base64_encode(std::string_view in) {
+  std::string out(4 * ((in.size() + 2) / 3), '\0');
+  if (!in.empty())
+    EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(in.data()),
+                    static_cast<int>(in.size()));
+  return out;
+}
+
+// Returns: the bytes of `in` (base64, white space around it allowed), or
+// nullopt if it is not base64.
+inline std::optional<std::string> base64_decode(std::string_view in) {
+  while (!in.empty() && std::isspace(static_cast<unsigned char>(in.front()))) in.remove_prefix(1);
+  while (!in.empty() && std::isspace(static_cast<unsigned char>(in.back()))) in.remove_suffix(1);
+  if (in.size() % 4 != 0 || in.size() > INT_MAX) return std::nullopt;
+  std::string out(in.size() / 4 * 3, '\0');
+  if (in.empty()) return out;
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+  if (n < 0) return std::nullopt;
+  // EVP_DecodeBlock counts the padding's bytes as decoded zeros.
+  out.resize(static_cast<std::size_t>(n) - (in.ends_with("==") ? 2 : in.ends_with('=') ? 1 : 0));
+  return out;
+}
+#endif
+
+// What servers say, in words rather than a response code, when they
+// throttle a client or have too many of its connections: a retry after a
+// backoff can succeed, so a tagged NO or BAD (through check(), or refusing
+// the login) saying one of these is transient (a BYE always is). Compared
+// without case, anywhere in the text. Neither vendor documents its words;
+// these are from public logs (docs/guide-exchange.md has the links), and
+// no real server has been seen saying them to dibs.
+inline constexpr std::string_view throttle_texts[] = {
+    // Exchange Online, a mailbox over its IMAP budget: "NO Request is
+    // throttled. Suggested Backoff Time: 299609 milliseconds", also as a
+    // BAD (imapsync#198, email-oauth2-proxy#191).
+    "Request is throttled",
+    // Exchange Online, the command after a successful AUTHENTICATE when the
+    // session to the mailbox could not be made: "BAD User is authenticated
+    // but not connected." Often a setup error a retry does not fix (IMAP
+    // off for the mailbox, no Full Access), sometimes a passing fault: the
+    // retries' own limit ends the former.
+    "User is authenticated but not connected",
+    // Exchange Online, the mailbox's server busy or moving: "NO Server
+    // Unavailable. 15" (imapfilter#146).
+    "Server Unavailable",
+    // Gmail, one connection more than its 15 per account, at the login:
+    // "NO [ALERT] Too many simultaneous connections. (Failure)" (Gmail Help 97150).
+    "Too many simultaneous connections",
+    // Gmail, an account past its command or bandwidth limits: "NO [ALERT]
+    // Account exceeded command or bandwidth limits. (Failure)" (no source
+    // checked here; past the daily bandwidth IMAP stays off for hours, and
+    // the retries' own limit ends them).
+    "Account exceeded command or bandwidth limits",
+};
+
+// Returns: true if a reply's response code (UNAVAILABLE, INUSE, LIMIT:
+// RFC 5530; THROTTLED: no RFC, reported of Gmail) or its words
+// (throttle_texts) say the server is busy or throttling: worth a retry
+// after a backoff.
+inline bool throttled(std::string_view code, std::string_view text) {
+  const auto name = code.substr(0, code.find(' '));
+  if (iequals(name, "THROTTLED") || iequals(name, "UNAVAILABLE") || iequals(name, "INUSE") ||
+      iequals(name, "LIMIT"))
+    return true;
+  for (const auto t : throttle_texts)
+    for (std::size_t i = 0; i + t.size() <= text.size(); ++i)
+      if (iequals(text.substr(i, t.size()), t)) return true;
+  return false;
+}
+
+}  // namespace detail
+
+/// How the session logs in (options::auth).
+enum class auth_mechanism {
+  /// With options::oauth2_token: OAUTHBEARER where the server announces
+  /// AUTH=OAUTHBEARER, else XOAUTH2. Without: PLAIN where options::authzid
+  /// is set, or where the server announces LOGINDISABLED and AUTH=PLAIN;
+  /// else LOGIN.
+  automatic,
+  login,        ///< LOGIN user password (RFC 3501 6.2.3); no authorization identity
+  plain,        ///< AUTHENTICATE PLAIN (RFC 4616): authzid, user and password
+  xoauth2,      ///< AUTHENTICATE XOAUTH2 (Google, Microsoft): user= (authzid, else user) and the token
+  oauthbearer,  ///< AUTHENTICATE OAUTHBEARER (RFC 7628): a= (authzid, else user), host, port and the token
+};
+
+#ifndef _WIN32
+/// Returns: a provider for options::oauth2_token that runs `command` with
+/// the shell (/bin/sh -c) at every call and takes what it prints on its
+/// standard output, trailing white space (the final newline) cut, as the
+/// token: the convention of mbsync's PassCmd, msmtp's passwordeval and
+/// neomutt's imap_oauth_refresh_command. It is run again at every call,
+/// refresh or not: a helper that keeps its token until it expires decides
+/// that itself (most do). Its standard error is ours, and so is its
+/// standard input (it may ask a person on the terminal). Throws (the
+/// provider, when called): std::errc::permission_denied if the command
+/// exits with a status other than 0, is ended by a signal, prints nothing
+/// but white space, or prints more than one line; errc::timed_out (it is
+/// killed, transient) if it has not finished within `timeout`;
+/// errc::invalid_argument if it prints more than 64 KiB; the errno of a
+/// failed start of /bin/sh. Each message names the command and how it
+/// ended, never what it printed (that would be the token).
+/// Windows: not offered yet (there is no process-running code for it in
+/// dibs's platform layer); give options::oauth2_token a provider of your own.
+inline std::function<std::string(bool refresh)> token_command(std::string command,
+                                                               std::chrono::milliseconds timeout = std::chrono::seconds{60}) {
+  return [command = std::move(command), timeout](bool) {
+    constexpr std::size_t max_out = 64 * 1024;
+    auto fail = [&](std::error_code ec, std::string_view how) -> std::string {
+      throw std::system_error(ec, fmt::format("dibs::imap: the token command '{}' {}", command, how));
+    };
+    dibs::detail::shell_result r;
+    try {
+      r = dibs::detail::run_shell(command, timeout, max_out);
+    } catch (const std::system_error& e) {
+      return fail(e.code(), fmt::format("could not be run: {}", e.what()));
+    }
+    auto& out = r.out;
+    if (r.timed_out) {
+      detail::forget(out);
+      return fail(make_error_code(errc::timed_out),
+                  fmt::format("did not finish within {} ms, and was killed (is it waiting for input? it is run "
+                              "with our standard input and standard error)",
+                              timeout.count()));
+    }
+    if (r.too_long) {
+      detail::forget(out);
+      return fail(make_error_code(errc::invalid_argument),
+                  fmt::format("printed more than {} KiB, which is no access token; it was killed", max_out / 1024));
+    }
+    if (r.signal != 0 || r.exit_code != 0) {
+      detail::forget(out);
+      return fail(std::make_error_code(std::errc::permission_denied),
+                  r.signal != 0      ? fmt::format("was ended by signal {}; no token", r.signal)
+                  : r.exit_code > 0 ? fmt::format("exited with status {} (what it wrote to standard error says "
+                                                  "why); no token",
+                                                  r.exit_code)
+                                    : std::string("ended, and how could not be learned (is SIGCHLD ignored in "
+                                                  "this process?); its output is not trusted"));
+    }
+    while (!out.empty() && std::isspace(static_cast<unsigned char>(out.back()))) out.pop_back();
+    if (out.empty()) return fail(std::make_error_code(std::errc::permission_denied), "exited 0 but printed no token");
+    for (const char c : out)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+        detail::forget(out);
+        return fail(std::make_error_code(std::errc::permission_denied),
+                    "printed more than one line, or control characters: a token is one line of printable characters");
+      }
+    return std::move(out);
+  };
+}
+#endif
 
 /// Where the server is, how to reach it, and who logs in.
 struct options {
@@ -150,11 +422,35 @@ struct options {
   /// false is UNSAFE (anyone on the path can read the password and every
   /// message): for tests only.
   bool verify = true;
+  /// The authorization identity: the mailbox to act as when it is not
+  /// `user`'s own (an Exchange Online shared mailbox's address; the user a
+  /// Dovecot master user logs in as). Sent as PLAIN's authzid, XOAUTH2's
+  /// user= (there `user` itself is not sent: the token says who logs in)
+  /// and OAUTHBEARER's a=. Empty: `user`'s own mailbox.
+  std::string authzid;
+  /// OAuth2: returns the current access token (refresh = false), called at
+  /// each login; called once more, with refresh = true, right after the
+  /// server refused the token it gave (expired: it should renew it). Set,
+  /// it is used instead of `password`. token_command() makes one that runs
+  /// a helper command. What it throws ends the login (see the top of this
+  /// header). Called on the thread that uses the session.
+  std::function<std::string(bool refresh)> oauth2_token;
+  /// How to log in: see auth_mechanism (automatic by default).
+  auth_mechanism auth = auth_mechanism::automatic;
+  /// Send the first client response on the AUTHENTICATE line where the
+  /// server announces SASL-IR (RFC 4959); false: wait for the server's "+"
+  /// first (a round trip more; for a server that announces SASL-IR and
+  /// mishandles it).
+  bool sasl_ir = true;
 
   /// Returns: options from DIBS_IMAP_HOST, DIBS_IMAP_PORT, DIBS_IMAP_USER,
   /// DIBS_IMAP_PASSWORD (what scripts/imap.sh prints), DIBS_IMAP_TLS (none,
-  /// starttls or implicit) and DIBS_IMAP_CA_FILE, defaults where unset.
-  /// Throws: errc::invalid_argument for another DIBS_IMAP_TLS.
+  /// starttls or implicit), DIBS_IMAP_CA_FILE, DIBS_IMAP_AUTHZID,
+  /// DIBS_IMAP_TOKEN_CMD (oauth2_token = token_command(it)) and
+  /// DIBS_IMAP_AUTH (automatic, login, plain, xoauth2 or oauthbearer),
+  /// defaults where unset. Throws: errc::invalid_argument for another
+  /// DIBS_IMAP_TLS or DIBS_IMAP_AUTH; std::errc::not_supported for
+  /// DIBS_IMAP_TOKEN_CMD on Windows (no token_command there yet).
   static options from_env() {
     options o;
     auto get = [](const char* name, std::string& to) {
@@ -172,6 +468,28 @@ struct options {
     else if (!tls.empty() && tls != "none")
       throw std::system_error(make_error_code(errc::invalid_argument),
                               fmt::format("dibs::imap: DIBS_IMAP_TLS is '{}': say none, starttls or implicit", tls));
+    get("DIBS_IMAP_AUTHZID", o.authzid);
+    std::string auth;
+    get("DIBS_IMAP_AUTH", auth);
+    if (auth == "login") o.auth = auth_mechanism::login;
+    else if (auth == "plain") o.auth = auth_mechanism::plain;
+    else if (auth == "xoauth2") o.auth = auth_mechanism::xoauth2;
+    else if (auth == "oauthbearer") o.auth = auth_mechanism::oauthbearer;
+    else if (!auth.empty() && auth != "automatic")
+      throw std::system_error(
+          make_error_code(errc::invalid_argument),
+          fmt::format("dibs::imap: DIBS_IMAP_AUTH is '{}': say automatic, login, plain, xoauth2 or oauthbearer", auth));
+    std::string command;
+    get("DIBS_IMAP_TOKEN_CMD", command);
+    if (!command.empty()) {
+#ifdef _WIN32
+      throw std::system_error(std::make_error_code(std::errc::not_supported),
+                              "dibs::imap: DIBS_IMAP_TOKEN_CMD is set, but this Windows build has no token_command "
+                              "yet: give options::oauth2_token a provider of your own");
+#else
+      o.oauth2_token = token_command(command);
+#endif
+    }
     return o;
   }
 };
@@ -206,17 +524,6 @@ struct value {
 };
 
 namespace detail {
-
-inline bool iequals(std::string_view a, std::string_view b) noexcept {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
-  return true;
-}
-
-inline bool istarts_with(std::string_view s, std::string_view prefix) noexcept {
-  return s.size() >= prefix.size() && iequals(s.substr(0, prefix.size()), prefix);
-}
 
 // The largest number (nz-number) IMAP has, RFC 3501 9: message numbers,
 // UIDs, UIDVALIDITY are 32 bits; a mod-sequence 63 (RFC 7162 7).
@@ -612,8 +919,12 @@ public:
   session& operator=(const session&) = delete;
 
   const options& opts() const noexcept { return opts_; }
-  /// Returns: "user@host:port", for messages.
-  std::string where() const { return fmt::format("{}@{}:{}", opts_.user, opts_.host, opts_.port); }
+  /// Returns: "user@host:port", and " (as AUTHZID)" where options::authzid
+  /// is set, for messages.
+  std::string where() const {
+    return fmt::format("{}@{}:{}{}", opts_.user, opts_.host, opts_.port,
+                       opts_.authzid.empty() ? std::string{} : fmt::format(" (as {})", opts_.authzid));
+  }
   /// Returns: true if the server announced `capability` (compared without case).
   bool has(std::string_view capability) const {
     for (const auto& c : caps_)
@@ -835,18 +1146,36 @@ public:
 private:
   [[noreturn]] void fail(std::error_code ec, std::string_view why) {
     drop();
-    throw std::system_error(ec, fmt::format("dibs::imap: {}: {}", where(), why));
+    throw std::system_error(ec, redact(fmt::format("dibs::imap: {}: {}", where(), why)));
   }
   [[noreturn]] void fail(errc e, std::string_view why) { fail(make_error_code(e), why); }
   // A reply that breaks the protocol: the connection is closed (what else
   // is in flight cannot be read reliably: a write's reply among it is then
   // outcome_unknown through run_write()). Not transient: the same server
-  // is likely to say the same again.
+  // is likely to say the same again. During AUTHENTICATE the line is not
+  // quoted: a server that echoes what it was sent would echo a secret,
+  // perhaps cut where no redaction finds it.
   [[noreturn]] void malformed(std::string_view line, std::string_view why) {
     fail(std::make_error_code(std::errc::protocol_error),
-         fmt::format("the server sent a malformed reply ({}): '{}'; the connection is closed (is it an IMAP "
+         fmt::format("the server sent a malformed reply ({}): {}; the connection is closed (is it an IMAP "
                      "server? if so, report this to its operator)",
-                     why, detail::excerpt(line)));
+                     why,
+                     secrets_.empty() ? fmt::format("'{}'", detail::excerpt(line))
+                                      : std::string("not quoted, as it came during the login")));
+  }
+
+  // Returns: `text` with every secret of the login under way (secrets_),
+  // and the password while connecting, cut out: a server may quote what it
+  // was sent in its reply, and messages quote servers.
+  std::string redact(std::string text) const {
+    auto cut = [&](const std::string& secret) {
+      if (secret.size() < 4) return;  // too short to tell from other text; it is never echoed whole by a server
+      for (auto at = text.find(secret); at != std::string::npos; at = text.find(secret, at))
+        text.replace(at, secret.size(), "<secret>");
+    };
+    for (const auto& s : secrets_) cut(s);
+    if (connecting_until_) cut(opts_.password);
+    return text;
   }
 
   static std::error_code code_of(const reply& r) {
@@ -857,11 +1186,13 @@ private:
         detail::iequals(code, "AUTHENTICATIONFAILED") || detail::iequals(code, "READ-ONLY"))
       return std::make_error_code(std::errc::permission_denied);
     if (detail::iequals(code, "OVERQUOTA")) return std::make_error_code(std::errc::no_space_on_device);
-    if (detail::iequals(code, "UNAVAILABLE") || detail::iequals(code, "INUSE") || detail::iequals(code, "LIMIT"))
-      return make_error_code(errc::contended);
     if (detail::iequals(code, "ALREADYEXISTS")) return std::make_error_code(std::errc::file_exists);
     // The server failed (Dovecot: a file it cannot write; its log says which).
     if (detail::iequals(code, "SERVERBUG")) return std::make_error_code(std::errc::io_error);
+    // Busy or throttling (UNAVAILABLE, INUSE, LIMIT, THROTTLED, or the words
+    // of detail::throttle_texts, such as Exchange Online's "User is
+    // authenticated but not connected."): a retry after a backoff.
+    if (detail::throttled(r.code, r.text)) return make_error_code(errc::contended);
     return make_error_code(errc::invalid_argument);
   }
 
@@ -920,26 +1251,263 @@ private:
       handshake(until);
       ask_caps();  // what was said in the clear may have been forged: forget it
     }
-    if (has("LOGINDISABLED"))
-      fail(std::make_error_code(std::errc::permission_denied),
-           opts_.tls == tls_mode::none
-               ? "the server refuses LOGIN on an unprotected connection (it announces LOGINDISABLED): set "
-                 "options::tls to tls_mode::starttls (or tls_mode::implicit on its TLS port, usually 993). The "
-                 "password was not sent"
-               : "the server announces LOGINDISABLED even over TLS: dibs::imap logs in only with LOGIN");
-    const auto login = run(fmt::format("LOGIN {} {}", quote(opts_.user), quote(opts_.password)));
-    if (!login.ok()) {
-      const auto text = login.text;
+    try {
+      log_in();
+    } catch (...) {  // whatever failed (a token provider's own exception too), never a half-open session
       drop();
-      const bool transient = detail::iequals(login.code, "UNAVAILABLE");
-      throw std::system_error(
-          transient ? make_error_code(errc::connection_lost) : std::make_error_code(std::errc::permission_denied),
-          fmt::format("dibs::imap: {}:{} refused the login of user '{}': {}{}{}", opts_.host, opts_.port, opts_.user,
-                      login.code.empty() ? "" : fmt::format("[{}] ", login.code), text,
-                      transient ? "" : "; check the user name and password"));
+      throw;
     }
-    if (detail::istarts_with(login.code, "CAPABILITY")) set_caps(login.code);
+  }
+
+  // Returns: the mechanism to log in by, as options::auth says (see
+  // auth_mechanism), for what the server announced. Throws: for options
+  // that cannot go together (see the top of this header).
+  auth_mechanism mechanism() {
+    const bool token = static_cast<bool>(opts_.oauth2_token);
+    switch (opts_.auth) {
+      case auth_mechanism::automatic:
+        if (token) return has("AUTH=OAUTHBEARER") ? auth_mechanism::oauthbearer : auth_mechanism::xoauth2;
+        if (!opts_.authzid.empty() || (has("LOGINDISABLED") && has("AUTH=PLAIN"))) return auth_mechanism::plain;
+        return auth_mechanism::login;
+      case auth_mechanism::login:
+        if (!opts_.authzid.empty())
+          fail(std::make_error_code(std::errc::not_supported),
+               fmt::format("LOGIN has no authorization identity, so it cannot log in as '{}' (options::authzid): "
+                           "use auth_mechanism::plain (AUTHENTICATE PLAIN) or automatic. Nothing was sent",
+                           opts_.authzid));
+        return auth_mechanism::login;
+      case auth_mechanism::xoauth2:
+      case auth_mechanism::oauthbearer:
+        if (!token)
+          fail(errc::invalid_argument,
+               fmt::format("options::auth is {} but options::oauth2_token is not set: give it a token provider "
+                           "(such as imap::token_command(\"your-oauth2-helper\"))",
+                           opts_.auth == auth_mechanism::xoauth2 ? "xoauth2" : "oauthbearer"));
+        return opts_.auth;
+      case auth_mechanism::plain: break;
+    }
+    return auth_mechanism::plain;
+  }
+
+  // Logs in on the connection just opened, by mechanism() (an OAuth2 token
+  // the server refuses is renewed once through the provider and tried
+  // again), and learns the logged-in state's capabilities.
+  void log_in() {
+    const auto mech = mechanism();
+    if (mech == auth_mechanism::login) {
+      if (has("LOGINDISABLED"))
+        fail(std::make_error_code(std::errc::permission_denied),
+             opts_.tls == tls_mode::none
+                 ? "the server refuses LOGIN on an unprotected connection (it announces LOGINDISABLED): set "
+                   "options::tls to tls_mode::starttls (or tls_mode::implicit on its TLS port, usually 993). The "
+                   "password was not sent"
+                 : "the server announces LOGINDISABLED even over TLS, and no AUTH=PLAIN: dibs::imap logs in "
+                   "with LOGIN, AUTHENTICATE PLAIN, XOAUTH2 or OAUTHBEARER");
+      reply r;
+      {
+        secrets_ = {opts_.password};  // what the server says is not quoted while the password is in flight
+        struct forget_guard {
+          session& s;
+          ~forget_guard() { s.forget_secrets(); }
+        } guard{*this};
+        std::string command = fmt::format("LOGIN {} {}", quote(opts_.user), quote(opts_.password));
+        r = run(command);
+        detail::forget(command);
+        if (!r.ok()) refused(r, "LOGIN", {}, false);
+      }
+      return logged_in(r);
+    }
+#if !DIBS_IMAP_OPENSSL
+    fail(std::make_error_code(std::errc::not_supported),
+         fmt::format("AUTHENTICATE {} needs base64, which dibs::imap takes from OpenSSL, and this build has no "
+                     "OpenSSL (DIBS_IMAP_OPENSSL is 0): build with an OpenSSL for this platform. Nothing was sent",
+                     mech == auth_mechanism::plain     ? "PLAIN"
+                     : mech == auth_mechanism::xoauth2 ? "XOAUTH2"
+                                                       : "OAUTHBEARER"));
+#else
+    if (mech == auth_mechanism::plain) {
+      if (has("LOGINDISABLED") && !has("AUTH=PLAIN") && opts_.tls == tls_mode::none)
+        fail(std::make_error_code(std::errc::permission_denied),
+             "the server refuses logins with a password on an unprotected connection (it announces "
+             "LOGINDISABLED, and no AUTH=PLAIN): set options::tls to tls_mode::starttls (or tls_mode::implicit on "
+             "its TLS port, usually 993). The password was not sent");
+      auto response = detail::plain_response(opts_.authzid, opts_.user, opts_.password);
+      auto password = opts_.password;
+      const auto r = authenticate("PLAIN", response, password);
+      if (!r.completion.ok()) refused(r.completion, "AUTHENTICATE PLAIN", {}, false);
+      return logged_in(r.completion);
+    }
+    const std::string_view name = mech == auth_mechanism::xoauth2 ? "XOAUTH2" : "OAUTHBEARER";
+    const auto how = fmt::format("AUTHENTICATE {}", name);
+    const auto& as = opts_.authzid.empty() ? opts_.user : opts_.authzid;
+    for (const bool refresh : {false, true}) {
+      auto token = token_from(refresh);
+      auto response = mech == auth_mechanism::xoauth2 ? detail::xoauth2_response(as, token)
+                                                      : detail::oauthbearer_response(as, opts_.host, opts_.port, token);
+      const auto r = authenticate(name, response, token);
+      if (r.completion.ok()) return logged_in(r.completion);
+      // Busy or throttling: no fault of the token's, and no reason to renew it.
+      if (refresh || detail::throttled(r.completion.code, r.completion.text)) refused(r.completion, how, r.status, refresh);
+    }
+#endif
+  }
+
+  void logged_in(const reply& r) {
+    if (detail::istarts_with(r.code, "CAPABILITY")) set_caps(r.code);
     else ask_caps();
+  }
+
+  // Throws: the login refused by `r` (to `how`: "LOGIN", "AUTHENTICATE
+  // PLAIN"; `status`: an OAuth2 refusal's JSON status), transient if it
+  // says the server is busy or throttling; `twice`: an OAuth2 token refused,
+  // renewed through the provider, and refused again. The connection is dropped.
+  [[noreturn]] void refused(const reply& r, std::string_view how, std::string_view status, bool twice) {
+    drop();
+    const bool transient = detail::throttled(r.code, r.text);
+    const bool token = how.ends_with("XOAUTH2") || how.ends_with("OAUTHBEARER");
+    const auto as = opts_.authzid.empty() ? std::string{} : fmt::format(" as '{}'", opts_.authzid);
+    const auto said = redact(fmt::format("{}{}{}", r.code.empty() ? "" : fmt::format("[{}] ", r.code), r.text,
+                                         status.empty() ? "" : fmt::format(" (status {})", status)));
+    std::string why;
+    if (transient) why = "; the server is busy or throttling: retry later";
+    else if (twice)
+      why = "; the token was refused twice, the second time just after the provider was asked to renew it "
+            "(oauth2_token(true)): it is expired and was not renewed, is for another user, lacks the IMAP scope, "
+            "or its grant was revoked";
+    else if (token) why = "; check the token's user and scope";
+    else if (!opts_.authzid.empty())
+      why = fmt::format("; check the user name and password, and that '{}' may log in as '{}'", opts_.user,
+                        opts_.authzid);
+    else why = "; check the user name and password";
+    throw std::system_error(
+        transient ? make_error_code(errc::connection_lost) : std::make_error_code(std::errc::permission_denied),
+        redact(fmt::format("dibs::imap: {}:{} refused the login of user '{}'{}{}{}{}: {}{}", opts_.host, opts_.port,
+                           opts_.user, as, how == "LOGIN" ? "" : " by ", how == "LOGIN" ? "" : how,
+                           twice ? ", twice" : "", said, why)));
+  }
+
+  // Returns: a token from options::oauth2_token(refresh). The provider's
+  // own time (a helper that renews a token over the network) is not the
+  // server's: the connect's deadline moves by it. Throws: what the provider
+  // throws, as a std::system_error of its code (std::errc::permission_denied
+  // for an exception that is not a system_error), its message after the
+  // server's and user's names; std::errc::permission_denied for an empty
+  // token, errc::invalid_argument for one with control characters or
+  // spaces (neither is quoted).
+  std::string token_from(bool refresh) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto asked = refresh ? ", asked to renew the token the server refused" : "";
+    std::string token;
+    try {
+      token = opts_.oauth2_token(refresh);
+    } catch (const std::system_error& e) {
+      drop();
+      throw std::system_error(e.code(), fmt::format("dibs::imap: {}: no OAuth2 token to log in with: the provider "
+                                                    "(options::oauth2_token{}) failed: {}",
+                                                    where(), asked, e.what()));
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (const std::exception& e) {
+      drop();
+      throw std::system_error(std::make_error_code(std::errc::permission_denied),
+                              fmt::format("dibs::imap: {}: no OAuth2 token to log in with: the provider "
+                                          "(options::oauth2_token{}) failed: {}",
+                                          where(), asked, e.what()));
+    }
+    if (connecting_until_) *connecting_until_ += std::chrono::steady_clock::now() - start;
+    if (token.empty())
+      fail(std::make_error_code(std::errc::permission_denied),
+           fmt::format("no OAuth2 token to log in with: the provider (options::oauth2_token{}) returned an empty one",
+                       asked));
+    for (const char c : token)
+      if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) {
+        detail::forget(token);
+        fail(errc::invalid_argument,
+             fmt::format("the OAuth2 token the provider (options::oauth2_token{}) returned holds spaces or control "
+                         "characters, which no access token has (a helper's output of several lines?)",
+                         asked));
+      }
+    return token;
+  }
+
+#if DIBS_IMAP_OPENSSL
+  struct sasl_result {
+    reply completion;    // the tagged completion (secrets cut out)
+    std::string status;  // the "status" of the JSON error of an OAuth2 refusal ("" if none came)
+  };
+
+  // Runs one AUTHENTICATE `mech` with the client response `response`, sent
+  // base64: on the AUTHENTICATE line where the server announces SASL-IR
+  // (and options::sasl_ir), else after the server's "+". An OAuth2
+  // mechanism's server refuses a token with a "+" challenge holding a JSON
+  // error first: answered as RFC 7628 3.2.3 (OAUTHBEARER: ^A) and Google's
+  // XOAUTH2 (an empty line) say, and its status kept; then its NO follows.
+  // While this runs `secret` (the token or password), the response and
+  // their base64 are cut out of every message (secrets_); at the end they
+  // are forgotten, `response` and `secret` too. Returns: the completion.
+  sasl_result authenticate(std::string_view mech, std::string& response, std::string& secret) {
+    struct forget_guard {
+      session& s;
+      std::string& said;
+      std::string& key;
+      ~forget_guard() {
+        s.forget_secrets();
+        detail::forget(said);
+        detail::forget(key);
+      }
+    } guard{*this, response, secret};
+    secrets_ = {secret, detail::base64_encode(secret), response, detail::base64_encode(response)};
+    const std::string& encoded = secrets_.back();
+    const bool ir = opts_.sasl_ir && has("SASL-IR");
+    const auto tag = fmt::format("d{}", ++tag_);
+    {
+      // RFC 4959: an empty initial response is sent as "=".
+      auto line = fmt::format("{} AUTHENTICATE {}{}{}\r\n", tag, mech, ir ? " " : "",
+                              ir ? (encoded.empty() ? std::string_view("=") : std::string_view(encoded)) : "");
+      send(line);
+      detail::forget(line);
+    }
+    bool sent = ir, challenged = false;
+    sasl_result out;
+    const auto until = deadline();
+    for (;;) {
+      const auto line = read_reply_line(until);
+      if (line.starts_with("+")) {
+        if (!sent) {
+          auto data = encoded + "\r\n";
+          send(data);
+          detail::forget(data);
+          sent = true;
+        } else if (!challenged) {
+          if (const auto json = detail::base64_decode(std::string_view(line).substr(1)))
+            out.status = detail::sasl_error_status(*json);
+          challenged = true;
+          send(mech == "OAUTHBEARER" ? "AQ==\r\n" : mech == "XOAUTH2" ? "\r\n" : "*\r\n");
+        } else {
+          send("*\r\n");  // a server that asks on and on: cancel (RFC 3501 6.2.2); its BAD follows
+        }
+        continue;
+      }
+      if (line.starts_with("* ")) {
+        if (detail::istarts_with(line, "* BYE"))
+          fail(errc::connection_lost, fmt::format("the server said {} during AUTHENTICATE {}",
+                                                  detail::excerpt(redact(line.substr(2))), mech));
+        if (detail::istarts_with(line, "* CAPABILITY ")) set_caps(line.substr(2));
+        continue;
+      }
+      if (!line.starts_with(tag + ' ')) continue;
+      read_completion(line, out.completion);
+      out.completion.code = redact(out.completion.code);
+      out.completion.text = redact(out.completion.text);
+      out.status = redact(out.status);
+      return out;
+    }
+  }
+#endif
+
+  void forget_secrets() noexcept {
+    for (auto& s : secrets_) detail::forget(s);
+    secrets_.clear();
   }
 
   // Connects fd_ to the first address of the server that answers by
@@ -1292,22 +1860,28 @@ private:
       const auto space = line.find(' ');
       const auto it = std::find(tags.begin(), tags.end(), line.substr(0, space));
       if (it == tags.end()) continue;
-      auto& r = replies[static_cast<std::size_t>(it - tags.begin())];
       done[static_cast<std::size_t>(it - tags.begin())] = true;
-      auto rest = std::string_view(line).substr(space == std::string::npos ? line.size() : space + 1);
-      const auto sp = rest.find(' ');
-      r.status = std::string(rest.substr(0, sp));
-      for (auto& ch : r.status) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-      rest = sp == std::string_view::npos ? std::string_view{} : rest.substr(sp + 1);
-      if (rest.starts_with('[')) {
-        const auto close = rest.find(']');
-        r.code = std::string(rest.substr(1, close - 1));
-        rest = close == std::string_view::npos ? std::string_view{} : rest.substr(close + 1);
-        if (rest.starts_with(' ')) rest.remove_prefix(1);
-      }
-      r.text = std::string(rest);
+      read_completion(line, replies[static_cast<std::size_t>(it - tags.begin())]);
     }
     return replies;
+  }
+
+  // Effects: r's status (upper-cased), code and text from the tagged
+  // completion `line` ("tag STATUS [CODE] text").
+  static void read_completion(std::string_view line, reply& r) {
+    const auto space = line.find(' ');
+    auto rest = line.substr(space == std::string_view::npos ? line.size() : space + 1);
+    const auto sp = rest.find(' ');
+    r.status = std::string(rest.substr(0, sp));
+    for (auto& ch : r.status) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    rest = sp == std::string_view::npos ? std::string_view{} : rest.substr(sp + 1);
+    if (rest.starts_with('[')) {
+      const auto close = rest.find(']');
+      r.code = std::string(rest.substr(1, close - 1));
+      rest = close == std::string_view::npos ? std::string_view{} : rest.substr(close + 1);
+      if (rest.starts_with(' ')) rest.remove_prefix(1);
+    }
+    r.text = std::string(rest);
   }
 
   options opts_;
@@ -1333,6 +1907,9 @@ private:
   std::vector<std::string> ahead_;  // tags of commands sent by send_ahead() whose replies are not read yet
   std::vector<reply> ahead_done_;   // their replies, read, for finish()
   std::vector<std::string> caps_;
+  // While a login is under way: its password or token, the client response
+  // and their base64, cut out of every message (redact()).
+  std::vector<std::string> secrets_;
 };
 
 }  // namespace dibs::imap
