@@ -1,6 +1,10 @@
 // dibs::imap_mailbox on a real Dovecot (the ctest fixture `imap`): workers
 // claim each message of a shared mailbox exactly once, with SIGKILLs and a
 // server crash on the way; the keywords people see agree with the store.
+// The folder view too: the same chaos, each message ending in Done once as
+// another client (Python's imaplib) sees it, and a fault-injecting proxy
+// (tests/scripts/imap_proxy.py) making Dovecot look like a server that keeps
+// no keywords, or has no MOVE.
 #include <dibs/stores/file_store.hpp>
 #include <dibs/imap/mailbox.hpp>
 #include <dibs/retry.hpp>
@@ -11,12 +15,18 @@
 #include "imap_support.hpp"
 #include "support.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +50,7 @@ void deliver(dibs::imap::session& s, const std::string& mailbox, int from, int t
 
 struct run_result {
   int messages = 0, completed = 0, effects_match = 0, shown_completed = 0, shown_other = 0, retried = 0;
+  int in_done = 0;  // the folder view: messages in Done
 };
 
 // A server that stops answering for a while is waited out as any other
@@ -60,11 +71,13 @@ dibs::retry_policy patient(std::chrono::steady_clock::time_point deadline) {
 // Workers (processes) take messages from `mailbox` until a stop file
 // appears; each effect goes to a fenced journal (a file_store), and the
 // completion names its token. `during` runs in the parent meanwhile (kills,
-// a server crash); then the parent waits until every message is completed.
+// a server crash); then the parent waits until every message is completed
+// (and, in the folder view, in Done).
 template <class During>
 run_result run_workers(const std::string& mailbox, const std::string& claims_folder, int workers, int expected,
                        During during, std::chrono::milliseconds lease = 5s,
-                       std::chrono::milliseconds handling = std::chrono::milliseconds{0}) {
+                       std::chrono::milliseconds handling = std::chrono::milliseconds{0},
+                       dibs::imap_mailbox_options::view_by view = dibs::imap_mailbox_options::view_by::automatic) {
   dibs_test::temp_dir dir;
   const auto journal_dir = dir.path / "journal";
   const auto stop = dir.path / "stop";
@@ -77,6 +90,7 @@ run_result run_workers(const std::string& mailbox, const std::string& claims_fol
       auto box = dibs::retry(patient(forever), [&] {
         return std::make_unique<dibs::imap_mailbox>(server, *store,
                                                     dibs::imap_mailbox_options{.mailbox = mailbox,
+                                                                               .view = view,
                                                                                .claims = {.lease = lease, .max_attempts = 20},
                                                                                .on_note = [](std::string_view) {}});
       });
@@ -109,14 +123,16 @@ run_result run_workers(const std::string& mailbox, const std::string& claims_fol
     return std::make_unique<dibs::imap_store>(server, dibs::imap_store_options{.folder = claims_folder});
   });
   const auto box = dibs::retry(patient(deadline), [&] {
-    return std::make_unique<dibs::imap_mailbox>(server, *store,
-                                                dibs::imap_mailbox_options{.mailbox = mailbox, .on_note = [](std::string_view) {}});
+    return std::make_unique<dibs::imap_mailbox>(
+        server, *store, dibs::imap_mailbox_options{.mailbox = mailbox, .view = view, .on_note = [](std::string_view) {}});
   });
+  // Where every message ends: the mailbox (keywords), or Done.
+  const auto final_folder = box->view() == dibs::imap_mailbox_options::view_by::folders ? box->done_folder() : mailbox;
   std::vector<dibs::imap_mailbox::entry> seen;
   for (;;) {
     seen = dibs::retry(patient(deadline), [&] { return box->status(); });
-    const auto done = std::count_if(seen.begin(), seen.end(), [](const auto& e) {
-      return e.status.state == dibs::claim_state::completed;
+    const auto done = std::count_if(seen.begin(), seen.end(), [&](const auto& e) {
+      return e.status.state == dibs::claim_state::completed && e.folder == final_folder;
     });
     if ((done == expected && static_cast<int>(seen.size()) == expected) || std::chrono::steady_clock::now() > deadline) break;
     std::this_thread::sleep_for(300ms);
@@ -134,6 +150,7 @@ run_result run_workers(const std::string& mailbox, const std::string& claims_fol
   for (const auto& e : seen) {
     ++r.messages;
     keys.insert(e.key);
+    r.in_done += box->view() == dibs::imap_mailbox_options::view_by::folders && e.folder == box->done_folder();
     if (e.status.state == dibs::claim_state::completed) ++r.completed;
     if (e.status.attempts > 1) ++r.retried;
     const auto effect = journal.read(e.key);
@@ -624,4 +641,385 @@ TEST_CASE("imap_mailbox: keywords sent ahead are set by the mailbox's next comma
   }
   CHECK(uids.size() == 2);  // two messages, each handled once
   CHECK(store.keys().size() == 2);
+}
+
+// ---- The folder view ----
+
+namespace {
+
+using view_by = dibs::imap_mailbox_options::view_by;
+
+std::string order_id(int i) { return fmt::format("<order-{}/x+y@shop.example>", i); }
+
+// What another client sees: Python's imaplib (tests/scripts/imap_list.py)
+// lists `folders`: the Message-IDs in each ("-" for a message without one,
+// as often as there are copies), and how many messages are marked \Deleted.
+struct listing {
+  std::map<std::string, std::multiset<std::string>> ids;
+  int deleted = 0;
+};
+
+listing list_by_python(const std::vector<std::string>& folders) {
+  dibs_test::temp_dir dir;
+  const auto out = dir.path / "list";
+  std::string command =
+      fmt::format("python3 '{}/tests/scripts/imap_list.py' '{}/env'", DIBS_SOURCE_DIR, dibs_test::imap::dir());
+  for (const auto& f : folders) command += " '" + f + "'";
+  REQUIRE(dibs_test::sh(command + " > '" + out.string() + "'") == 0);
+  listing l;
+  for (const auto& f : folders) l.ids[f];
+  std::istringstream in(dibs_test::slurp(out));
+  for (std::string line; std::getline(in, line);) {
+    const auto tab = line.find('\t'), tab2 = line.find('\t', tab + 1);
+    REQUIRE(tab2 != std::string::npos);
+    l.ids[line.substr(0, tab)].insert(line.substr(tab + 1, tab2 - tab - 1));
+    l.deleted += line.find("\\Deleted", tab2) != std::string::npos;
+  }
+  return l;
+}
+
+// Checks, as Python's imaplib sees the folders, that orders [0, total) are
+// each in Done once (and `extra` too: Message-IDs, "-" for none), and the
+// mailbox, Processing and Failed are empty, with no message left \Deleted.
+void check_done_once(const std::string& mailbox, const std::string& processing, const std::string& done,
+                     const std::string& failed, int total, std::multiset<std::string> extra = {}) {
+  const auto l = list_by_python({mailbox, processing, done, failed});
+  std::multiset<std::string> want = std::move(extra);
+  for (int i = 0; i < total; ++i) want.insert(order_id(i));
+  CHECK(l.ids.at(done).size() == want.size());  // exact count: none lost, none twice
+  CHECK(l.ids.at(done) == want);
+  CHECK(l.ids.at(mailbox).empty());
+  CHECK(l.ids.at(processing).empty());
+  CHECK(l.ids.at(failed).empty());
+  CHECK(l.deleted == 0);
+}
+
+// The fault-injecting proxy (tests/scripts/imap_proxy.py) in front of the
+// tests' Dovecot, on a free loopback port it prints; killed at scope exit.
+class imap_proxy {
+public:
+  explicit imap_proxy(std::vector<std::string> flags) {
+    const auto port_file = dir_.path / "port";
+    const auto server = dibs_test::imap::options();
+    std::vector<std::string> args{"python3", std::string(DIBS_SOURCE_DIR) + "/tests/scripts/imap_proxy.py", "--to",
+                                  server.host + ":" + server.port, "--log", (dir_.path / "commands").string()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    process_ = dibs_test::child{dibs_test::spawn([&] {
+      const int fd = ::open(port_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0 || ::dup2(fd, 1) < 0) return 126;
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execvp(argv[0], argv.data());
+      std::perror("python3");
+      return 127;
+    })};
+    REQUIRE(dibs_test::eventually([&] { return dibs_test::slurp(port_file).find('\n') != std::string::npos; }, 30s));
+    port_ = dibs_test::slurp(port_file);
+    port_.erase(port_.find('\n'));
+  }
+  /// Returns: the tests' server, through the proxy.
+  dibs::imap::options options() const {
+    auto o = dibs_test::imap::options();
+    o.port = port_;
+    return o;
+  }
+  /// Returns: how many commands named `name` ("UID MOVE") clients sent through it.
+  int sent(const std::string& name) const {
+    std::istringstream in(dibs_test::slurp(dir_.path / "commands"));
+    int n = 0;
+    for (std::string line; std::getline(in, line);) n += line == name;
+    return n;
+  }
+
+private:
+  dibs_test::temp_dir dir_;
+  dibs_test::child process_;
+  std::string port_;
+};
+
+}  // namespace
+
+TEST_CASE("imap_mailbox, folder view: 4 workers, SIGKILLs, the server SIGKILLed and restarted: each message ends in "
+          "Done once, as Python's imaplib sees it", "[chaos]") {
+  const auto mailbox = dibs_test::imap::fresh_folder("fchaos");
+  const auto claims = dibs_test::imap::fresh_folder("fchaosclaims");
+  constexpr int total = 240, after_restart = 40;
+  {
+    dibs::imap::session s{dibs_test::imap::options()};
+    s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+    deliver(s, mailbox, 0, total - after_restart);
+  }
+  int kills = 0;
+  // The last 40 messages are delivered only after the restart: the crash
+  // lands before the run is over however fast the workers are, and the
+  // workers must reconnect to finish it.
+  const auto r = run_workers(
+      mailbox, claims, 4, total,
+      [&](std::vector<pid_t>& pids, auto& start) {
+        std::mt19937 rng(34);
+        const auto kill_some = [&](int n) {
+          for (int i = 0; i < n; ++i, ++kills) {
+            std::this_thread::sleep_for(std::chrono::milliseconds{std::uniform_int_distribution<int>{150, 400}(rng)});
+            const auto victim = std::uniform_int_distribution<std::size_t>{0, pids.size() - 1}(rng);
+            ::kill(pids[victim], SIGKILL);
+            dibs_test::wait_exit(pids[victim]);
+            pids[victim] = start();
+          }
+        };
+        kill_some(3);
+        dibs_test::imap::kill_server();
+        dibs_test::imap::restart_server();
+        deliver_after_restart(mailbox, total - after_restart, total);
+        kill_some(3);
+      },
+      3s, 0ms, view_by::folders);
+  INFO("messages retried after a kill: " << r.retried);
+  CHECK(kills == 6);
+  CHECK(r.messages == total);  // in all four folders: each message once
+  CHECK(r.completed == total);
+  CHECK(r.effects_match == total);  // each effect once, from the claim that completed it
+  CHECK(r.in_done == total);
+  CHECK(r.shown_completed == 0);  // no keywords in the folder view
+  const auto slash = mailbox + "/";
+  check_done_once(mailbox, slash + "Processing", slash + "Done", slash + "Failed", total);
+}
+
+namespace {
+
+// Two watchers (threads, each with its own store and mailbox, through
+// `proxy`) take the 20 messages of a new mailbox. Returns: the notes, how
+// often each Message-ID was handed out, and the views the watchers chose.
+struct proxy_run {
+  std::vector<std::string> notes;
+  std::map<std::string, int> handled;
+  std::vector<view_by> views;
+  int not_in_processing = 0;  // messages handed out from elsewhere than Processing
+  std::string mailbox;
+};
+
+proxy_run run_through(const imap_proxy& proxy, int total) {
+  proxy_run out;
+  out.mailbox = dibs_test::imap::fresh_folder("proxied");
+  const auto claims = dibs_test::imap::fresh_folder("proxiedclaims");
+  {
+    dibs::imap::session s{dibs_test::imap::options()};
+    s.check(s.run("CREATE " + dibs::imap::quote(out.mailbox)), "create");
+    deliver(s, out.mailbox, 0, total);
+  }
+  std::mutex m;
+  std::atomic<int> count{0};
+  std::vector<std::string> errors;
+  const auto watcher = [&] {
+    try {
+      dibs::imap_store store{dibs_test::imap::options(), {.folder = claims}};  // the store straight to Dovecot
+      dibs::imap_mailbox box{proxy.options(), store,
+                             {.mailbox = out.mailbox, .on_note = [&](std::string_view n) {
+                                std::lock_guard g{m};
+                                out.notes.emplace_back(n);
+                              }}};
+      {
+        std::lock_guard g{m};
+        out.views.push_back(box.view());
+      }
+      const auto end = std::chrono::steady_clock::now() + 120s;
+      while (count < total && std::chrono::steady_clock::now() < end) {
+        auto mail = box.next(200ms);
+        if (!mail) continue;
+        {
+          std::lock_guard g{m};
+          ++out.handled[mail->message_id()];
+          out.not_in_processing += mail->folder() != box.processing_folder();
+        }
+        mail->complete();
+        ++count;
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard g{m};
+      errors.emplace_back(e.what());
+    }
+  };
+  std::thread a(watcher), b(watcher);
+  a.join();
+  b.join();
+  INFO((errors.empty() ? std::string{} : errors.front()));
+  REQUIRE(errors.empty());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("imap_mailbox: a server that keeps no keywords (a proxy takes \\* out of PERMANENTFLAGS) gets the folder "
+          "view by itself, and each message ends in Done once") {
+  {  // Dovecot as it is keeps keywords: the keyword view, as before
+    const auto server = dibs_test::imap::options();
+    dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("directclaims")}};
+    dibs::imap_mailbox box{server, store};
+    CHECK(box.view() == view_by::keywords);
+    CHECK(box.processing_folder().empty());
+  }
+  imap_proxy proxy{{"--no-star"}};
+  constexpr int total = 20;
+  const auto r = run_through(proxy, total);
+  CHECK(r.views == std::vector<view_by>{view_by::folders, view_by::folders});
+  CHECK(std::count_if(r.notes.begin(), r.notes.end(), [](const std::string& n) {
+          return n.find("no \\* in the PERMANENTFLAGS") != std::string::npos;
+        }) == 2);  // once by each watcher
+  REQUIRE(r.handled.size() == total);
+  for (const auto& [id, n] : r.handled) {
+    INFO(id);
+    CHECK(n == 1);
+  }
+  CHECK(r.not_in_processing == 0);
+  CHECK(proxy.sent("UID MOVE") == 2 * total);  // to Processing, to Done
+  const auto slash = r.mailbox + "/";
+  check_done_once(r.mailbox, slash + "Processing", slash + "Done", slash + "Failed", total);
+}
+
+TEST_CASE("imap_mailbox: a server without MOVE (a proxy takes it out of CAPABILITY): the folder view copies and "
+          "expunges, each message ends in Done once and none is left \\Deleted") {
+  imap_proxy proxy{{"--no-star", "--no-move"}};
+  constexpr int total = 20;
+  const auto r = run_through(proxy, total);
+  CHECK(r.views == std::vector<view_by>{view_by::folders, view_by::folders});
+  REQUIRE(r.handled.size() == total);
+  for (const auto& [id, n] : r.handled) {
+    INFO(id);
+    CHECK(n == 1);
+  }
+  CHECK(proxy.sent("UID MOVE") == 0);
+  CHECK(proxy.sent("UID COPY") == 2 * total);
+  CHECK(proxy.sent("UID EXPUNGE") == 2 * total);  // each copy's source, that one message alone
+  CHECK(proxy.sent("EXPUNGE") == 0);
+  const auto slash = r.mailbox + "/";
+  check_done_once(r.mailbox, slash + "Processing", slash + "Done", slash + "Failed", total);
+}
+
+TEST_CASE("imap_mailbox: the folder view with key_by::uid is invalid_argument, before anything is done") {
+  const auto mailbox = dibs_test::imap::fresh_folder("fuid");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("fuidclaims")}};
+  try {
+    dibs::imap_mailbox box{server, store,
+                           {.mailbox = mailbox,
+                            .key = dibs::imap_mailbox_options::key_by::uid,
+                            .view = view_by::folders}};
+    FAIL("key_by::uid with the folder view was accepted");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == dibs::errc::invalid_argument);
+    CHECK_FALSE(dibs::is_transient(e.code()));
+    CHECK_THAT(e.what(), Catch::Contains("key_by::uid with view_by::folders"));
+    CHECK_THAT(e.what(), Catch::Contains("'" + mailbox + "'"));
+  }
+  const auto listed = s.run(fmt::format("LIST \"\" {}", dibs::imap::quote(mailbox + "/*")));
+  s.check(listed, "list");
+  CHECK(listed.untagged.empty());  // no folder was made
+  // Keyed by Message-ID (the default), the folder view opens, with the folders made.
+  dibs::imap_mailbox box{server, store, {.mailbox = mailbox, .view = view_by::folders}};
+  CHECK(box.view() == view_by::folders);
+  CHECK(box.processing_folder() == mailbox + "/Processing");
+  CHECK(box.done_folder() == mailbox + "/Done");
+  CHECK(box.failed_folder() == mailbox + "/Failed");
+  const auto made = s.run(fmt::format("LIST \"\" {}", dibs::imap::quote(mailbox + "/*")));
+  s.check(made, "list");
+  CHECK(made.untagged.size() == 3);
+}
+
+TEST_CASE("imap_mailbox, folder view: messages a person moves from Done back to the mailbox are moved to Done again, "
+          "never handled again") {
+  const auto mailbox = dibs_test::imap::fresh_folder("fback");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  deliver(s, mailbox, 0, 3);
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("fbackclaims")}};
+  std::vector<std::string> notes;
+  dibs::imap_mailbox box{server, store,
+                         {.mailbox = mailbox,
+                          .view = view_by::folders,
+                          .claims = {.lease = 1s},
+                          .on_note = [&](std::string_view n) { notes.emplace_back(n); }}};
+  int handled = 0;
+  while (auto m = box.next(300ms)) {
+    ++handled;
+    CHECK(m->folder() == box.processing_folder());  // moved there when claimed
+    m->complete();
+  }
+  CHECK(handled == 3);
+  check_done_once(mailbox, box.processing_folder(), box.done_folder(), box.failed_folder(), 3);
+  // A person moves two of them back, as a mail client does.
+  s.check(s.run("SELECT " + dibs::imap::quote(box.done_folder())), "select");
+  s.check(s.run("UID MOVE 1:* " + dibs::imap::quote(mailbox)), "move back");  // all three ...
+  s.check(s.run("SELECT " + dibs::imap::quote(mailbox)), "select");
+  s.check(s.run(fmt::format("UID MOVE {} {}", uids_of(s, 1).at(0), dibs::imap::quote(box.done_folder()))),
+          "move one to Done again");  // ... and one of them back to Done: two are in the mailbox
+  s.check(s.run("UNSELECT"), "unselect");  // STATUS of the selected mailbox would say what this session has seen
+  CHECK(dibs_test::imap::messages(s, mailbox) == 2);
+  // The watcher finds them there, completed, and moves them after a lease; it hands out nothing.
+  int again = 0;
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < end &&
+         (dibs_test::imap::messages(s, mailbox) != 0 || dibs_test::imap::messages(s, box.done_folder()) != 3))
+    if (auto m = box.next(200ms)) {
+      ++again;
+      m->complete();
+    }
+  CHECK(again == 0);
+  CHECK(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
+          return n.find("it is not handled again") != std::string::npos;
+        }) == 2);
+  check_done_once(mailbox, box.processing_folder(), box.done_folder(), box.failed_folder(), 3);
+}
+
+TEST_CASE("imap_mailbox, folder view: a message without Message-ID is handled once where it is, then moved to Done, "
+          "one given back stays in Processing, and one failed goes to Failed") {
+  const auto mailbox = dibs_test::imap::fresh_folder("fnoid");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  deliver(s, mailbox, 0, 2);
+  deliver(s, mailbox, 2, 3, false);  // no Message-ID
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("fnoidclaims")}};
+  std::vector<std::string> notes;
+  // No retry backoff: a given-back message is handed out again at once.
+  dibs::imap_mailbox box{server, store,
+                         {.mailbox = mailbox,
+                          .view = view_by::folders,
+                          .claims = {.max_attempts = 2, .retry_backoff = std::nullopt},
+                          .on_note = [&](std::string_view n) { notes.emplace_back(n); }}};
+  std::map<int, int> handled;  // by order number
+  std::map<int, std::string> folder_when_handled;
+  while (auto m = box.next(300ms)) {
+    const auto at = m->raw().find("Subject: order ");
+    REQUIRE(at != std::string::npos);
+    const int order = std::stoi(m->raw().substr(at + 15));
+    ++handled[order];
+    folder_when_handled[order] = m->folder();
+    if (order == 1) {  // order 1 fails: given back once (it stays in Processing), then on its last attempt
+      CHECK(m->folder() == box.processing_folder());
+      CHECK(m->release("the printer is out of paper"));
+      continue;
+    }
+    m->complete();
+  }
+  CHECK(handled == std::map<int, int>{{0, 1}, {1, 2}, {2, 1}});
+  CHECK(folder_when_handled[0] == box.processing_folder());
+  CHECK(folder_when_handled[2] == mailbox);  // no Message-ID: never moved while handled (its UID is its key)
+  CHECK(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
+          return n.find("has no Message-ID") != std::string::npos;
+        }) == 1);
+  const auto l = list_by_python({mailbox, box.processing_folder(), box.done_folder(), box.failed_folder()});
+  CHECK(l.ids.at(box.done_folder()) == std::multiset<std::string>{order_id(0), "-"});
+  CHECK(l.ids.at(box.failed_folder()) == std::multiset<std::string>{order_id(1)});
+  CHECK(l.ids.at(mailbox).empty());
+  CHECK(l.ids.at(box.processing_folder()).empty());
+  CHECK(l.deleted == 0);
+  // The store agrees: two completed, one failed.
+  std::map<dibs::claim_state, int> states;
+  for (const auto& e : box.status())
+    if (!e.key.empty()) ++states[e.status.state];
+  CHECK(states == std::map<dibs::claim_state, int>{{dibs::claim_state::completed, 1}, {dibs::claim_state::failed, 1}});
+  CHECK_FALSE(box.next(300ms));  // nothing left to hand out
 }

@@ -42,6 +42,58 @@
 // One thread uses an imap_mailbox (and the mail it hands out) at a time; it
 // needs its own connection
 // (given by `server`) beside the store's.
+//
+// The folder view (view_by::folders; view_by::automatic, the default,
+// chooses it where the mailbox keeps no keywords of the client's: no \* in
+// the PERMANENTFLAGS of its SELECT, as on Exchange Online, whose Outlook
+// would not show keywords anyway; on_note says so once). The state is
+// shown by where the message is, in folders every client shows (by
+// default subfolders of the mailbox, joined with the server's hierarchy
+// delimiter: "INBOX/Processing"; created if absent):
+//
+//   the mailbox   nobody has claimed it yet
+//   Processing    a worker holds the claim, or held it and gave it back
+//                 (it is handed out again from there)
+//   Done          the claim was completed (complete())
+//   Failed        the claim failed (given back on its last attempt)
+//
+// A claim won is followed by a move (UID MOVE, RFC 6851; where the server
+// lacks MOVE, UID COPY, UID STORE +FLAGS.SILENT (\Deleted) and UID EXPUNGE
+// of that one message, RFC 4315; a server with neither MOVE nor UIDPLUS is
+// refused, since a plain EXPUNGE would also remove every message a person
+// marked \Deleted) to Processing, and complete() by a move to Done. next()
+// looks for work in the mailbox and in Processing (a message whose worker
+// died is there; its claim is recovered by the rules of marker_claim). A
+// move changes a message's UID, so claims are keyed by Message-ID
+// (key_by::uid with view_by::folders is invalid_argument; key_by::uid
+// under view_by::automatic is keyed by Message-ID when the folders are
+// chosen, and on_note says so); a message without one is keyed by its UID
+// in the mailbox and stays there until its claim is decided, then goes to
+// Done or Failed (on_note says so). As the keywords, the folders are a
+// view, moved after the store decided, never read to decide anything. A
+// move that fails is tried again by its worker until half a lease after
+// the decision; after that the watchers repair it: a message found in the
+// mailbox or Processing whose claim is completed (failed), for a whole
+// lease, is moved to Done (Failed) by one of them (a lease_mutex in the
+// store, "view/<key>", keeps two from moving it at once; if a copy is in
+// Done already, left by a move a crash cut short between its copy and its
+// expunge, or a second delivery, the others are removed rather than
+// moved), so that Done holds each message once. A
+// message's current UID after a move comes from COPYUID (UIDPLUS), or
+// else from UID SEARCH HEADER Message-ID. What a person moving messages by
+// hand does:
+//   - moves one from Done back to the mailbox: it is not handled again (its
+//     claim is completed); a watcher moves it back to Done a lease later;
+//   - moves one out of the mailbox before it is claimed (to another
+//     folder, Done included): it is not handled;
+//   - moves one out of Processing while it is held: its worker completes
+//     the claim all the same, and the move to Done finds the message where
+//     it is if that is the mailbox or Processing, or says (on_note) that it
+//     cannot;
+//   - puts one in Done whose claim is not completed: it is left there, and
+//     a worker that claims it and finds it only there says so.
+// Every watcher of a mailbox must use the same view (automatic chooses the
+// same on one server).
 #pragma once
 
 
@@ -59,6 +111,7 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -66,6 +119,7 @@
 
 #include <dibs/imap/client.hpp>
 #include <dibs/imap/store.hpp>
+#include <dibs/lease_mutex.hpp>
 #include <dibs/marker_claim.hpp>
 
 namespace dibs {
@@ -74,8 +128,21 @@ struct imap_mailbox_options {
   /// The shared mailbox the messages arrive in.
   std::string mailbox = "INBOX";
   /// What a claim is keyed by: the delivered copy (its UID) or the message
-  /// (its Message-ID).
-  enum class key_by { uid, message_id } key = key_by::uid;
+  /// (its Message-ID). automatic: the UID in the keyword view, the
+  /// Message-ID in the folder view (a move gives a message a new UID).
+  enum class key_by { uid, message_id, automatic } key = key_by::automatic;
+  /// How a message's state is shown: by keywords on it, or by the folder it
+  /// is in (see the top of this header). automatic: keywords where the
+  /// mailbox keeps them (\* in the PERMANENTFLAGS of its SELECT), folders
+  /// elsewhere (Exchange Online), which on_note says once.
+  enum class view_by { automatic, keywords, folders } view = view_by::automatic;
+  /// The folder view's folders, full names. Empty: subfolders of `mailbox`
+  /// named Processing, Done and Failed, joined with the server's hierarchy
+  /// delimiter (from LIST: "INBOX/Processing" on Exchange and Dovecot).
+  /// Created if absent (and subscribed, for clients that show only those).
+  std::string processing_folder{};
+  std::string done_folder{};
+  std::string failed_folder{};
   /// The keywords that show the state on the message. An empty
   /// processing_keyword: a message being handled shows no keyword (one
   /// keyword write, fsync'd on most servers, less per message).
@@ -91,8 +158,17 @@ struct imap_mailbox_options {
 };
 
 class imap_mailbox {
+  // The folder view: where a message is: its folder, its UID there (0: not
+  // known) and the folder's UIDVALIDITY then.
+  struct place {
+    std::string folder;
+    std::uint32_t uid = 0;
+    std::uint32_t validity = 0;
+  };
+
 public:
   using claims_type = marker_claim<imap_store>;
+  using view_by = imap_mailbox_options::view_by;
 
   /// A message this worker holds the claim on.
   class mail {
@@ -100,7 +176,13 @@ public:
     mail(mail&&) noexcept = default;
     mail& operator=(mail&&) noexcept = default;
 
+    /// Returns: the message's UID in folder() (in the folder view, 0 if a
+    /// move's outcome left it unknown).
     std::uint32_t uid() const noexcept { return uid_; }
+    /// Returns: the folder the message is in: the mailbox in the keyword
+    /// view; in the folder view, Processing (or the mailbox, for a message
+    /// without Message-ID or one whose move failed; empty if unknown).
+    const std::string& folder() const noexcept { return folder_; }
     const std::string& key() const noexcept { return claim_.key(); }
     const std::string& message_id() const noexcept { return message_id_; }
     /// The whole message as the server keeps it (RFC 5322 text).
@@ -114,20 +196,43 @@ public:
     /// Effects: completes the claim (the authority), then sends the
     /// keywords that show $Completed on the message; the server sets them
     /// while the worker goes on (the mailbox's next command, or its
-    /// destructor, reads that it did). Throws: as
-    /// marker_claim::claim::complete; a keyword that cannot be set is only
-    /// noted (the view is repaired later).
+    /// destructor, reads that it did). In the folder view: completes the
+    /// claim, then moves the message to Done. Throws: as
+    /// marker_claim::claim::complete; a keyword that cannot be set, or a
+    /// move that fails, is only noted (the view is repaired later).
     void complete(std::string_view result = {}) {
+      if (box_->folders_) {
+        auto key_copy = claim_.key();
+        // Taken before the store's write: the window of this worker's own
+        // move (put_away) ends earlier for it, never later.
+        const auto decided = std::chrono::steady_clock::now();
+        claim_.complete(result);
+        box_->put_away(std::move(key_copy), message_id_, {folder_, uid_, validity_}, box_->done_, decided);
+        return;
+      }
       claim_.complete(result);
       box_->show_ahead(validity_, uid_, box_->opts_.completed_keyword);
       box_->done(uid_);
     }
 
     /// Effects: gives the message back with `error` (it is failed on its
-    /// last attempt, and shows $Failed); it is handed out again after
-    /// options.claims.retry_backoff (by default 0.5-1 s after the first
-    /// attempt, doubling). Returns: false if the claim was taken over.
+    /// last attempt, and shows $Failed, or in the folder view is moved to
+    /// Failed; given back otherwise, it stays in Processing); it is handed
+    /// out again after options.claims.retry_backoff (by default 0.5-1 s
+    /// after the first attempt, doubling). Returns: false if the claim was
+    /// taken over.
     bool release(std::string_view error) {
+      if (box_->folders_) {
+        const auto key_copy = claim_.key();
+        const auto decided = std::chrono::steady_clock::now();
+        const bool ok = claim_.release(error);
+        // Moved only by the worker whose release decided it (a claim taken
+        // over is the new holder's to show).
+        if (ok && box_->claims_.status(key_copy).state == claim_state::failed)
+          box_->put_away(key_copy, message_id_, {folder_, uid_, validity_}, box_->failed_, decided);
+        box_->held_by_key_.erase(key_copy);  // claimable again, also here
+        return ok;
+      }
       const auto key_copy = claim_.key();
       const bool ok = claim_.release(error);
       const auto st = box_->claims_.status(key_copy);
@@ -140,12 +245,17 @@ public:
   private:
     friend class imap_mailbox;
     mail(imap_mailbox* box, claims_type::claim c, std::uint32_t uid, std::string id, std::string raw)
-        : box_(box), claim_(std::move(c)), validity_(box->validity_), uid_(uid), message_id_(std::move(id)),
-          raw_(std::move(raw)) {}
+        : box_(box), claim_(std::move(c)), validity_(box->validity_), uid_(uid), folder_(box->opts_.mailbox),
+          message_id_(std::move(id)), raw_(std::move(raw)) {}
+    // The folder view's: the message is at `at`.
+    mail(imap_mailbox* box, claims_type::claim c, const place& at, std::string id, std::string raw)
+        : box_(box), claim_(std::move(c)), validity_(at.validity), uid_(at.uid), folder_(at.folder),
+          message_id_(std::move(id)), raw_(std::move(raw)) {}
     imap_mailbox* box_;
     claims_type::claim claim_;
-    std::uint32_t validity_;  // of the mailbox when the message was claimed
+    std::uint32_t validity_;  // of the mailbox (the folder view: of folder_) when the message was claimed
     std::uint32_t uid_;
+    std::string folder_;
     std::string message_id_;
     std::string raw_;
   };
@@ -156,19 +266,28 @@ public:
     std::string key;
     std::vector<std::string> keywords;  ///< the flags shown on the message
     claim_status status;                ///< the authority
+    std::string folder;                 ///< where it is (the folder view; the mailbox in the keyword view)
   };
 
-  /// Connects (a connection of its own) and selects the mailbox.
+  /// Connects (a connection of its own) and selects the mailbox; for the
+  /// folder view, creates its folders where they are missing.
   /// Requires: `store` outlives this object. Throws: a refused login, the
-  /// mailbox missing or read-only, naming server and mailbox.
+  /// mailbox missing or read-only, naming server and mailbox;
+  /// errc::invalid_argument for key_by::uid with view_by::folders (before
+  /// connecting), or folder names that are not four different folders;
+  /// std::errc::not_supported for the folder view on a server with
+  /// neither MOVE nor UIDPLUS.
   imap_mailbox(imap::options server, imap_store& store, imap_mailbox_options o = {})
-      : opts_(std::move(o)), session_(std::move(server)), store_(&store), claims_(store, opts_.claims) {
+      : opts_(checked(std::move(o))), session_(std::move(server)), store_(&store), claims_(store, opts_.claims) {
     select();
+    choose_view();
   }
-  /// Reads whether the keywords last sent were set (before the connection closes).
+  /// Reads whether the keywords last sent were set (before the connection
+  /// closes); in the folder view, tries the moves this worker still owes.
   ~imap_mailbox() {
     try {
       drain();
+      if (folders_) pay_owed();
     } catch (...) {
     }
   }
@@ -178,6 +297,13 @@ public:
   /// Returns: "user@host:port mailbox 'INBOX'", for messages.
   std::string where() const { return fmt::format("{} mailbox '{}'", session_.where(), opts_.mailbox); }
   claims_type& claims() noexcept { return claims_; }
+  /// Returns: the view in use, keywords or folders (automatic is resolved
+  /// when the mailbox is opened).
+  view_by view() const noexcept { return folders_ ? view_by::folders : view_by::keywords; }
+  /// Returns: the folder view's folders, full names (empty in the keyword view).
+  const std::string& processing_folder() const noexcept { return processing_; }
+  const std::string& done_folder() const noexcept { return done_; }
+  const std::string& failed_folder() const noexcept { return failed_; }
 
   /// Returns: a claim on a message nobody has handled (or whose worker is
   /// gone), waiting for one with IDLE up to `wait`; nothing if none came.
@@ -186,10 +312,13 @@ public:
     const auto wake = recheck();
     for (;;) {
       try {
-        if (auto m = scan_and_claim()) return m;
+        if (auto m = folders_ ? scan_folders_and_claim() : scan_and_claim()) return m;
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
         if (left.count() <= 0) return std::nullopt;
-        if (!held_.empty() || pending_.empty()) {
+        if (folders_) {
+          use(opts_.mailbox);  // new mail arrives there
+          session_.idle(std::min(left, wake));
+        } else if (!held_.empty() || pending_.empty()) {
           drain();
           session_.idle(std::min(left, wake));
         }
@@ -205,14 +334,18 @@ public:
 
   /// Returns: every message of the mailbox with its keywords and what the
   /// store says of it, in UID order (for a listing, or a check that the
-  /// view agrees with the store).
+  /// view agrees with the store). In the folder view: those of the
+  /// mailbox, Processing, Done and Failed, in that order, each in UID
+  /// order (a message without Message-ID outside the mailbox has no key:
+  /// its claim was keyed by its UID there).
   std::vector<entry> status() {
+    if (folders_) return folder_status();
     ready();
     const auto lines = fetch_all(1, fmt::format("listing {}", where()));
     auto states = states_now();
     std::vector<entry> out;
     for (auto& [uid, m] : parse(lines)) {
-      entry e{uid, m.key, m.flags, {}};
+      entry e{uid, m.key, m.flags, {}, opts_.mailbox};
       if (const auto it = states.find(m.key); it != states.end()) e.status = it->second;
       out.push_back(std::move(e));
     }
@@ -246,12 +379,19 @@ private:
     if (imap::detail::istarts_with(r.code, "READ-ONLY"))
       throw std::system_error(std::make_error_code(std::errc::permission_denied),
                               fmt::format("dibs::imap_mailbox: {} is read-only for this user; dibs shows the state "
-                                          "of each message with keywords there, so it needs the right to set them",
+                                          "of each message there (with keywords, or by moving it to other "
+                                          "folders), so it needs the right to change it",
                                           where()));
     std::uint32_t validity = 0;
-    for (const auto& u : r.untagged)
+    // RFC 3501 7.1: without PERMANENTFLAGS, every flag can be kept.
+    keeps_keywords_ = true;
+    for (const auto& u : r.untagged) {
       if (const auto at = u.find("[UIDVALIDITY "); at != std::string::npos)
         validity = static_cast<std::uint32_t>(std::stoul(u.substr(at + 13)));
+      if (const auto at = u.find("[PERMANENTFLAGS "); at != std::string::npos)
+        keeps_keywords_ = u.find("\\*", at) < u.find(']', at);
+    }
+    current_ = opts_.mailbox;
     read_.reset();
     if (validity != validity_) {  // a new mailbox (or the first look): every UID is new
       known_.clear();
@@ -343,25 +483,45 @@ private:
   }
 
   std::string key_of(std::uint32_t uid, const std::string& message_id) {
-    const auto uid_key = fmt::format("mail/{}/uid/{}/{}", opts_.mailbox, validity_, uid);
-    if (opts_.key == imap_mailbox_options::key_by::uid) return uid_key;
+    const auto by_uid = uid_key(validity_, uid);
+    if (!by_id_) return by_uid;
     if (message_id.empty()) {
-      note(fmt::format("message UID {} in {} has no Message-ID: it is keyed by its UID ({})", uid, where(), uid_key));
-      return uid_key;
+      note(fmt::format("message UID {} in {} has no Message-ID: it is keyed by its UID ({})", uid, where(), by_uid));
+      return by_uid;
     }
+    return id_key(message_id);
+  }
+
+  std::string uid_key(std::uint32_t validity, std::uint32_t uid) const {
+    return fmt::format("mail/{}/uid/{}/{}", opts_.mailbox, validity, uid);
+  }
+
+  std::string id_key(const std::string& message_id) const {
     auto key = fmt::format("mail/{}/id/{}", opts_.mailbox, message_id);
     if (key.size() <= key_rules::max_key_size) return key;
     // A Message-ID too long for a key (RFC 5322 sets no limit) is keyed by
     // a 128-bit digest of it, the same for every watcher.
+    return fmt::format("mail/{}/id-digest/{}", opts_.mailbox, digest(message_id));
+  }
+
+  // Returns: a 128-bit digest of `s`, in hex, the same for every watcher.
+  static std::string digest(std::string_view s) {
     std::uint64_t h1 = 0xcbf29ce484222325ull, h2 = 0x84222325cbf29ce4ull;
-    for (const char c : message_id) {
+    for (const char c : s) {
       h1 = (h1 ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
       h2 = (h2 ^ static_cast<unsigned char>(c)) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
     }
-    return fmt::format("mail/{}/id-digest/{:016x}{:016x}", opts_.mailbox, h1, h2);
+    return fmt::format("{:016x}{:016x}", h1, h2);
   }
 
   std::map<std::uint32_t, seen> parse(const std::vector<std::string>& untagged) {
+    auto out = parse_raw(untagged);
+    for (auto& [uid, s] : out) s.key = key_of(uid, s.message_id);
+    return out;
+  }
+
+  // The messages of FETCH lines (fetch_items), without keys.
+  static std::map<std::uint32_t, seen> parse_raw(const std::vector<std::string>& untagged) {
     std::map<std::uint32_t, seen> out;
     for (const auto& line : untagged) {
       const auto v = imap::parse(line);
@@ -382,7 +542,6 @@ private:
         for (const char c : header.substr(colon + 1))
           if (c != ' ' && c != '\t' && c != '\r' && c != '\n') s.message_id += c;
       }
-      s.key = key_of(uid, s.message_id);
       out.emplace(uid, std::move(s));
     }
     return out;
@@ -628,7 +787,7 @@ private:
       held_[uid] = now + recheck();
       if (auto raw = take(uid, s, *c)) return mail{this, std::move(*c), uid, s.message_id, std::move(*raw)};
       done(uid);
-      if (opts_.key == imap_mailbox_options::key_by::uid || s.message_id.empty()) {
+      if (!by_id_ || s.message_id.empty()) {
         // This copy was the item, and it is gone for good (a UID is never
         // used again): nothing to handle, and nothing hidden.
         note(fmt::format("message UID {} in {} was expunged before it was handled", uid, where()));
@@ -681,6 +840,23 @@ private:
       lines = std::move(r.untagged);
     }
     read_.reset();
+    auto body = body_in(lines, uid);
+    if (!body) return std::nullopt;
+    try {
+      const auto commands = keyword_commands(uid, opts_.processing_keyword, c.attempts() > 1 || marked);
+      if (!commands.empty()) send_show(uid, opts_.processing_keyword, commands);
+    } catch (const std::system_error& e) {
+      selected_ = false;
+      note(fmt::format("could not show '{}' on message UID {} in {} ({}); it is shown when a watcher next "
+                       "scans the mailbox",
+                       opts_.processing_keyword, uid, where(), e.what()));
+    }
+    return body;
+  }
+
+  // Returns: the body of message `uid` in the lines of a "UID FETCH uid
+  // (UID BODY.PEEK[])", or nothing if they hold none.
+  static std::optional<std::string> body_in(const std::vector<std::string>& lines, std::uint32_t uid) {
     for (const auto& line : lines) {
       const auto v = imap::parse(line);
       if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != imap::value::kind::list) continue;
@@ -693,20 +869,512 @@ private:
       }
       // Dovecot answers an empty body for a message expunged by another
       // session before this one was told: gone, as if not found.
-      if (body && !body->empty() && which.value_or(uid) == uid) {
-        try {
-          const auto commands = keyword_commands(uid, opts_.processing_keyword, c.attempts() > 1 || marked);
-          if (!commands.empty()) send_show(uid, opts_.processing_keyword, commands);
-        } catch (const std::system_error& e) {
-          selected_ = false;
-          note(fmt::format("could not show '{}' on message UID {} in {} ({}); it is shown when a watcher next "
-                           "scans the mailbox",
-                           opts_.processing_keyword, uid, where(), e.what()));
-        }
-        return body;
-      }
+      if (body && !body->empty() && which.value_or(uid) == uid) return body;
     }
     return std::nullopt;
+  }
+
+
+  // ---- The folder view (see the top of this header) ----
+
+  // A message the last look found in the mailbox or Processing.
+  struct candidate {
+    place at;
+    std::string key;
+    std::string message_id;
+  };
+  // A move this worker owes after deciding a claim: its first try failed.
+  struct owed_move {
+    std::string key;
+    std::string message_id;
+    place at;
+    std::string to;
+    std::chrono::steady_clock::time_point until;  // tried by this worker until then, by the watchers after
+  };
+  // A message seen in the mailbox or Processing with its claim decided.
+  struct decided_seen {
+    dibs::version version;                        // the claim's record then
+    std::chrono::steady_clock::time_point since;  // first seen so
+  };
+
+  static imap_mailbox_options checked(imap_mailbox_options o) {
+    if (o.view == view_by::folders && o.key == imap_mailbox_options::key_by::uid)
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::imap_mailbox: mailbox '{}': key_by::uid with view_by::folders: the "
+                                          "folder view moves each message, which gives it a new UID, so a claim "
+                                          "keyed by its UID would not follow it; key by Message-ID "
+                                          "(key_by::message_id, or key_by::automatic, the default)",
+                                          o.mailbox));
+    return o;
+  }
+
+  // Chooses the view (automatic: by the PERMANENTFLAGS of the mailbox's
+  // SELECT) and, for the folder view, sets up its folders.
+  void choose_view() {
+    using key_by = imap_mailbox_options::key_by;
+    folders_ = opts_.view == view_by::folders || (opts_.view == view_by::automatic && !keeps_keywords_);
+    by_id_ = folders_ || opts_.key == key_by::message_id;
+    if (!folders_) return;
+    setup_folders();
+    if (opts_.view == view_by::automatic)
+      note(fmt::format("{} keeps no keywords of the client's (no \\* in the PERMANENTFLAGS of its SELECT): the "
+                       "state of each message is shown by the folder it is in ('{}', '{}', '{}'), and claims are "
+                       "keyed by Message-ID{}",
+                       where(), processing_, done_, failed_,
+                       opts_.key == key_by::uid ? " (not by UID, as options.key said: a move gives a message a new UID)"
+                                                : ""));
+  }
+
+  void setup_folders() {
+    if (!session_.has("MOVE") && !session_.has("UIDPLUS"))
+      throw std::system_error(std::make_error_code(std::errc::not_supported),
+                              fmt::format("dibs::imap_mailbox: {}: the server has neither MOVE (RFC 6851) nor UIDPLUS "
+                                          "(RFC 4315), so the folder view could move a message only by COPY and an "
+                                          "EXPUNGE of every message marked \\Deleted in its folder, a person's among "
+                                          "them; use view_by::keywords, or a server with either",
+                                          where()));
+    std::string delimiter;
+    if (opts_.processing_folder.empty() || opts_.done_folder.empty() || opts_.failed_folder.empty()) {
+      const auto r = session_.run(fmt::format("LIST \"\" {}", imap::quote(opts_.mailbox)));
+      recovery_.check(session_, r, fmt::format("asking for the hierarchy delimiter of {}", where()));
+      for (const auto& u : r.untagged) {
+        const auto v = imap::parse(u);
+        if (v.size() >= 4 && v[0].is("LIST") && v[2].kind == imap::value::kind::string) delimiter = v[2].text;
+      }
+      if (delimiter.empty())
+        throw std::system_error(make_error_code(errc::invalid_argument),
+                                fmt::format("dibs::imap_mailbox: {}: the server keeps no folder hierarchy (its LIST "
+                                            "names no delimiter), so the folder view has no subfolders of the mailbox "
+                                            "to use: name its folders in processing_folder, done_folder and "
+                                            "failed_folder",
+                                            where()));
+    }
+    const auto name = [&](const std::string& given, std::string_view leaf) {
+      return given.empty() ? fmt::format("{}{}{}", opts_.mailbox, delimiter, leaf) : given;
+    };
+    processing_ = name(opts_.processing_folder, "Processing");
+    done_ = name(opts_.done_folder, "Done");
+    failed_ = name(opts_.failed_folder, "Failed");
+    if (std::set<std::string>{opts_.mailbox, processing_, done_, failed_}.size() != 4)
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::imap_mailbox: {}: the folder view needs four different folders, but "
+                                          "they are: mailbox '{}', processing_folder '{}', done_folder '{}', "
+                                          "failed_folder '{}'",
+                                          where(), opts_.mailbox, processing_, done_, failed_));
+    for (const auto* folder : {&processing_, &done_, &failed_}) make_folder(*folder);
+  }
+
+  // Creates `folder` unless it is there (another watcher may create it at
+  // the same moment: then it is there when asked).
+  void make_folder(const std::string& folder) {
+    const auto r = session_.run("CREATE " + imap::quote(folder));
+    if (r.ok()) {
+      // Some clients (Thunderbird, by default) show only subscribed folders.
+      (void)session_.run("SUBSCRIBE " + imap::quote(folder));
+      return;
+    }
+    const auto listed = session_.run(fmt::format("LIST \"\" {}", imap::quote(folder)));
+    for (const auto& u : listed.untagged)
+      if (imap::detail::istarts_with(u, "LIST ")) return;
+    recovery_.check(session_, r, fmt::format("creating folder '{}' for the folder view of {}", folder, where()));
+  }
+
+  // Selects `folder` unless it is the one selected (made again if a person
+  // deleted it). Returns: its UIDVALIDITY.
+  std::uint32_t use(const std::string& folder) {
+    if (folder == opts_.mailbox) {
+      if (!session_.connected() || !selected_ || current_ != folder) select();
+      return validity_;
+    }
+    if (session_.connected() && selected_ && current_ == folder) return current_validity_;
+    selected_ = false;
+    auto r = session_.run("SELECT " + imap::quote(folder));
+    if (!r.ok() && r.status == "NO" && (session_code(r) || r.text.find("exist") != std::string::npos)) {
+      make_folder(folder);
+      r = session_.run("SELECT " + imap::quote(folder));
+    }
+    recovery_.check(session_, r, fmt::format("selecting folder '{}' of {}", folder, session_.where()));
+    current_validity_ = 0;
+    for (const auto& u : r.untagged)
+      if (const auto at = u.find("[UIDVALIDITY "); at != std::string::npos)
+        current_validity_ = static_cast<std::uint32_t>(std::stoul(u.substr(at + 13)));
+    current_ = folder;
+    selected_ = true;
+    recovery_.reconnected();
+    return current_validity_;
+  }
+
+  void note_once(std::string what) {
+    if (noted_.insert(what).second) note(what);
+  }
+
+  // As scan_and_claim(), for the folder view: the moves this worker owes
+  // first, then the messages of the last look while it is recent.
+  std::optional<mail> scan_folders_and_claim() {
+    pay_owed();
+    if (!candidates_.empty() && std::chrono::steady_clock::now() - looked_ < recheck())
+      if (auto m = claim_from_folders()) return m;
+    look();
+    return claim_from_folders();
+  }
+
+  // Learns the messages in Processing and in the mailbox (selected last:
+  // IDLE waits for new mail there). Each look reads both whole: messages
+  // leave them when they are done, so they hold only the work not done.
+  void look() {
+    std::vector<candidate> found;
+    std::set<std::tuple<std::string, std::uint32_t, std::uint32_t>> present;
+    for (const auto* folder : {&processing_, &opts_.mailbox}) {
+      const auto validity = use(*folder);
+      const auto lines = fetch_all(1, fmt::format("looking for work in folder '{}' of {}", *folder, session_.where()));
+      for (auto& [uid, s] : parse_raw(lines)) {
+        present.insert({*folder, validity, uid});
+        candidate c{{*folder, uid, validity}, {}, s.message_id};
+        if (!s.message_id.empty()) {
+          c.key = id_key(s.message_id);
+        } else if (*folder == opts_.mailbox) {
+          c.key = uid_key(validity, uid);
+          note_once(fmt::format("message UID {} in {} has no Message-ID: it is keyed by its UID ({}), and stays in "
+                                "the mailbox while it is handled (a move would give it a new UID); it goes to '{}' "
+                                "or '{}' when its claim is decided",
+                                uid, where(), c.key, done_, failed_));
+        } else {
+          note_once(fmt::format("message UID {} in folder '{}' of {} has no Message-ID, so no claim can be matched "
+                                "to it (a person put it there?): it is left there, not handled; move it to the "
+                                "mailbox to have it handled",
+                                uid, *folder, session_.where()));
+          continue;
+        }
+        found.push_back(std::move(c));
+      }
+    }
+    candidates_ = std::move(found);
+    std::erase_if(decided_, [&](const auto& d) { return !present.count(d.first); });
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(held_by_key_, [&](const auto& h) { return h.second <= now; });
+    looked_ = now;
+  }
+
+  // As claim_known(), for the folder view.
+  std::optional<mail> claim_from_folders() {
+    auto order = candidates_;
+    std::shuffle(order.begin(), order.end(), rng_);  // workers spread over the backlog
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& c : order) {
+      const auto held = held_by_key_.find(c.key);
+      if (held != held_by_key_.end() && held->second > now) continue;  // someone else's, looked at lately
+      // What the store said at its last look spares a claim attempt (see claim_known()).
+      if (const auto cached = store_->read_cached(c.key)) {
+        const auto state = detail::field(cached->value, "state");
+        if (state == "completed" || state == "failed") {
+          decided(c, state == "completed" ? claim_state::completed : claim_state::failed, cached->version);
+          continue;
+        }
+        if (state == "processing" && held == held_by_key_.end()) {
+          held_by_key_[c.key] = now + recheck();
+          continue;
+        }
+      }
+      std::optional<claims_type::claim> claim;
+      try {
+        claim = claims_.try_claim(c.key);
+      } catch (const std::system_error& e) {
+        if (is_transient(e.code()) || e.code() == make_error_code(errc::outcome_unknown)) throw;
+        note(fmt::format("message UID {} in folder '{}' of {} cannot be claimed: {}", c.at.uid, c.at.folder,
+                         session_.where(), e.what()));
+        held_by_key_[c.key] = now + recheck();
+        continue;
+      }
+      if (!claim) {
+        const auto st = claims_.status(c.key);
+        if (st.state == claim_state::completed || st.state == claim_state::failed) decided(c, st.state, st.version);
+        else held_by_key_[c.key] = now + recheck();
+        continue;
+      }
+      // Looked at again after `recheck` if it is given back (or dropped).
+      held_by_key_[c.key] = now + recheck();
+      std::erase_if(candidates_, [&](const candidate& other) { return other.key == c.key; });
+      if (auto m = take_from_folders(c, *claim)) return m;
+    }
+    return std::nullopt;
+  }
+
+  // Reads the message of `claim`, where the last look found it or, if it
+  // has moved since, where its Message-ID is now, and moves it from the
+  // mailbox to Processing. Returns: the mail; nothing if the message is in
+  // neither (its claim then ends as in the keyword view: completed for a
+  // message keyed by its UID, which is gone for good; given back for one
+  // keyed by its Message-ID, which may come back).
+  std::optional<mail> take_from_folders(const candidate& c, claims_type::claim& claim) {
+    std::vector<place> tries{c.at};
+    for (int round = 0; round < 2 && !tries.empty(); ++round) {
+      for (const auto& at : tries) {
+        if (use(at.folder) != at.validity) continue;  // the folder was made again: its UIDs name other messages
+        auto r = session_.run(fmt::format("UID FETCH {} (UID BODY.PEEK[])", at.uid));
+        recovery_.check(session_, r,
+                        fmt::format("reading message UID {} in folder '{}' of {}", at.uid, at.folder,
+                                    session_.where()));
+        auto raw = body_in(r.untagged, at.uid);
+        if (!raw) continue;
+        const auto now_at = at.folder == opts_.mailbox && !c.message_id.empty() ? hold(at, c.message_id) : at;
+        return mail{this, std::move(claim), now_at, c.message_id, std::move(*raw)};
+      }
+      tries.clear();
+      // Moved since the look (by a worker that gave it back in Processing, or by a person).
+      if (round == 0 && !c.message_id.empty())
+        for (const auto* folder : {&processing_, &opts_.mailbox})
+          for (auto& p : find(*folder, c.message_id))
+            if (p.folder != c.at.folder || p.uid != c.at.uid) tries.push_back(std::move(p));
+    }
+    if (c.message_id.empty()) {
+      note(fmt::format("message UID {} in {} was expunged before it was handled", c.at.uid, where()));
+      claim.complete("expunged before it was handled");
+      return std::nullopt;
+    }
+    const bool in_done = !find(done_, c.message_id).empty();
+    note(fmt::format("message {} of {} is in neither the mailbox nor '{}'{}: its claim is given back, and it is "
+                     "handed out when it comes back",
+                     c.message_id, where(), processing_,
+                     in_done ? fmt::format(" but in '{}', though its claim is not completed (a person put it there?); "
+                                           "it is left there",
+                                           done_)
+                             : std::string{}));
+    claim.release("not in the mailbox or Processing when it was claimed");
+    return std::nullopt;
+  }
+
+  // Moves message `at` (claimed and read) from the mailbox to Processing.
+  // Returns: where it is now; `at` if the move failed before it was sent
+  // or was refused (it is handled where it is); a place with no folder if
+  // a failure left that unknown (it is looked for by its Message-ID when
+  // it is done).
+  place hold(const place& at, const std::string& message_id) {
+    try {
+      const auto moved = move_one(at, processing_);
+      if (!moved) return {};  // gone between the read and the move (a person moved it)
+      if (moved->uid != 0) return *moved;
+      if (auto found = find(processing_, message_id); !found.empty()) return found.front();  // no UIDPLUS
+      return {};
+    } catch (const std::system_error& e) {
+      selected_ = false;
+      if (!session_.connected()) recovery_.lost();
+      const bool unknown = e.code() == make_error_code(errc::outcome_unknown);
+      note(fmt::format("could not move message UID {} ({}) of {} to '{}' ({}): it is handled all the same{}", at.uid,
+                       message_id, where(), processing_, e.what(),
+                       unknown ? ", and looked for by its Message-ID when it is done" : ", where it is"));
+      return unknown ? place{} : at;
+    }
+  }
+
+  // Returns: the destination's UIDVALIDITY and UID in a COPYUID response
+  // code (RFC 4315: the tagged OK of a COPY; an untagged OK before the
+  // EXPUNGEs of a MOVE, RFC 6851), for one message.
+  static std::optional<place> copyuid(const imap::reply& r, const std::string& to) {
+    std::vector<std::string> codes{r.code};
+    for (const auto& u : r.untagged)
+      if (imap::detail::istarts_with(u, "OK [")) codes.push_back(u.substr(4, u.find(']') - 4));
+    for (const auto& code : codes) {
+      const auto v = imap::parse(code);
+      if (v.size() < 4 || !v[0].is("COPYUID")) continue;
+      const auto validity = v[1].number();
+      const auto uid = v[3].number();
+      if (validity && uid && *validity <= imap::detail::max_number && *uid <= imap::detail::max_number)
+        return place{to, static_cast<std::uint32_t>(*uid), static_cast<std::uint32_t>(*validity)};
+    }
+    return std::nullopt;
+  }
+
+  // Moves message `at` to `to`: UID MOVE, or UID COPY and the removal of
+  // that one message (UIDPLUS). Returns: where it is now (UID 0: the server
+  // did not say, having no UIDPLUS), or nothing if it was not there.
+  // Throws: as session::run_write (errc::outcome_unknown if the reply was
+  // lost), or naming the server's refusal.
+  std::optional<place> move_one(const place& at, const std::string& to) {
+    if (use(at.folder) != at.validity) return std::nullopt;
+    const bool move = session_.has("MOVE");
+    const auto command = fmt::format("UID {} {} {}", move ? "MOVE" : "COPY", at.uid, imap::quote(to));
+    auto r = session_.run_write({command}).front();
+    if (!r.ok() && imap::detail::iequals(r.code, "TRYCREATE")) {  // a person deleted the folder
+      make_folder(to);
+      r = session_.run_write({command}).front();
+    }
+    if (!r.ok() && imap::detail::istarts_with(r.code, "EXPUNGEISSUED")) return std::nullopt;
+    recovery_.check(session_, r,
+                    fmt::format("moving message UID {} from '{}' to '{}' of {}", at.uid, at.folder, to,
+                                session_.where()));
+    auto moved = copyuid(r, to);
+    // With UIDPLUS, no COPYUID: nothing was copied ("OK No messages found").
+    if (!moved && session_.has("UIDPLUS")) return std::nullopt;
+    if (!move) expunge_one(at);
+    return moved ? *moved : place{to, 0, 0};
+  }
+
+  // Removes message `at` (and no other: UID EXPUNGE, UIDPLUS; a plain
+  // EXPUNGE would also remove what a person marked \Deleted).
+  void expunge_one(const place& at) {
+    if (!session_.has("UIDPLUS")) {
+      note(fmt::format("message UID {} in folder '{}' of {} is a second copy, but the server has no UIDPLUS to remove "
+                       "it alone: it is left there",
+                       at.uid, at.folder, session_.where()));
+      return;
+    }
+    if (use(at.folder) != at.validity) return;
+    // One after the other, not pipelined: Dovecot runs a UID EXPUNGE beside
+    // a UID STORE sent with it, and may expunge before the flag is set
+    // (seen: a message left \Deleted).
+    const auto what =
+        fmt::format("removing message UID {} from folder '{}' of {}", at.uid, at.folder, session_.where());
+    for (const auto& command : {fmt::format("UID STORE {} +FLAGS.SILENT (\\Deleted)", at.uid),
+                                fmt::format("UID EXPUNGE {}", at.uid)})
+      recovery_.check(session_, session_.run_write({command}).front(), what);
+  }
+
+  // Returns: where in `folder` the messages with Message-ID `message_id`
+  // are (SEARCH HEADER matches a part of the header: each found is
+  // compared whole).
+  std::vector<place> find(const std::string& folder, const std::string& message_id) {
+    const auto validity = use(folder);
+    const auto what = fmt::format("looking for message {} in folder '{}' of {}", message_id, folder, session_.where());
+    const auto r = session_.run(fmt::format("UID SEARCH HEADER Message-ID {}", imap::quote(message_id)));
+    recovery_.check(session_, r, what);
+    std::vector<std::uint32_t> uids;
+    for (const auto& u : r.untagged) {
+      const auto v = imap::parse(u);
+      if (v.empty() || !v[0].is("SEARCH")) continue;
+      for (std::size_t i = 1; i < v.size(); ++i)
+        if (const auto n = v[i].number(); n && *n <= imap::detail::max_number)
+          uids.push_back(static_cast<std::uint32_t>(*n));
+    }
+    if (uids.empty()) return {};
+    std::sort(uids.begin(), uids.end());
+    const auto f = session_.run(fmt::format("UID FETCH {} {}", imap::detail::uid_set(uids), fetch_items));
+    recovery_.check(session_, f, what);
+    std::vector<place> out;
+    for (const auto& [uid, s] : parse_raw(f.untagged))
+      if (s.message_id == message_id && std::binary_search(uids.begin(), uids.end(), uid))
+        out.push_back({folder, uid, validity});
+    return out;
+  }
+
+  // The claim of `key` was decided by this worker at `decided`: its
+  // message goes to `to` now or, if that fails, with this worker's next
+  // looks until half a lease after the decision; after that the watchers'
+  // repair moves it, a whole lease after they saw it decided, so that this
+  // worker and they never move it at once.
+  void put_away(std::string key, std::string message_id, place at, const std::string& to,
+                std::chrono::steady_clock::time_point decided) {
+    held_by_key_.erase(key);
+    owed_move m{std::move(key), std::move(message_id), std::move(at), to, decided + opts_.claims.lease / 2};
+    if (!try_move(m, true)) owed_.push_back(std::move(m));
+  }
+
+  // Returns: true if the move is done (or there was nothing to move).
+  bool try_move(const owed_move& m, bool first) {
+    try {
+      // Tried again after a failure, whose move may have been half done (a
+      // server's crash between its copy and its expunge): looked for, and a
+      // copy already in `to` kept.
+      finish_move(m.message_id, first || m.message_id.empty() ? m.at : place{}, m.to);
+      return true;
+    } catch (const std::system_error& e) {
+      selected_ = false;
+      if (!session_.connected()) recovery_.lost();
+      if (first)
+        note(fmt::format("could not move message {} of {} to '{}' ({}): tried again with this worker's next looks, "
+                         "and by the watchers after that",
+                         shown(m.message_id, m.at), where(), m.to, e.what()));
+      return false;
+    }
+  }
+
+  void pay_owed() {
+    if (owed_.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    for (auto owed = std::exchange(owed_, {}); auto& m : owed) {
+      if (now >= m.until) {
+        note(fmt::format("message {} of {} is left for the watchers to move to '{}': this worker could not within "
+                         "half a lease of deciding its claim",
+                         shown(m.message_id, m.at), where(), m.to));
+        continue;
+      }
+      if (!try_move(m, false)) owed_.push_back(std::move(m));
+    }
+  }
+
+  static std::string shown(const std::string& message_id, const place& at) {
+    return message_id.empty() ? fmt::format("UID {} in folder '{}'", at.uid, at.folder) : message_id;
+  }
+
+  // Puts the message of a decided claim in `to`: one copy there, none left
+  // in the mailbox or Processing. `at`: where its worker's own move put it
+  // (one command). Otherwise, or if it is not there, it is looked for by
+  // its Message-ID: a copy already in `to` is kept, and the others removed.
+  void finish_move(const std::string& message_id, const place& at, const std::string& to) {
+    if (!at.folder.empty() && at.uid != 0 && move_one(at, to)) return;
+    if (message_id.empty()) {
+      note(fmt::format("message UID {} is no longer in folder '{}' of {} to be moved to '{}' (a person moved it?): it "
+                       "is left where it is",
+                       at.uid, at.folder, session_.where(), to));
+      return;
+    }
+    bool there = !find(to, message_id).empty();
+    for (const auto* folder : {&processing_, &opts_.mailbox})
+      for (const auto& p : find(*folder, message_id)) {
+        if (!there) there = move_one(p, to).has_value();
+        else expunge_one(p);
+      }
+    if (!there)
+      note(fmt::format("message {} is in neither the mailbox nor '{}' of {} to be moved to '{}' (a person moved it "
+                       "elsewhere?): it is left where it is",
+                       message_id, processing_, where(), to));
+  }
+
+  // A message the last look found in the mailbox or Processing whose claim
+  // is decided (its record's version `record`): moved by the watchers'
+  // repair once one of them has seen it so for a whole lease (its own
+  // worker's move has had its time by then: half a lease from the
+  // decision).
+  void decided(const candidate& c, claim_state state, dibs::version record) {
+    const auto now = std::chrono::steady_clock::now();
+    auto [it, fresh] =
+        decided_.try_emplace(std::tuple{c.at.folder, c.at.validity, c.at.uid}, decided_seen{record, now});
+    if (!fresh && it->second.version != record) it->second = {record, now};
+    if (fresh || now - it->second.since < opts_.claims.lease) return;
+    decided_.erase(it);
+    repair(c, state);
+  }
+
+  // One watcher at a time (a lease in the store, per message) moves a
+  // message whose claim is decided to where it belongs.
+  void repair(const candidate& c, claim_state state) {
+    auto key = "view/" + c.key;
+    if (key.size() > key_rules::max_key_size) key = "view-digest/" + digest(c.key);
+    lease_mutex<imap_store> lock{*store_, key, {.lease = opts_.claims.lease}};
+    if (!lock.try_lock()) return;  // another watcher is at it
+    const auto& to = state == claim_state::completed ? done_ : failed_;
+    note(fmt::format("message {} of {} has been {} for a lease: moved to '{}' (a person moved it back, or its "
+                     "worker could not); it is not handled again",
+                     shown(c.message_id, c.at), session_.where(), to_string(state), to));
+    finish_move(c.message_id, c.message_id.empty() ? c.at : place{}, to);
+    lock.unlock();
+  }
+
+  // status() in the folder view.
+  std::vector<entry> folder_status() {
+    const auto states = states_now();
+    std::vector<entry> out;
+    for (const auto* folder : {&opts_.mailbox, &processing_, &done_, &failed_}) {
+      const auto validity = use(*folder);
+      const auto lines = fetch_all(1, fmt::format("listing folder '{}' of {}", *folder, session_.where()));
+      for (auto& [uid, s] : parse_raw(lines)) {
+        entry e{uid, {}, std::move(s.flags), {}, *folder};
+        if (!s.message_id.empty()) e.key = id_key(s.message_id);
+        else if (*folder == opts_.mailbox) e.key = uid_key(validity, uid);
+        if (const auto it = states.find(e.key); it != states.end()) e.status = it->second;
+        out.push_back(std::move(e));
+      }
+    }
+    return out;
   }
 
   imap_mailbox_options opts_;
@@ -725,6 +1393,19 @@ private:
   std::optional<std::pair<std::uint32_t, std::vector<std::string>>> read_;  // a message read ahead of its claim
   imap::detail::server_recovery recovery_;       // a server's internal error right after a reconnect: transient
   std::mt19937_64 rng_{std::random_device{}()};
+  bool keeps_keywords_ = true;  // \* in the mailbox's PERMANENTFLAGS
+  bool by_id_ = false;          // claims keyed by Message-ID
+  // The folder view's.
+  bool folders_ = false;
+  std::string processing_, done_, failed_;
+  std::string current_;                   // the folder selected
+  std::uint32_t current_validity_ = 0;    // its UIDVALIDITY (the mailbox's is validity_)
+  std::vector<candidate> candidates_;     // the last look's
+  std::map<std::string, std::chrono::steady_clock::time_point> held_by_key_;
+  std::vector<owed_move> owed_;
+  // By (folder, UIDVALIDITY, UID).
+  std::map<std::tuple<std::string, std::uint32_t, std::uint32_t>, decided_seen> decided_;
+  std::set<std::string> noted_;           // notes said once
 };
 
 }  // namespace dibs
