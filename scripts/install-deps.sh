@@ -47,7 +47,8 @@ group_demo=(
 group_postgres=(postgresql)                        # the server scripts/pg.sh starts
 group_imap=(
   dovecot-imapd                                    # the server scripts/imap.sh starts
-  openssl                                          # the CLI that makes its test certificates (--tls)
+  openssl                                          # the CLI that makes its test certificates (--tls) and OAuth2 key
+  python3                                          # the IMAP tests' proxy and imaplib listing (tests/scripts)
 )
 group_windows=(
   cmake ninja-build libboost-dev libfmt-dev catch2  # the build, and the headers it takes from this machine
