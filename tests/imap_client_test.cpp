@@ -12,9 +12,15 @@
 // initial response with SASL-IR and after "+" without, the mechanism
 // automatic picks, a refused token's JSON challenge answered and the
 // provider asked once to renew it, refusals twice and throttled ones,
-// check()'s throttling words, secrets kept out of every message (a cut
-// connection, a malformed reply, an echo), a provider that throws, options
-// that cannot go together, from_env, and token_command.
+// check()'s throttling words (and Exchange's "not connected", not
+// transient), secrets kept out of every message (a cut connection, a
+// malformed reply, an echo; a LOGIN password echoed escaped, not ASCII, or
+// across excerpt()'s cut), a provider that throws, options that cannot go
+// together, LOGINDISABLED on a plain connection for every mechanism, an
+// OAuth2 mechanism the server does not announce, a refused token and then
+// a lost connection (not transient), from_env, and token_command and
+// run_shell (a helper leaving a process in the background, standard input
+// /dev/null, SIGCHLD at its default, no descriptor left open).
 #include <dibs/imap/client.hpp>
 #include <dibs/imap/store.hpp>
 
@@ -23,11 +29,13 @@
 #include "support.hpp"
 
 #include <arpa/inet.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
@@ -837,10 +845,6 @@ TEST_CASE("automatic: OAUTHBEARER where announced (a= the authzid, escaped), XOA
     const auto [heard, port] = login("AUTH=PLAIN", [](dibs::imap::options& o) { o.authzid = "shared@example.com"; });
     CHECK(heard == "d1 AUTHENTICATE PLAIN " + b64(std::string("shared@example.com") + '\0' + "u" + '\0' + "p w") + "\r\n");
   }
-  {  // LOGINDISABLED, yet AUTH=PLAIN offered (over TLS, typically): PLAIN, not LOGIN
-    const auto [heard, port] = login("LOGINDISABLED AUTH=PLAIN", [](dibs::imap::options&) {});
-    CHECK(heard == "d1 AUTHENTICATE PLAIN " + b64(std::string(1, '\0') + "u" + '\0' + "p w") + "\r\n");
-  }
   CHECK(*tokens.calls == std::vector<bool>{false, false});
 }
 
@@ -939,8 +943,21 @@ TEST_CASE("check(): the throttling words of Exchange Online and Gmail, and THROT
     }
     return std::error_code{};
   };
-  CHECK(dibs::is_transient(code("NO", "", "User is authenticated but not connected.")));
-  CHECK(dibs::is_transient(code("BAD", "", "User is authenticated but not connected.")));
+  // Exchange Online's "not connected": a setup error, not transient (an
+  // imap_mailbox would take the mailbox for an empty one for ever), naming
+  // the likely causes.
+  for (const std::string status : {"NO", "BAD"}) {
+    const auto ec = code(status, "", "User is authenticated but not connected.");
+    CHECK(ec == std::errc::permission_denied);
+    CHECK_FALSE(dibs::is_transient(ec));
+  }
+  try {
+    s.check(dibs::imap::reply{{}, "BAD", "", "User is authenticated but not connected."}, "SELECT INBOX");
+  } catch (const std::system_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("SELECT INBOX") && Catch::Contains("IMAP is turned off") &&
+                             Catch::Contains("FullAccess") && Catch::Contains("service principal") &&
+                             Catch::Contains("options::authzid"));
+  }
   CHECK(dibs::is_transient(code("NO", "", "Request is throttled. Suggested Backoff Time: 1200 milliseconds")));
   CHECK(dibs::is_transient(code("NO", "", "Server Unavailable. 15")));
   CHECK(dibs::is_transient(code("NO", "ALERT", "Too many simultaneous connections. (Failure)")));
@@ -1032,6 +1049,159 @@ TEST_CASE("secrets: a connection cut mid-AUTHENTICATE, a malformed reply during 
                                Catch::Contains("no OAuth2 token"));
     }
     CHECK(heard.find("AUTHENTICATE") == std::string::npos);  // nothing sent without a token
+  }
+}
+
+TEST_CASE("LOGINDISABLED on a plain connection: no token and no PLAIN password sent; automatic needs an announced OAuth2 mechanism") {
+  // Connects to a server announcing `caps` that reads everything until the
+  // client closes. Returns: the error, its text, what the server heard.
+  struct outcome {
+    std::error_code code;
+    std::string what, heard;
+  };
+  auto attempt = [](const std::string& caps, const std::function<void(dibs::imap::options&)>& configure) {
+    outcome out;
+    {
+      scripted_server server([&](int fd) {
+        say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR " + caps + "] ready\r\n");
+        char c;
+        while (::read(fd, &c, 1) == 1) out.heard += c;
+      });
+      auto o = at(server.port);
+      configure(o);
+      const auto [e, took] = refused(o);
+      out.code = e.code();
+      out.what = e.what();
+    }
+    return out;
+  };
+  const token_script tokens{{"tok-clear-5Rw"}};
+  auto oauth = [&](dibs::imap::auth_mechanism m) {
+    return [&, m](dibs::imap::options& o) {
+      o.password.clear();
+      o.oauth2_token = tokens.provider();
+      o.auth = m;
+    };
+  };
+  using dibs::imap::auth_mechanism;
+  for (const auto m : {auth_mechanism::automatic, auth_mechanism::xoauth2, auth_mechanism::oauthbearer}) {
+    const auto r = attempt("STARTTLS LOGINDISABLED AUTH=XOAUTH2 AUTH=OAUTHBEARER", oauth(m));
+    CHECK(r.code == std::errc::permission_denied);
+    CHECK_FALSE(dibs::is_transient(r.code));
+    CHECK_THAT(r.what, Catch::Contains("LOGINDISABLED") && Catch::Contains("tls_mode::starttls") &&
+                           Catch::Contains("no token was sent"));
+    CHECK(r.heard.empty());
+  }
+  CHECK(tokens.calls->empty());  // the provider not even asked
+  {  // PLAIN (automatic picks it for LOGINDISABLED AUTH=PLAIN, and for an authzid): not in the clear either
+    for (const bool authzid : {false, true}) {
+      const auto r = attempt("STARTTLS LOGINDISABLED AUTH=PLAIN", [&](dibs::imap::options& o) {
+        if (authzid) o.authzid = "shared@example.com";
+      });
+      CHECK(r.code == std::errc::permission_denied);
+      CHECK_THAT(r.what, Catch::Contains("LOGINDISABLED") && Catch::Contains("password was not sent"));
+      CHECK(r.heard.empty());
+    }
+  }
+  {  // automatic with a provider, no OAuth2 mechanism announced: not_supported, naming what is
+    const auto r = attempt("AUTH=PLAIN AUTH=GSSAPI", oauth(auth_mechanism::automatic));
+    CHECK(r.code == std::errc::not_supported);
+    CHECK_THAT(r.what, Catch::Contains("neither AUTH=OAUTHBEARER nor AUTH=XOAUTH2") &&
+                           Catch::Contains("announces AUTH=PLAIN AUTH=GSSAPI") && Catch::Contains("127.0.0.1:"));
+    CHECK(r.heard.empty());
+    CHECK(tokens.calls->empty());
+  }
+  // Asked for explicitly: sent though not announced (the caller knows better).
+  std::string heard;
+  {
+    scripted_server server([&](int fd) {
+      say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=PLAIN] ready\r\n");
+      heard = hear(fd, "\r\n");
+      say(fd, "d1 OK [CAPABILITY IMAP4rev1] logged in\r\n");
+      hear(fd, "LOGOUT\r\n");
+    });
+    auto o = at(server.port);
+    oauth(auth_mechanism::xoauth2)(o);
+    dibs::imap::session s{o};
+    CHECK(s.connected());
+  }
+  CHECK(heard == "d1 AUTHENTICATE XOAUTH2 " + b64("user=u\x01" "auth=Bearer tok-clear-5Rw\x01\x01") + "\r\n");
+  CHECK(*tokens.calls == std::vector<bool>{false});
+}
+
+TEST_CASE("a refused OAuth2 token, then the connection lost before the retry's answer: permission_denied, not transient") {
+  const std::string old_token = "tok-old-Hh4Tq8", new_token = "tok-new-Jm2Wz6";
+  enum class cut { bye_after_retry, closed_after_no, bye_after_challenge };
+  for (const auto how : {cut::bye_after_retry, cut::closed_after_no, cut::bye_after_challenge}) {
+    const token_script tokens{{old_token, new_token}};
+    scripted_server server([&](int fd) {
+      say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=XOAUTH2] ready\r\n");
+      hear(fd, "\r\n");
+      if (how == cut::bye_after_challenge) {
+        say(fd, "+ " + b64(R"({"status":"401","schemes":"bearer"})") + "\r\n");
+        hear(fd, "\r\n");
+        say(fd, "* BYE going away\r\n");
+        return;
+      }
+      say(fd, "d1 NO [AUTHENTICATIONFAILED] Invalid credentials (Failure)\r\n");
+      if (how == cut::closed_after_no) return;  // closed: the retry meets a closed connection
+      hear(fd, "\r\n");
+      say(fd, "* BYE going away\r\n");
+    });
+    const auto [e, took] = refused(oauth_at(server.port, tokens));
+    INFO(e.what());
+    CHECK(e.code() == std::errc::permission_denied);
+    CHECK_FALSE(dibs::is_transient(e.code()));
+    CHECK_THAT(e.what(), Catch::Contains("127.0.0.1:" + server.port) && Catch::Contains("user 'u'") &&
+                             Catch::Contains("refused the OAuth2 token") && Catch::Contains("AUTHENTICATE XOAUTH2"));
+    if (how == cut::bye_after_challenge) {
+      CHECK_THAT(e.what(), Catch::Contains("status 401") && Catch::Contains("lost before its final answer"));
+      CHECK(*tokens.calls == std::vector<bool>{false});
+    } else {
+      CHECK_THAT(e.what(), Catch::Contains("retry with a token renewed through the provider could not be made"));
+      CHECK(*tokens.calls == std::vector<bool>{false, true});
+    }
+    CHECK(clean_of(e.what(), old_token));
+    CHECK(clean_of(e.what(), new_token));
+  }
+}
+
+TEST_CASE("LOGIN: a password a server echoes is cut out before the line is escaped or shortened") {
+  // Each password, and what must not be in the message: the password as
+  // sent, as excerpt() would escape it, a piece a cut at 100 bytes leaves.
+  struct secret {
+    std::string password, leak;
+    bool whole_line;          // echo the LOGIN line as heard, else `before` and the password
+    std::string before;
+  };
+  const std::vector<secret> cases = {
+      {"p\xc3\xa4ssw\xc3\xb6rd-Zq9Xw", "rd-Zq9Xw", false, ""},  // not ASCII: sent as a literal, escaped in an excerpt
+      {"pa\"ss\\word-7Kq", "word-7Kq", true, ""},               // sent escaped by quote(): echoed so
+      // straddling excerpt()'s cut at 100 bytes: "BYE bad login " (14), 76 x, then 10 bytes of it
+      {"Zq9Xw2Lm-secret-4417", "Zq9Xw2Lm", false, std::string(76, 'x')},
+  };
+  for (const auto& c : cases) {
+    scripted_server server([&](int fd) {
+      say(fd, "* OK [CAPABILITY IMAP4rev1] ready\r\n");
+      auto heard = hear(fd, "\r\n");
+      if (heard.ends_with("}\r\n")) {  // a literal: its go-ahead, then the rest
+        say(fd, "+ go ahead\r\n");
+        heard += hear(fd, "\r\n");
+      }
+      heard.resize(heard.size() - 2);
+      // A server that quotes what it was sent (all of it, or the password).
+      say(fd, "* BYE bad login " + (c.whole_line ? heard : c.before + c.password) + "\r\n");
+      hear(fd, "never");
+    });
+    auto o = at(server.port);
+    o.password = c.password;
+    const auto [e, took] = refused(o);
+    INFO(e.what());
+    CHECK(e.code() == dibs::errc::connection_lost);
+    CHECK_THAT(e.what(), Catch::Contains("bad login"));
+    CHECK(std::string_view(e.what()).find(c.leak) == std::string_view::npos);
+    CHECK(clean_of(e.what(), c.password));
+    CHECK(std::string_view(e.what()).find(dibs::imap::detail::excerpt(c.password)) == std::string_view::npos);
   }
 }
 
@@ -1147,4 +1317,65 @@ TEST_CASE("token_command: output trimmed, run again at each call, failures name 
     CHECK(code == dibs::errc::invalid_argument);
     CHECK_THAT(what, Catch::Contains("more than 64 KiB"));
   }
+}
+
+TEST_CASE("token_command: a helper that leaves a process in the background holding its output still gives its token at once") {
+  const dibs_test::temp_dir dir;
+  const auto pid_file = (dir.path / "pid").string();
+  // The background sleep keeps the output pipe open for 30 s after the shell
+  // exits: reading to the end of the output would stall until the deadline
+  // (20 s) and give up the token.
+  const auto provider = dibs::imap::token_command(
+      fmt::format("sleep 30 & echo $! > '{}'; printf 'tok-bg\\n'", pid_file), std::chrono::seconds{20});
+  std::string token;
+  try {
+    token = provider(false);
+  } catch (const std::system_error& e) {
+    FAIL_CHECK(e.what());
+  }
+  const auto pid = std::stoi(dibs_test::slurp(pid_file));
+  CHECK(::kill(pid, SIGKILL) == 0);  // still running: it was not waited for
+  CHECK(token == "tok-bg");
+}
+
+TEST_CASE("run_shell: standard input /dev/null (not ours), SIGCHLD at its default, no descriptor left open") {
+  auto open_fds = [] {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  const auto fds_before = open_fds();
+  {  // our standard input a pipe with data in it: never the helper's
+    int p[2];
+    REQUIRE(::pipe(p) == 0);
+    (void)!::write(p[1], "data for us\n", 12);
+    const int saved = ::dup(STDIN_FILENO);
+    ::dup2(p[0], STDIN_FILENO);
+    const auto r = dibs::detail::run_shell("readlink /proc/self/fd/0; cat", std::chrono::seconds{20}, 4096);
+    ::dup2(saved, STDIN_FILENO);
+    ::close(saved);
+    ::close(p[0]);
+    ::close(p[1]);
+    CHECK(r.out == "/dev/null\n");
+    CHECK(r.exit_code == 0);
+  }
+  {  // SIGCHLD ignored here: not in the helper (its own waitpid would fail)
+    struct sigaction ignore {}, old {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigaction(SIGCHLD, &ignore, &old);
+    const auto r = dibs::detail::run_shell("grep '^SigIgn' /proc/self/status", std::chrono::seconds{20}, 4096);
+    ::sigaction(SIGCHLD, &old, nullptr);
+    REQUIRE(r.out.starts_with("SigIgn:"));
+    const auto mask = std::stoull(r.out.substr(r.out.find_first_not_of(" \t", 7)), nullptr, 16);
+    CHECK((mask & (1ull << (SIGCHLD - 1))) == 0);
+    CHECK(r.exit_code == -1);  // reaped unseen here: how it ended is not known, and not made up
+  }
+  {  // killed at the deadline, and a helper that printed too much
+    const auto slow = dibs::detail::run_shell("sleep 30", std::chrono::milliseconds{200}, 4096);
+    CHECK(slow.timed_out);
+    CHECK(slow.signal == SIGKILL);
+    const auto big = dibs::detail::run_shell("head -c 100000 /dev/zero", std::chrono::seconds{20}, 4096);
+    CHECK(big.too_long);
+  }
+  CHECK(open_fds() == fds_before);
 }

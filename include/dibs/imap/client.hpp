@@ -16,8 +16,9 @@
 // first byte, RFC 8314; port 993, the default port then). The server's
 // certificate is verified against the system's CA store, or options::ca_file,
 // and must name options::host (options::verify = false turns that off: for
-// tests only, it is unsafe). LOGIN is never sent where the server announces
-// LOGINDISABLED: on a plain connection that fails, telling to use starttls.
+// tests only, it is unsafe). No password and no token is sent where the
+// server announces LOGINDISABLED on a plain connection: that fails,
+// telling to use starttls.
 //
 //   dibs::imap::session s{{.host = "imap.example.com", .user = "me", .password = pw,
 //                          .tls = dibs::imap::tls_mode::implicit}};
@@ -27,7 +28,10 @@
 // identity (options::authzid: the mailbox to act as) is given or the server
 // says LOGINDISABLED and offers AUTH=PLAIN; with an OAuth2 token provider
 // (options::oauth2_token) AUTHENTICATE OAUTHBEARER (RFC 7628) where the
-// server announces it, else XOAUTH2 (Google's and Microsoft's). The initial
+// server announces it, else XOAUTH2 (Google's and Microsoft's) where it
+// announces that; neither announced: std::errc::not_supported, naming the
+// AUTH= mechanisms it announces, before the provider is asked (an explicit
+// options::auth = xoauth2 or oauthbearer sends the token anyway). The initial
 // response goes on the AUTHENTICATE line where the server announces SASL-IR
 // (RFC 4959). A token the server refuses is asked for once more, renewed
 // (oauth2_token(true)), and tried again; token_command() makes a provider
@@ -62,7 +66,10 @@
 //   - a login refused: std::errc::permission_denied, naming server and user
 //     (and the authorization identity, the mechanism); an OAuth2 token
 //     refused, renewed through the provider and refused again: the same,
-//     saying so. A refusal that says the server is busy (UNAVAILABLE, or the
+//     saying so; refused once and the connection then lost before the
+//     server's answer to the renewed token (or to the first, after its
+//     error challenge): the same, not transient, saying the retry could not
+//     be made. A refusal that says the server is busy (UNAVAILABLE, or the
 //     throttling words of Exchange Online and Gmail: detail::throttle_texts)
 //     is errc::connection_lost (transient). A token provider that throws:
 //     its error's code, its message wrapped with the server and user. An
@@ -82,9 +89,10 @@
 //   - a tagged NO or BAD, through check(): the server's response code decides
 //     (NONEXISTENT: no_such_file_or_directory, NOPERM/AUTHORIZATIONFAILED:
 //     permission_denied, OVERQUOTA: no_space_on_device, UNAVAILABLE/INUSE/
-//     LIMIT/THROTTLED, or words of a server that throttles: transient), and
-//     the message names server, user, what was done and the server's own
-//     words.
+//     LIMIT/THROTTLED, or words of a server that throttles: transient;
+//     Exchange Online's "User is authenticated but not connected.":
+//     permission_denied, not transient, naming its likely causes), and the
+//     message names server, user, what was done and the server's own words.
 // A session is used by one thread at a time. After fork() the child's copy
 // never writes to the parent's connection, nor uses its TLS state (it frees
 // it without SSL_shutdown): it connects anew.
@@ -280,12 +288,6 @@ inline constexpr std::string_view throttle_texts[] = {
     // throttled. Suggested Backoff Time: 299609 milliseconds", also as a
     // BAD (imapsync#198, email-oauth2-proxy#191).
     "Request is throttled",
-    // Exchange Online, the command after a successful AUTHENTICATE when the
-    // session to the mailbox could not be made: "BAD User is authenticated
-    // but not connected." Often a setup error a retry does not fix (IMAP
-    // off for the mailbox, no Full Access), sometimes a passing fault: the
-    // retries' own limit ends the former.
-    "User is authenticated but not connected",
     // Exchange Online, the mailbox's server busy or moving: "NO Server
     // Unavailable. 15" (imapfilter#146).
     "Server Unavailable",
@@ -299,6 +301,21 @@ inline constexpr std::string_view throttle_texts[] = {
     "Account exceeded command or bandwidth limits",
 };
 
+// Exchange Online, the command after a successful AUTHENTICATE when the
+// session to the mailbox could not be made: "BAD User is authenticated but
+// not connected." Mostly a setup error a retry does not fix (IMAP off for
+// the mailbox, no FullAccess, a wrong user=), so not transient: a caller
+// that waits out transient errors (imap_mailbox::next()) would otherwise
+// take a mailbox it can never open for an empty one.
+inline constexpr std::string_view not_connected_text = "User is authenticated but not connected";
+
+// Returns: true if `text` holds `t`, compared without case.
+inline bool icontains(std::string_view text, std::string_view t) {
+  for (std::size_t i = 0; i + t.size() <= text.size(); ++i)
+    if (iequals(text.substr(i, t.size()), t)) return true;
+  return false;
+}
+
 // Returns: true if a reply's response code (UNAVAILABLE, INUSE, LIMIT:
 // RFC 5530; THROTTLED: no RFC, reported of Gmail) or its words
 // (throttle_texts) say the server is busy or throttling: worth a retry
@@ -309,8 +326,7 @@ inline bool throttled(std::string_view code, std::string_view text) {
       iequals(name, "LIMIT"))
     return true;
   for (const auto t : throttle_texts)
-    for (std::size_t i = 0; i + t.size() <= text.size(); ++i)
-      if (iequals(text.substr(i, t.size()), t)) return true;
+    if (icontains(text, t)) return true;
   return false;
 }
 
@@ -319,7 +335,8 @@ inline bool throttled(std::string_view code, std::string_view text) {
 /// How the session logs in (options::auth).
 enum class auth_mechanism {
   /// With options::oauth2_token: OAUTHBEARER where the server announces
-  /// AUTH=OAUTHBEARER, else XOAUTH2. Without: PLAIN where options::authzid
+  /// AUTH=OAUTHBEARER, else XOAUTH2 where it announces AUTH=XOAUTH2, else
+  /// std::errc::not_supported (nothing sent). Without: PLAIN where options::authzid
   /// is set, or where the server announces LOGINDISABLED and AUTH=PLAIN;
   /// else LOGIN.
   automatic,
@@ -336,8 +353,10 @@ enum class auth_mechanism {
 /// token: the convention of mbsync's PassCmd, msmtp's passwordeval and
 /// neomutt's imap_oauth_refresh_command. It is run again at every call,
 /// refresh or not: a helper that keeps its token until it expires decides
-/// that itself (most do). Its standard error is ours, and so is its
-/// standard input (it may ask a person on the terminal). Throws (the
+/// that itself (most do). Its standard error is ours; its standard input
+/// is ours only if that is a terminal (it may ask a person there), else
+/// /dev/null. The token is what it printed by the time the shell exited: a
+/// process it left in the background does not hold it up. Throws (the
 /// provider, when called): std::errc::permission_denied if the command
 /// exits with a status other than 0, is ended by a signal, prints nothing
 /// but white space, or prints more than one line; errc::timed_out (it is
@@ -365,7 +384,7 @@ inline std::function<std::string(bool refresh)> token_command(std::string comman
       detail::forget(out);
       return fail(make_error_code(errc::timed_out),
                   fmt::format("did not finish within {} ms, and was killed (is it waiting for input? it is run "
-                              "with our standard input and standard error)",
+                              "with our standard error, and our standard input if that is a terminal)",
                               timeout.count()));
     }
     if (r.too_long) {
@@ -980,7 +999,7 @@ public:
           throw std::system_error(make_error_code(errc::invalid_argument),
                                   fmt::format("dibs::imap: {}: the command '{}' has a literal whose size is not its "
                                               "length: write it with imap::quote()",
-                                              where(), detail::excerpt(c)));
+                                              where(), shown(c)));
         const auto n = static_cast<std::size_t>(*size);
         part.append(c, pos, mark - pos).append("}\r\n");
         send(part);
@@ -988,9 +1007,9 @@ public:
           auto line = read_reply_line(until);
           if (line.starts_with("+")) break;
           if (line.starts_with(tags.back() + ' '))
-            fail(errc::connection_lost, fmt::format("the server refused a literal: {}", detail::excerpt(line)));
+            fail(errc::connection_lost, fmt::format("the server refused a literal: {}", shown(line)));
           if (detail::istarts_with(line, "* BYE"))
-            fail(errc::connection_lost, fmt::format("the server said {}", detail::excerpt(line.substr(2))));
+            fail(errc::connection_lost, fmt::format("the server said {}", shown(line.substr(2))));
           // Said while this command is the only one open: its reply's, as
           // collect() would file it (an EXISTS here is news a caller needs).
           if (line.starts_with("* ")) early_.push_back(line.substr(2));
@@ -1043,7 +1062,7 @@ public:
         throw std::system_error(make_error_code(errc::invalid_argument),
                                 fmt::format("dibs::imap: {}: the command '{}' has a literal, which send_ahead() "
                                             "cannot send: use run()",
-                                            where(), detail::excerpt(c)));
+                                            where(), shown(c)));
       tags.push_back(fmt::format("d{}", ++tag_));
       out.append(tags.back()).append(" ").append(c).append("\r\n");
     }
@@ -1068,9 +1087,19 @@ public:
   /// server, user, `what` was done, and what the server said.
   void check(const reply& r, std::string_view what) const {
     if (r.ok()) return;
-    throw std::system_error(code_of(r), fmt::format("dibs::imap: {} on {}: the server said {} {}{}{}{}", what, where(),
-                                                   r.status, r.code.empty() ? "" : "[", r.code,
-                                                   r.code.empty() ? "" : "] ", r.text));
+    const bool not_connected = detail::icontains(r.text, detail::not_connected_text);
+    const auto as = opts_.authzid.empty() ? opts_.user : opts_.authzid;
+    throw std::system_error(
+        code_of(r),
+        fmt::format("dibs::imap: {} on {}: the server said {} {}{}{}{}{}", what, where(), r.status,
+                    r.code.empty() ? "" : "[", r.code, r.code.empty() ? "" : "] ", r.text,
+                    not_connected
+                        ? fmt::format(" (Exchange Online accepted the login but could not open the mailbox '{}': "
+                                      "usually IMAP is turned off for that mailbox, the token's user or service "
+                                      "principal lacks FullAccess to it, or user=/options::authzid names the wrong "
+                                      "mailbox for a shared one; a retry does not fix these)",
+                                      as)
+                        : std::string{}));
   }
 
   /// Waits in IDLE (RFC 2177) until the server reports a change of the
@@ -1100,7 +1129,7 @@ public:
         break;
       const auto line = read_reply_line(deadline());
       if (detail::istarts_with(line, "* BYE"))
-        fail(errc::connection_lost, fmt::format("the server said {}", detail::excerpt(line.substr(2))));
+        fail(errc::connection_lost, fmt::format("the server said {}", shown(line.substr(2))));
       changed = line.find(" EXISTS") != std::string::npos || line.find(" EXPUNGE") != std::string::npos ||
                 line.find(" FETCH") != std::string::npos || line.find(" RECENT") != std::string::npos;
     }
@@ -1164,6 +1193,11 @@ private:
                                       : std::string("not quoted, as it came during the login")));
   }
 
+  // Returns: what a server sent (or a command), for a message: its secrets
+  // cut out (redact()) first, then shortened and escaped (detail::excerpt);
+  // the other way round an escaped or cut secret would not be found.
+  std::string shown(std::string_view line) const { return detail::excerpt(redact(std::string(line))); }
+
   // Returns: `text` with every secret of the login under way (secrets_),
   // and the password while connecting, cut out: a server may quote what it
   // was sent in its reply, and messages quote servers.
@@ -1174,8 +1208,19 @@ private:
         text.replace(at, secret.size(), "<secret>");
     };
     for (const auto& s : secrets_) cut(s);
-    if (connecting_until_) cut(opts_.password);
+    if (connecting_until_) {
+      cut(opts_.password);
+      cut(quoted_password());
+    }
     return text;
+  }
+
+  // Returns: the password as quote() sends it, without the quotes ("" if it
+  // is sent as a literal, as is, or needs no escaping).
+  std::string quoted_password() const {
+    auto q = quote(opts_.password);
+    if (q.size() < 2 || q.front() != '"' || q.size() == opts_.password.size() + 2) return {};
+    return q.substr(1, q.size() - 2);
   }
 
   static std::error_code code_of(const reply& r) {
@@ -1189,9 +1234,12 @@ private:
     if (detail::iequals(code, "ALREADYEXISTS")) return std::make_error_code(std::errc::file_exists);
     // The server failed (Dovecot: a file it cannot write; its log says which).
     if (detail::iequals(code, "SERVERBUG")) return std::make_error_code(std::errc::io_error);
+    // Exchange Online's "User is authenticated but not connected.": a setup
+    // error, not transient (detail::not_connected_text).
+    if (detail::icontains(r.text, detail::not_connected_text)) return std::make_error_code(std::errc::permission_denied);
     // Busy or throttling (UNAVAILABLE, INUSE, LIMIT, THROTTLED, or the words
-    // of detail::throttle_texts, such as Exchange Online's "User is
-    // authenticated but not connected."): a retry after a backoff.
+    // of detail::throttle_texts, such as Exchange Online's "Request is
+    // throttled."): a retry after a backoff.
     if (detail::throttled(r.code, r.text)) return make_error_code(errc::contended);
     return make_error_code(errc::invalid_argument);
   }
@@ -1224,7 +1272,7 @@ private:
     if (opts_.tls == tls_mode::implicit) handshake(until);
     const auto greeting = read_reply_line(until);
     if (!detail::istarts_with(greeting, "* OK") && !detail::istarts_with(greeting, "* PREAUTH"))
-      fail(errc::connection_lost, fmt::format("the server greeted with '{}'", detail::excerpt(greeting)));
+      fail(errc::connection_lost, fmt::format("the server greeted with '{}'", shown(greeting)));
     // What the server can do before the login: from the greeting, or asked.
     if (const auto open = greeting.find('['); open != std::string::npos &&
                                               detail::istarts_with(std::string_view(greeting).substr(open + 1), "CAPABILITY"))
@@ -1266,7 +1314,19 @@ private:
     const bool token = static_cast<bool>(opts_.oauth2_token);
     switch (opts_.auth) {
       case auth_mechanism::automatic:
-        if (token) return has("AUTH=OAUTHBEARER") ? auth_mechanism::oauthbearer : auth_mechanism::xoauth2;
+        if (token) {
+          if (has("AUTH=OAUTHBEARER")) return auth_mechanism::oauthbearer;
+          if (has("AUTH=XOAUTH2")) return auth_mechanism::xoauth2;
+          std::string announced;
+          for (const auto& c : caps_)
+            if (detail::istarts_with(c, "AUTH=")) announced += (announced.empty() ? "" : " ") + c;
+          fail(std::make_error_code(std::errc::not_supported),
+               fmt::format("options::oauth2_token is set, but the server announces neither AUTH=OAUTHBEARER nor "
+                           "AUTH=XOAUTH2 ({}): set options::auth to auth_mechanism::xoauth2 or oauthbearer to send "
+                           "the token anyway. The token provider was not asked, and nothing was sent",
+                           announced.empty() ? std::string("it announces no AUTH= mechanism")
+                                             : fmt::format("it announces {}", announced)));
+        }
         if (!opts_.authzid.empty() || (has("LOGINDISABLED") && has("AUTH=PLAIN"))) return auth_mechanism::plain;
         return auth_mechanism::login;
       case auth_mechanism::login:
@@ -1294,18 +1354,26 @@ private:
   // again), and learns the logged-in state's capabilities.
   void log_in() {
     const auto mech = mechanism();
+    // LOGINDISABLED on an unprotected connection (RFC 3501 6.2.3): no
+    // password and no token goes out in the clear, whatever the mechanism.
+    if (has("LOGINDISABLED") && opts_.tls == tls_mode::none)
+      fail(std::make_error_code(std::errc::permission_denied),
+           fmt::format("the server refuses logins on an unprotected connection (it announces LOGINDISABLED): set "
+                       "options::tls to tls_mode::starttls (or tls_mode::implicit on its TLS port, usually 993). "
+                       "{}",
+                       mech == auth_mechanism::login || mech == auth_mechanism::plain
+                           ? "The password was not sent"
+                           : "The token provider was not asked, and no token was sent"));
     if (mech == auth_mechanism::login) {
       if (has("LOGINDISABLED"))
         fail(std::make_error_code(std::errc::permission_denied),
-             opts_.tls == tls_mode::none
-                 ? "the server refuses LOGIN on an unprotected connection (it announces LOGINDISABLED): set "
-                   "options::tls to tls_mode::starttls (or tls_mode::implicit on its TLS port, usually 993). The "
-                   "password was not sent"
-                 : "the server announces LOGINDISABLED even over TLS, and no AUTH=PLAIN: dibs::imap logs in "
-                   "with LOGIN, AUTHENTICATE PLAIN, XOAUTH2 or OAUTHBEARER");
+             "the server announces LOGINDISABLED even over TLS, and no AUTH=PLAIN: dibs::imap logs in "
+             "with LOGIN, AUTHENTICATE PLAIN, XOAUTH2 or OAUTHBEARER");
       reply r;
       {
-        secrets_ = {opts_.password};  // what the server says is not quoted while the password is in flight
+        // What the server says is not quoted with the password in it, as
+        // sent or as quote() escaped it ("\"" and "\\").
+        secrets_ = {opts_.password, quoted_password()};
         struct forget_guard {
           session& s;
           ~forget_guard() { s.forget_secrets(); }
@@ -1326,28 +1394,38 @@ private:
                                                        : "OAUTHBEARER"));
 #else
     if (mech == auth_mechanism::plain) {
-      if (has("LOGINDISABLED") && !has("AUTH=PLAIN") && opts_.tls == tls_mode::none)
-        fail(std::make_error_code(std::errc::permission_denied),
-             "the server refuses logins with a password on an unprotected connection (it announces "
-             "LOGINDISABLED, and no AUTH=PLAIN): set options::tls to tls_mode::starttls (or tls_mode::implicit on "
-             "its TLS port, usually 993). The password was not sent");
       auto response = detail::plain_response(opts_.authzid, opts_.user, opts_.password);
       auto password = opts_.password;
-      const auto r = authenticate("PLAIN", response, password);
+      sasl_result r;
+      authenticate("PLAIN", response, password, r);
       if (!r.completion.ok()) refused(r.completion, "AUTHENTICATE PLAIN", {}, false);
       return logged_in(r.completion);
     }
     const std::string_view name = mech == auth_mechanism::xoauth2 ? "XOAUTH2" : "OAUTHBEARER";
     const auto how = fmt::format("AUTHENTICATE {}", name);
     const auto& as = opts_.authzid.empty() ? opts_.user : opts_.authzid;
+    std::string first_status;  // the JSON status of the first refusal
     for (const bool refresh : {false, true}) {
       auto token = token_from(refresh);
       auto response = mech == auth_mechanism::xoauth2 ? detail::xoauth2_response(as, token)
                                                       : detail::oauthbearer_response(as, opts_.host, opts_.port, token);
-      const auto r = authenticate(name, response, token);
+      sasl_result r;
+      try {
+        authenticate(name, response, token, r);
+      } catch (const std::system_error& e) {
+        // The connection lost (a BYE, closed, no answer in time) once the
+        // token was refused (a NO before this attempt, or the JSON error
+        // challenge of this one): a refusal still, never transient (it
+        // would be retried for ever, the provider asked twice each time).
+        const bool lost = e.code() == make_error_code(errc::connection_lost) ||
+                          e.code() == make_error_code(errc::timed_out);
+        if (lost && (refresh || r.challenged)) lost_after_refusal(how, refresh ? first_status : r.status, refresh, e);
+        throw;
+      }
       if (r.completion.ok()) return logged_in(r.completion);
       // Busy or throttling: no fault of the token's, and no reason to renew it.
       if (refresh || detail::throttled(r.completion.code, r.completion.text)) refused(r.completion, how, r.status, refresh);
+      first_status = r.status;
     }
 #endif
   }
@@ -1384,6 +1462,27 @@ private:
         redact(fmt::format("dibs::imap: {}:{} refused the login of user '{}'{}{}{}{}: {}{}", opts_.host, opts_.port,
                            opts_.user, as, how == "LOGIN" ? "" : " by ", how == "LOGIN" ? "" : how,
                            twice ? ", twice" : "", said, why)));
+  }
+
+  // Throws: std::errc::permission_denied (not transient), the OAuth2 token
+  // refused by `how` (`status`: its JSON status), then the connection `e`
+  // lost before the server's answer to the renewed token (`retry`) or to
+  // the first (after its error challenge). The connection is dropped.
+  [[noreturn]] void lost_after_refusal(std::string_view how, std::string_view status, bool retry,
+                                       const std::system_error& e) {
+    drop();
+    const auto as = opts_.authzid.empty() ? std::string{} : fmt::format(" as '{}'", opts_.authzid);
+    throw std::system_error(
+        std::make_error_code(std::errc::permission_denied),
+        redact(fmt::format("dibs::imap: {}:{} refused the OAuth2 token of user '{}'{} by {}{}, and {}: {}; check the "
+                           "token's user and scope (an expired token the provider did not renew, another user's, "
+                           "one without the IMAP scope, or a revoked grant)",
+                           opts_.host, opts_.port, opts_.user, as, how,
+                           status.empty() ? "" : fmt::format(" (status {})", status),
+                           retry ? "the retry with a token renewed through the provider could not be made (the "
+                                   "connection was lost before the server answered it)"
+                                 : "the connection was lost before its final answer",
+                           e.what())));
   }
 
   // Returns: a token from options::oauth2_token(refresh). The provider's
@@ -1432,8 +1531,9 @@ private:
 
 #if DIBS_IMAP_OPENSSL
   struct sasl_result {
-    reply completion;    // the tagged completion (secrets cut out)
-    std::string status;  // the "status" of the JSON error of an OAuth2 refusal ("" if none came)
+    reply completion;         // the tagged completion (secrets cut out)
+    std::string status;       // the "status" of the JSON error of an OAuth2 refusal ("" if none came)
+    bool challenged = false;  // a "+" came after the response was sent: an error challenge (a refusal)
   };
 
   // Runs one AUTHENTICATE `mech` with the client response `response`, sent
@@ -1444,8 +1544,10 @@ private:
   // XOAUTH2 (an empty line) say, and its status kept; then its NO follows.
   // While this runs `secret` (the token or password), the response and
   // their base64 are cut out of every message (secrets_); at the end they
-  // are forgotten, `response` and `secret` too. Returns: the completion.
-  sasl_result authenticate(std::string_view mech, std::string& response, std::string& secret) {
+  // are forgotten, `response` and `secret` too. Effects: `out` filled as
+  // the exchange goes (so a caller learns of an error challenge even when
+  // the connection is then lost), the completion last.
+  void authenticate(std::string_view mech, std::string& response, std::string& secret, sasl_result& out) {
     struct forget_guard {
       session& s;
       std::string& said;
@@ -1467,8 +1569,7 @@ private:
       send(line);
       detail::forget(line);
     }
-    bool sent = ir, challenged = false;
-    sasl_result out;
+    bool sent = ir;
     const auto until = deadline();
     for (;;) {
       const auto line = read_reply_line(until);
@@ -1478,10 +1579,10 @@ private:
           send(data);
           detail::forget(data);
           sent = true;
-        } else if (!challenged) {
+        } else if (!out.challenged) {
           if (const auto json = detail::base64_decode(std::string_view(line).substr(1)))
-            out.status = detail::sasl_error_status(*json);
-          challenged = true;
+            out.status = redact(detail::sasl_error_status(*json));
+          out.challenged = true;
           send(mech == "OAUTHBEARER" ? "AQ==\r\n" : mech == "XOAUTH2" ? "\r\n" : "*\r\n");
         } else {
           send("*\r\n");  // a server that asks on and on: cancel (RFC 3501 6.2.2); its BAD follows
@@ -1491,7 +1592,7 @@ private:
       if (line.starts_with("* ")) {
         if (detail::istarts_with(line, "* BYE"))
           fail(errc::connection_lost, fmt::format("the server said {} during AUTHENTICATE {}",
-                                                  detail::excerpt(redact(line.substr(2))), mech));
+                                                  shown(line.substr(2)), mech));
         if (detail::istarts_with(line, "* CAPABILITY ")) set_caps(line.substr(2));
         continue;
       }
@@ -1499,8 +1600,7 @@ private:
       read_completion(line, out.completion);
       out.completion.code = redact(out.completion.code);
       out.completion.text = redact(out.completion.text);
-      out.status = redact(out.status);
-      return out;
+      return;
     }
   }
 #endif
@@ -1842,7 +1942,7 @@ private:
       auto line = read_reply_line(until);
       if (line.starts_with("* ")) {
         if (detail::istarts_with(line, "* BYE"))
-          fail(errc::connection_lost, fmt::format("the server said {}", detail::excerpt(line.substr(2))));
+          fail(errc::connection_lost, fmt::format("the server said {}", shown(line.substr(2))));
         // ESEARCH names its command (RFC 4731): a server running pipelined
         // commands side by side may answer a later one first.
         std::size_t to = i;

@@ -2,9 +2,10 @@
 // shell (/bin/sh -c) and taking what it writes to its standard output, with
 // a deadline: for imap::token_command, which runs a token helper the way
 // mbsync's PassCmd and msmtp's passwordeval do. The command's standard
-// input and standard error are this process's (a helper may ask a person on
-// the terminal, and says why it failed where our own errors go). No Windows
-// body yet: imap/client.hpp leaves token_command out there.
+// error is this process's (a helper says why it failed where our own errors
+// go); its standard input is /dev/null unless ours is a terminal (a helper
+// may ask a person there; data piped to this program is never its). No
+// Windows body yet: imap/client.hpp leaves token_command out there.
 #pragma once
 
 #include <fcntl.h>
@@ -35,88 +36,197 @@ struct shell_result {
   int signal = 0;           ///< the signal that ended it, if one did (SIGKILL after timed_out or too_long)
 };
 
+namespace shell_detail {
+
+// Closes a descriptor at the end of its scope.
+struct fd_guard {
+  int fd = -1;
+  fd_guard() = default;
+  fd_guard(const fd_guard&) = delete;
+  fd_guard& operator=(const fd_guard&) = delete;
+  ~fd_guard() { reset(); }
+  void reset() noexcept {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+};
+
+// The posix_spawn attributes and file actions, destroyed at the end of
+// their scope (only those whose init succeeded).
+struct spawn_setup {
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  bool have_actions = false, have_attr = false;
+  spawn_setup() = default;
+  spawn_setup(const spawn_setup&) = delete;
+  spawn_setup& operator=(const spawn_setup&) = delete;
+  ~spawn_setup() {
+    if (have_actions) ::posix_spawn_file_actions_destroy(&actions);
+    if (have_attr) ::posix_spawnattr_destroy(&attr);
+  }
+};
+
+// A child not yet waited for: at the end of its scope (an exception, say)
+// killed with SIGKILL and reaped, never left a zombie. Before a kill it is
+// asked whether it still runs (waitpid WNOHANG): a pid that was reaped
+// (by an application's SIGCHLD handler, or SIGCHLD ignored) may be reused.
+struct child_guard {
+  pid_t pid = -1;
+  bool reaped = false;
+  int status = 0;
+  bool known = false;  // status holds how it ended
+  child_guard() = default;
+  child_guard(const child_guard&) = delete;
+  child_guard& operator=(const child_guard&) = delete;
+  ~child_guard() {
+    if (pid > 0 && !reaped) {
+      if (!poll_exit()) kill();
+      while (!reaped) wait_blocking();
+    }
+  }
+  // Returns: true if it has ended (reaped here, or gone unseen: ECHILD).
+  bool poll_exit() noexcept {
+    if (reaped) return true;
+    for (;;) {
+      const pid_t w = ::waitpid(pid, &status, WNOHANG);
+      if (w == pid) return reaped = known = true;
+      if (w == 0) return false;
+      if (errno == EINTR) continue;
+      return reaped = true;  // ECHILD: reaped unseen; how it ended is unknown
+    }
+  }
+  void kill() noexcept {
+    if (!poll_exit()) ::kill(pid, SIGKILL);
+  }
+  void wait_blocking() noexcept {
+    while (!reaped) {
+      const pid_t w = ::waitpid(pid, &status, 0);
+      if (w == pid) reaped = known = true;
+      else if (w < 0 && errno != EINTR) reaped = true;
+    }
+  }
+};
+
+inline void check_setup(int rc, const char* what) {
+  if (rc != 0) throw std::system_error(rc, std::generic_category(), what);
+}
+
+}  // namespace shell_detail
+
 /// Effects: runs `command` with /bin/sh -c, its standard output read into
 /// the result, waiting `timeout` at most for it to finish (then it is
 /// killed with SIGKILL; only the shell: a process it left running in the
-/// background is left alone). It starts with no signal blocked and SIGPIPE
-/// at its default, whatever this process does with them (the dibs command
-/// blocks the signals it forwards). Not in a process group of its own: a
-/// helper that asks on the terminal still can. Returns: what it wrote and
-/// how it ended. Throws: std::system_error (errno) if it cannot be started.
+/// background is left alone). Once the shell has exited, what its output
+/// already holds is read and the reading stops: a background process that
+/// keeps the output open (a `cmd &`, an agent started on the way) neither
+/// holds it up nor loses what the shell printed. It starts with no signal
+/// blocked, SIGPIPE and SIGCHLD at their defaults, whatever this process
+/// does with them (the dibs command blocks the signals it forwards), and
+/// standard input /dev/null unless ours is a terminal. Not in a process
+/// group of its own: a helper that asks on the terminal still can. Every
+/// descriptor is closed and the shell reaped on every path out (an
+/// exception too). Returns: what it wrote and how it ended. Throws:
+/// std::system_error (errno) if it cannot be started.
 inline shell_result run_shell(const std::string& command, std::chrono::milliseconds timeout, std::size_t max_out) {
   using clock = std::chrono::steady_clock;
+  using namespace shell_detail;
   const auto until = clock::now() + timeout;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
     throw std::system_error(errno, std::generic_category(), "cannot make a pipe for its output");
-  posix_spawn_file_actions_t actions;
-  posix_spawnattr_t attr;
-  ::posix_spawn_file_actions_init(&actions);
-  ::posix_spawnattr_init(&attr);
-  ::posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);  // dup2 leaves the copy without O_CLOEXEC
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGPIPE);
-  ::posix_spawnattr_setsigmask(&attr, &none);
-  ::posix_spawnattr_setsigdefault(&attr, &defaults);
-  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  char sh[] = "sh", dash_c[] = "-c";
-  char* argv[] = {sh, dash_c, const_cast<char*>(command.c_str()), nullptr};
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, "/bin/sh", &actions, &attr, argv, environ);
-  ::posix_spawn_file_actions_destroy(&actions);
-  ::posix_spawnattr_destroy(&attr);
-  ::close(fds[1]);
-  if (rc != 0) {
-    ::close(fds[0]);
-    throw std::system_error(rc, std::generic_category(), "cannot start /bin/sh");
+  fd_guard read_end, write_end;
+  read_end.fd = fds[0];
+  write_end.fd = fds[1];
+  child_guard child;
+  {
+    spawn_setup s;
+    check_setup(::posix_spawn_file_actions_init(&s.actions), "cannot set up /bin/sh (posix_spawn_file_actions_init)");
+    s.have_actions = true;
+    check_setup(::posix_spawnattr_init(&s.attr), "cannot set up /bin/sh (posix_spawnattr_init)");
+    s.have_attr = true;
+    // dup2 leaves the copy without O_CLOEXEC
+    check_setup(::posix_spawn_file_actions_adddup2(&s.actions, fds[1], STDOUT_FILENO),
+                "cannot set up /bin/sh (posix_spawn_file_actions_adddup2)");
+    if (!::isatty(STDIN_FILENO))
+      check_setup(::posix_spawn_file_actions_addopen(&s.actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0),
+                  "cannot set up /bin/sh (posix_spawn_file_actions_addopen /dev/null)");
+    sigset_t none, defaults;
+    sigemptyset(&none);
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGPIPE);
+    sigaddset(&defaults, SIGCHLD);  // ignored here, it would stay ignored across exec: a helper's waitpid fails
+    check_setup(::posix_spawnattr_setsigmask(&s.attr, &none), "cannot set up /bin/sh (posix_spawnattr_setsigmask)");
+    check_setup(::posix_spawnattr_setsigdefault(&s.attr, &defaults),
+                "cannot set up /bin/sh (posix_spawnattr_setsigdefault)");
+    check_setup(::posix_spawnattr_setflags(&s.attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF),
+                "cannot set up /bin/sh (posix_spawnattr_setflags)");
+    char sh[] = "sh", dash_c[] = "-c";
+    char* argv[] = {sh, dash_c, const_cast<char*>(command.c_str()), nullptr};
+    pid_t pid = -1;
+    const int rc = ::posix_spawn(&pid, "/bin/sh", &s.actions, &s.attr, argv, environ);
+    if (rc != 0) throw std::system_error(rc, std::generic_category(), "cannot start /bin/sh");
+    child.pid = pid;
   }
+  write_end.reset();
 
   shell_result r;
   char buf[4096];
+  // Reads what is there now (poll `wait_ms`). Returns: false at the end of
+  // the output, a read error, or more than max_out bytes (r.too_long).
+  auto read_some = [&](int wait_ms, bool& got_any) {
+    got_any = false;
+    pollfd p{read_end.fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, wait_ms);
+    if (n < 0) return errno == EINTR;
+    if (n == 0) return true;
+    const auto got = ::read(read_end.fd, buf, sizeof buf);
+    if (got < 0) return errno == EINTR || errno == EAGAIN;
+    if (got == 0) return false;  // the end of its output
+    if (r.out.size() + static_cast<std::size_t>(got) > max_out) {
+      r.too_long = true;
+      return false;
+    }
+    r.out.append(buf, static_cast<std::size_t>(got));
+    got_any = true;
+    return true;
+  };
   for (;;) {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - clock::now());
     if (left.count() <= 0) {
       r.timed_out = true;
       break;
     }
-    pollfd p{fds[0], POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1'000'000)));
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0) continue;  // the loop's top tells whether the deadline passed
-    const auto got = ::read(fds[0], buf, sizeof buf);
-    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (got <= 0) break;  // the end of its output (or a read error: taken as the end)
-    if (r.out.size() + static_cast<std::size_t>(got) > max_out) {
-      r.too_long = true;
+    // Short slices: the shell's exit is learned between them.
+    bool got_any = false;
+    if (!read_some(static_cast<int>(std::min<long long>(left.count(), 20)), got_any)) break;
+    if (!got_any && child.poll_exit()) {
+      // The shell has exited: everything it (and what it waited for) wrote
+      // is in the pipe now. Take that, and no more: a background process
+      // may keep the pipe open for ever.
+      while (clock::now() < until && read_some(0, got_any) && got_any) {
+      }
       break;
     }
-    r.out.append(buf, static_cast<std::size_t>(got));
   }
-  ::close(fds[0]);
-  bool killed = r.timed_out || r.too_long;
-  if (killed) ::kill(pid, SIGKILL);
+  read_end.reset();
+  if (r.timed_out || r.too_long) child.kill();
   // Its output ended: it is exiting, usually at once. One that closed its
   // output and went on is waited for until the deadline, then killed.
-  int status = 0;
-  for (auto pause = std::chrono::microseconds{500};;) {
-    const pid_t w = ::waitpid(pid, &status, killed ? 0 : WNOHANG);
-    if (w == pid) break;
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return r;  // ECHILD: SIGCHLD is ignored here, the child was reaped unseen; how it ended is unknown
+  for (auto pause = std::chrono::microseconds{500}; !child.poll_exit();) {
     if (clock::now() >= until) {
-      ::kill(pid, SIGKILL);
-      r.timed_out = killed = true;
-      continue;
+      r.timed_out = true;
+      child.kill();
+      child.wait_blocking();
+      break;
     }
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(pause).count();
     timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
     ::nanosleep(&ts, nullptr);
     pause = std::min(pause * 2, std::chrono::microseconds{50'000});
   }
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  if (!child.known) return r;  // reaped unseen (SIGCHLD ignored here): how it ended is unknown
+  if (WIFEXITED(child.status)) r.exit_code = WEXITSTATUS(child.status);
+  if (WIFSIGNALED(child.status)) r.signal = WTERMSIG(child.status);
   return r;
 }
 
