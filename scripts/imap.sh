@@ -32,7 +32,15 @@
 # no "azp"). `dibs` is a master user (a master passdb): AUTHENTICATE PLAIN
 # with authorization identity `other`, authentication identity `dibs` and
 # dibs's password logs into other's mailbox; `third` is no master user, so
-# the same with `third` is refused. Failed logins are answered without
+# the same with `third` is refused. With a token the same is done in
+# Dovecot's master-user form (auth_master_user_separator = *): XOAUTH2's
+# user= (OAUTHBEARER's a=) `other*dibs` and a token of dibs's log into
+# other's mailbox (a master oauth2 passdb takes only tokens whose "sub" is
+# dibs; then a passdb with random passwords no one knows, for the mechanisms
+# of tokens, says other exists); Dovecot 2.3 has no other way for a token
+# of one user into another's mailbox: user=other with dibs's token is
+# refused ("Username 'other' did not match 'dibs'"), as is `other*third`
+# with third's. Failed logins are answered without
 # Dovecot's delay (auth_failure_delay = 0, no auth penalty per address),
 # so that the tests of refusals take no seconds.
 #
@@ -235,6 +243,12 @@ write_config() {  # DIR HOME PORT [TLS_PORT]
   } >"$home/users"
   # The users who may log in as another (PLAIN's authorization identity).
   echo "dibs:{PLAIN}dibs-secret" >"$home/masters"
+  # After a master user's token (see the header), the user logged in as must
+  # exist in a passdb for the token mechanisms: these, whose passwords no one
+  # knows (the password is not checked again after a master login).
+  for u in dibs other third; do
+    printf '%s:{PLAIN}%s\n' "$u" "$(openssl rand -hex 24)"
+  done >"$home/oauth2-users"
   # OAuth2: tokens are JWTs validated with the HS256 key in the dict
   # (fs:posix: the file <prefix><azp>/<alg>/<kid>, "default" for a missing
   # azp or kid; its content the key in base64), the user from "sub".
@@ -243,6 +257,8 @@ introspection_mode = local
 local_validation_key_dict = fs:posix:prefix=$home/oauth2/keys/
 username_attribute = sub
 OAUTH2
+  # The master oauth2 passdb: only dibs's tokens.
+  { cat "$home/oauth2.conf"; printf 'active_attribute = sub\nactive_value = dibs\n'; } >"$home/oauth2-master.conf"
   is_root && chown "$user:$group" "$home/mail"
   cat >"$dir/dovecot.conf.new" <<EOF
 # Written by scripts/imap.sh: a throwaway IMAP server for dibs's tests,
@@ -278,18 +294,33 @@ first_valid_gid = $gid
 last_valid_gid = 0
 
 # A master user's password, when a login asks for another's mailbox
-# (PLAIN with an authorization identity); result_success = continue: that
-# user must exist in the passdbs below.
+# (PLAIN with an authorization identity), or a master user's token (the
+# user name other*dibs: auth_master_user_separator); result_success =
+# continue: that user must exist in the passdbs below.
+auth_master_user_separator = *
 passdb {
   driver = passwd-file
   master = yes
+  mechanisms = plain login
   result_success = continue
   args = scheme=PLAIN username_format=%u $home/masters
 }
 passdb {
   driver = oauth2
+  master = yes
+  mechanisms = xoauth2 oauthbearer
+  result_success = continue
+  args = $home/oauth2-master.conf
+}
+passdb {
+  driver = oauth2
   mechanisms = xoauth2 oauthbearer
   args = $home/oauth2.conf
+}
+passdb {
+  driver = passwd-file
+  mechanisms = xoauth2 oauthbearer
+  args = scheme=PLAIN username_format=%u $home/oauth2-users
 }
 passdb {
   driver = passwd-file

@@ -3,10 +3,15 @@
 // the key in DIBS_IMAP_OAUTH2_KEY; `dibs` is a master user): XOAUTH2 and
 // OAUTHBEARER with and without SASL-IR, a SELECT and an APPEND after each;
 // AUTHENTICATE PLAIN, and as the master user into `other`'s mailbox (not as
-// `third`); an expired token renewed through the provider, called again
-// after a reconnect; tokens for another user, signed with another key, or
-// no JWT at all, refused twice and not transient; secrets in no message,
-// nor in the output of the demo run with --imap-token-cmd. The wire forms,
+// `third`); XOAUTH2 and OAUTHBEARER with an authorization identity (dibs's
+// token into other's mailbox, in Dovecot's master-user form `other*dibs`:
+// the only form Dovecot 2.3 takes; `other` with dibs's token and third's
+// token as `other*third` refused); login counts read from Dovecot's log,
+// polled for, of logins only these tests make; an expired token renewed
+// through the provider, called again after a reconnect; tokens for another
+// user, signed with another key, or no JWT at all, refused twice and not
+// transient; secrets in no message, nor in the output of the demo run with
+// --imap-token-cmd. The wire forms,
 // throttling words and the failures a scripted server makes (a connection
 // cut mid-AUTHENTICATE, a malformed reply during it, a provider that
 // throws): imap_client_test.cpp.
@@ -45,10 +50,12 @@ struct token_script {
   }
 };
 
-// Returns: the tests' server, logging in as user dibs with the tokens of
-// `tokens` (no password) by `mech`.
-dibs::imap::options oauth(const token_script& tokens, auth_mechanism mech = auth_mechanism::automatic) {
+// Returns: the tests' server, logging in as `user` (dibs unless said) with
+// the tokens of `tokens` (no password) by `mech`.
+dibs::imap::options oauth(const token_script& tokens, auth_mechanism mech = auth_mechanism::automatic,
+                          const std::string& user = {}) {
   auto o = imap::options();
+  if (!user.empty()) o.user = user;
   o.password.clear();
   o.oauth2_token = tokens.provider();
   o.auth = mech;
@@ -66,12 +73,16 @@ std::size_t logins(const std::string& user, const std::string& method) {
 }
 
 // Returns: the number of logins of `user` by `method` in the log once it
-// shows more than `before` (the login process writes its line around the
-// time its OK is sent), or after 30 s.
-std::size_t logins_after(const std::string& user, const std::string& method, std::size_t before) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds{30};
+// shows `expected` of them or more (the log process writes a login's line
+// some time after its OK was sent, later on a loaded machine), or after
+// 120 s. A test counting them exactly logs in as a user and by a mechanism
+// no other test's successful logins use (`third`; dibs logs in by LOGIN,
+// logged as method=PLAIN, all over the suite, and a line of an earlier
+// test written late would be counted).
+std::size_t logins_reach(const std::string& user, const std::string& method, std::size_t expected) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds{120};
   auto n = logins(user, method);
-  while (n <= before && std::chrono::steady_clock::now() < until) {
+  while (n < expected && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds{20});
     n = logins(user, method);
   }
@@ -128,26 +139,30 @@ TEST_CASE("XOAUTH2 and OAUTHBEARER, with SASL-IR and without: logged in, SELECT 
       // automatic: OAUTHBEARER, which Dovecot announces.
       const std::string method = mech == auth_mechanism::xoauth2 ? "XOAUTH2" : "OAUTHBEARER";
       INFO(method << (mech == auth_mechanism::automatic ? " (automatic)" : "") << (sasl_ir ? " with SASL-IR" : " without"));
-      const auth_test::token_script tokens{{imap::jwt("dibs")}};
-      auto o = auth_test::oauth(tokens, mech);
+      // As third: the log is counted (see logins_reach).
+      const auth_test::token_script tokens{{imap::jwt("third")}};
+      auto o = auth_test::oauth(tokens, mech, "third");
       o.sasl_ir = sasl_ir;
-      const auto before = auth_test::logins("dibs", method);
+      const auto before = auth_test::logins("third", method);
       dibs::imap::session s{o};
       CHECK(s.has("IDLE"));  // the logged-in state's capabilities
       auth_test::use(s, "oauth");
       CHECK(*tokens.calls == std::vector<bool>{false});
-      CHECK(auth_test::logins_after("dibs", method, before) == before + 1);
+      CHECK(auth_test::logins_reach("third", method, before + 1) == before + 1);
     }
 }
 
-TEST_CASE("AUTHENTICATE PLAIN: dibs's own mailbox, as master user into other's (seen by other), not as third") {
+TEST_CASE("AUTHENTICATE PLAIN: a user's own mailbox, dibs as master user into other's (seen by other), not as third") {
   auto plain = imap::options();
   plain.auth = auth_mechanism::plain;
   {
-    const auto before = auth_test::logins("dibs", "PLAIN");
+    // As third: the log is counted (see logins_reach).
+    plain.user = "third";
+    plain.password = "third-secret";
+    const auto before = auth_test::logins("third", "PLAIN");
     dibs::imap::session s{plain};
     auth_test::use(s, "plain");
-    CHECK(auth_test::logins_after("dibs", "PLAIN", before) == before + 1);
+    CHECK(auth_test::logins_reach("third", "PLAIN", before + 1) == before + 1);
   }
   // dibs, a master user, logs in as other (automatic: PLAIN, for the authzid).
   auto as_other = imap::options();
@@ -187,6 +202,67 @@ TEST_CASE("AUTHENTICATE PLAIN: dibs's own mailbox, as master user into other's (
   // LOGIN cannot carry the authorization identity.
   as_other.auth = auth_mechanism::login;
   CHECK(auth_test::refusal(as_other).code() == std::errc::not_supported);
+}
+
+// The authorization identity with a token (Exchange's shared-mailbox form:
+// XOAUTH2's user=, OAUTHBEARER's a= naming another mailbox than the
+// token's user). Dovecot 2.3.19 checks the token's user ("sub") against
+// that name and has no rule letting one user's token into another's
+// mailbox, save its master-user form: the name `other*dibs`
+// (auth_master_user_separator) and a master oauth2 passdb that takes dibs's
+// tokens (scripts/imap.sh). So the identity sent here is `other*dibs`,
+// which Exchange would not take; the plain `other` with dibs's token is
+// refused, as on Exchange without FullAccess.
+TEST_CASE("XOAUTH2 and OAUTHBEARER with an authzid: dibs's token into other's mailbox (Dovecot's master form), refused as plain 'other' and for third") {
+  for (const auto mech : {auth_mechanism::xoauth2, auth_mechanism::oauthbearer}) {
+    const std::string method = mech == auth_mechanism::xoauth2 ? "XOAUTH2" : "OAUTHBEARER";
+    INFO(method);
+    const auth_test::token_script tokens{{imap::jwt("dibs")}};
+    auto o = auth_test::oauth(tokens, mech);
+    o.authzid = "other*dibs";
+    const auto folder = imap::fresh_folder("oauth-as");
+    // Only this test logs into other's mailbox with a token: counted exactly.
+    const auto before = auth_test::logins("other", method);
+    std::uint32_t uid = 0;
+    {
+      dibs::imap::session s{o};
+      s.check(s.run("CREATE " + dibs::imap::quote(folder)), "CREATE");
+      uid = imap::append(s, folder, "Subject: for other by token\r\n\r\nput there with dibs's token\r\n");
+    }
+    CHECK(*tokens.calls == std::vector<bool>{false});
+    CHECK(auth_test::logins_reach("other", method, before + 1) == before + 1);
+    auto own = imap::options();
+    own.user = "other";
+    own.password = "other-secret";
+    {
+      dibs::imap::session s{own};
+      CHECK(imap::all_uids(s, folder) == std::set<std::uint32_t>{uid});
+      CHECK(imap::subject(s, uid) == "Subject: for other by token");
+      s.check(s.run("CLOSE"), "CLOSE");
+      s.check(s.run("DELETE " + dibs::imap::quote(folder)), "DELETE");
+    }
+    {  // not in dibs's own mailbox
+      dibs::imap::session s{imap::options()};
+      CHECK_FALSE(s.run(fmt::format("STATUS {} (MESSAGES)", dibs::imap::quote(folder))).ok());
+    }
+    // dibs's token for 'other' as such, and third's in the master form: refused
+    // twice (renewed once), permission_denied, not transient.
+    struct attempt {
+      std::string token_user, authzid;
+    };
+    for (const auto& [token_user, authzid] : {attempt{"dibs", "other"}, attempt{"third", "other*third"}}) {
+      INFO(token_user << "'s token as " << authzid);
+      const auth_test::token_script refused_tokens{{imap::jwt(token_user)}};
+      auto r = auth_test::oauth(refused_tokens, mech, token_user);
+      r.authzid = authzid;
+      const auto e = auth_test::refusal(r);
+      CHECK(e.code() == std::errc::permission_denied);
+      CHECK_FALSE(dibs::is_transient(e.code()));
+      CHECK_THAT(e.what(), Contains(fmt::format("user '{}' as '{}'", token_user, authzid)) &&
+                               Contains("AUTHENTICATE " + method + ", twice"));
+      CHECK(*refused_tokens.calls == std::vector<bool>{false, true});
+    }
+  }
 }
 
 TEST_CASE("an expired token is renewed through the provider once, and the provider is asked again after a reconnect") {
