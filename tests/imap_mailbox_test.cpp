@@ -652,7 +652,7 @@ TEST_CASE("imap_mailbox: keywords sent ahead are set by the mailbox's next comma
     CHECK(shown(uid) == std::vector<std::string>{"$Completed"});
   }
   CHECK(uids.size() == 2);  // two messages, each handled once
-  CHECK(store.keys().size() == 2);
+  CHECK(store.keys("mail/").size() == 2);  // the claims (beside them, the mailbox's key-scheme record)
 }
 
 // ---- The folder view ----
@@ -1056,4 +1056,178 @@ TEST_CASE("imap_mailbox, folder view: a message without Message-ID is handled on
     if (!e.key.empty()) ++states[e.status.state];
   CHECK(states == std::map<dibs::claim_state, int>{{dibs::claim_state::completed, 1}, {dibs::claim_state::failed, 1}});
   CHECK_FALSE(box.next(300ms));  // nothing left to hand out
+}
+
+// ---- One key scheme per mailbox (the store's record "mailbox/<mailbox>/keyed-by") ----
+
+namespace {
+
+// Returns: the records of the claims folder whose keys start with `prefix`, sorted.
+std::vector<std::string> keys_of(dibs::imap_store& store, const std::string& prefix) {
+  auto keys = store.keys(prefix);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+}  // namespace
+
+TEST_CASE("imap_mailbox: over a keyword view's claims keyed by UID, the folder view is refused, naming the record, "
+          "and nothing is moved or claimed; also where the record is missing (a deployment older than it)") {
+  const auto mailbox = dibs_test::imap::fresh_folder("kswitch");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  deliver(s, mailbox, 0, 2);
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("kswitchclaims")}};
+  const auto record = "mailbox/" + mailbox + "/keyed-by";
+  {  // the keyword view, keyed by UID (automatic): handles both, marked $Completed in the mailbox
+    dibs::imap_mailbox box{server, store, {.mailbox = mailbox, .on_note = [](std::string_view) {}}};
+    CHECK(box.keyed_by() == dibs::imap_mailbox::key_by::uid);
+    int handled = 0;
+    while (auto m = box.next(300ms)) {
+      CHECK(m->key().find("/uid/") != std::string::npos);
+      m->complete();
+      ++handled;
+    }
+    CHECK(handled == 2);
+  }
+  REQUIRE(store.read(record));
+  CHECK(store.read(record)->value == "uid");
+  deliver(s, mailbox, 2, 3);  // a new one, not claimed yet
+  const auto claims_before = keys_of(store, "mail/");
+  REQUIRE(claims_before.size() == 2);
+  const auto refused = [&](const std::string& why) {
+    INFO(why);
+    try {
+      dibs::imap_mailbox box{server, store, {.mailbox = mailbox, .view = view_by::folders, .on_note = [](std::string_view) {}}};
+      FAIL("the folder view was accepted over claims keyed by UID");
+    } catch (const std::system_error& e) {
+      CHECK(e.code() == dibs::errc::invalid_argument);
+      CHECK_FALSE(dibs::is_transient(e.code()));
+      CHECK_THAT(e.what(), Catch::Contains("mailbox '" + mailbox + "'"));
+      CHECK_THAT(e.what(), Catch::Contains("'" + record + "'"));
+      CHECK_THAT(e.what(), Catch::Contains("keyed by uid"));
+      CHECK_THAT(e.what(), Catch::Contains("key them by message-id"));
+      CHECK_THAT(e.what(), Catch::Contains("Keep the keyword view"));
+      CHECK_THAT(e.what(), Catch::Contains("new claims folder"));
+    }
+    // Nothing moved, claimed or made: the three messages in the mailbox, no folder under it, the same claims.
+    CHECK(dibs_test::imap::messages(s, mailbox) == 3);
+    const auto listed = s.run(fmt::format("LIST \"\" {}", dibs::imap::quote(mailbox + "/*")));
+    s.check(listed, "list");
+    CHECK(listed.untagged.empty());
+    CHECK(keys_of(store, "mail/") == claims_before);
+    CHECK(store.read(record)->value == "uid");
+  };
+  refused("the record written by the keyword view");
+  // A deployment older than the record: only its claims say how it keyed them.
+  const auto r = store.read(record);
+  REQUIRE(store.erase(record, r->version));
+  REQUIRE_FALSE(store.read(record));
+  refused("no record, claims keyed by UID");
+  CHECK(keys_of(store, "mailbox/") == std::vector<std::string>{record});  // made again, from the claims
+  // The keyword view still works, and hands out the new message once.
+  dibs::imap_mailbox box{server, store, {.mailbox = mailbox, .on_note = [](std::string_view) {}}};
+  auto m = box.next(1s);
+  REQUIRE(m);
+  CHECK(m->key().find("/uid/") != std::string::npos);
+  m->complete();
+  CHECK_FALSE(box.next(300ms));
+}
+
+TEST_CASE("imap_mailbox: watchers that start at once with different key schemes agree on one record: those asking "
+          "for the other scheme are refused") {
+  using key_by = dibs::imap_mailbox::key_by;
+  const auto server = dibs_test::imap::options();
+  for (int round = 0; round < 3; ++round) {
+    const auto mailbox = dibs_test::imap::fresh_folder("krace");
+    {
+      dibs::imap::session s{server};
+      s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+    }
+    const auto claims = dibs_test::imap::fresh_folder("kraceclaims");
+    constexpr int watchers = 6;
+    // Each thread's own store (connection), as separate processes have.
+    std::vector<std::unique_ptr<dibs::imap_store>> stores;
+    for (int i = 0; i < watchers; ++i)
+      stores.push_back(std::make_unique<dibs::imap_store>(server, dibs::imap_store_options{.folder = claims}));
+    std::atomic<int> ready{0};
+    std::vector<std::optional<key_by>> got(watchers);  // what each opened with; nothing: refused
+    std::vector<std::string> errors(watchers);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < watchers; ++i)
+      threads.emplace_back([&, i] {
+        const auto want = i % 2 ? key_by::uid : key_by::message_id;
+        ++ready;
+        while (ready < watchers) std::this_thread::yield();  // all start together
+        try {
+          dibs::imap_mailbox box{server, *stores[i], {.mailbox = mailbox, .key = want, .on_note = [](std::string_view) {}}};
+          got[i] = box.keyed_by();
+        } catch (const std::system_error& e) {
+          errors[i] = fmt::format("{} ({})", e.what(), e.code() == dibs::errc::invalid_argument);
+        }
+      });
+    for (auto& t : threads) t.join();
+    dibs::imap_store store{server, {.folder = claims}};
+    REQUIRE(keys_of(store, "mailbox/") == std::vector<std::string>{"mailbox/" + mailbox + "/keyed-by"});
+    const auto scheme = store.read("mailbox/" + mailbox + "/keyed-by")->value;
+    REQUIRE((scheme == "uid" || scheme == "message-id"));
+    const auto agreed = scheme == "uid" ? key_by::uid : key_by::message_id;
+    int opened = 0;
+    for (int i = 0; i < watchers; ++i) {
+      INFO("watcher " << i << ": " << errors[i]);
+      const auto want = i % 2 ? key_by::uid : key_by::message_id;
+      if (want == agreed) {
+        REQUIRE(got[i]);
+        CHECK(*got[i] == agreed);
+        ++opened;
+      } else {
+        CHECK_FALSE(got[i]);
+        CHECK_THAT(errors[i], Catch::EndsWith("(true)"));  // invalid_argument
+      }
+    }
+    CHECK(opened == watchers / 2);
+  }
+}
+
+TEST_CASE("imap_mailbox: key_by::automatic adopts the record's scheme: Message-ID in the keyword view where the "
+          "first watcher keyed by it, and the folder view over it") {
+  using key_by = dibs::imap_mailbox::key_by;
+  const auto mailbox = dibs_test::imap::fresh_folder("kadopt");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  deliver(s, mailbox, 0, 2);
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("kadoptclaims")}};
+  {  // the first watcher keys by Message-ID
+    dibs::imap_mailbox first{server, store, {.mailbox = mailbox, .key = key_by::message_id}};
+    CHECK(first.keyed_by() == key_by::message_id);
+    auto m = first.next(1s);
+    REQUIRE(m);
+    CHECK(m->key().find("/id/") != std::string::npos);
+    m->complete();
+  }
+  std::vector<std::string> notes;
+  dibs::imap_mailbox box{server, store, {.mailbox = mailbox, .on_note = [&](std::string_view n) { notes.emplace_back(n); }}};
+  CHECK(box.view() == view_by::keywords);
+  CHECK(box.keyed_by() == key_by::message_id);  // adopted, not UID (automatic's own choice in the keyword view)
+  CHECK(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
+          return n.find("keyed by Message-ID, as the record") != std::string::npos;
+        }) == 1);
+  auto m = box.next(1s);
+  REQUIRE(m);
+  CHECK(m->key().find("/id/") != std::string::npos);
+  m->complete();
+  CHECK_FALSE(box.next(300ms));  // the first one is completed under its Message-ID: not handed out again
+  // key_by::uid is refused here, with what to do.
+  try {
+    dibs::imap_mailbox other{server, store, {.mailbox = mailbox, .key = key_by::uid}};
+    FAIL("key_by::uid was accepted over a record of message-id");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == dibs::errc::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains("Use key_by::automatic"));
+  }
+  // And the folder view opens over it.
+  dibs::imap_mailbox folders{server, store, {.mailbox = mailbox, .view = view_by::folders, .on_note = [](std::string_view) {}}};
+  CHECK(folders.keyed_by() == key_by::message_id);
 }

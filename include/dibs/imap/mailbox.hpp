@@ -92,8 +92,19 @@
 //     cannot;
 //   - puts one in Done whose claim is not completed: it is left there, and
 //     a worker that claims it and finds it only there says so.
-// Every watcher of a mailbox must use the same view (automatic chooses the
-// same on one server).
+//
+// One key scheme per mailbox: watchers keying its messages differently (by
+// UID, by Message-ID) would each claim the same message. The first watcher
+// of a mailbox writes the scheme into the store, create-if-absent
+// ("mailbox/<mailbox>/keyed-by": "uid" or "message-id"; where the store
+// already holds claims of the mailbox, from before this record, their
+// scheme). Every watcher after it keys so: key_by::automatic adopts the
+// record where its view allows (the keyword view allows both, the folder
+// view needs Message-IDs); otherwise its constructor throws
+// errc::invalid_argument, naming the record. So a mailbox the keyword view
+// kept (keyed by UID, its handled messages still in it) is not switched to
+// the folder view under the same claims: that takes stopping every watcher,
+// moving the handled messages out, and a new claims folder.
 #pragma once
 
 
@@ -169,6 +180,7 @@ class imap_mailbox {
 public:
   using claims_type = marker_claim<imap_store>;
   using view_by = imap_mailbox_options::view_by;
+  using key_by = imap_mailbox_options::key_by;
 
   /// A message this worker holds the claim on.
   class mail {
@@ -274,7 +286,10 @@ public:
   /// Requires: `store` outlives this object. Throws: a refused login, the
   /// mailbox missing or read-only, naming server and mailbox;
   /// errc::invalid_argument for key_by::uid with view_by::folders (before
-  /// connecting), or folder names that are not four different folders;
+  /// connecting), a key scheme other than the store's record for the
+  /// mailbox that key_by::automatic cannot adopt (see the top of this
+  /// header; nothing is moved, claimed or created then), or folder names
+  /// that are not four different folders;
   /// std::errc::not_supported for the folder view on a server with
   /// neither MOVE nor UIDPLUS.
   imap_mailbox(imap::options server, imap_store& store, imap_mailbox_options o = {})
@@ -300,6 +315,9 @@ public:
   /// Returns: the view in use, keywords or folders (automatic is resolved
   /// when the mailbox is opened).
   view_by view() const noexcept { return folders_ ? view_by::folders : view_by::keywords; }
+  /// Returns: what claims are keyed by, uid or message_id (the store's
+  /// record for the mailbox, which key_by::automatic adopts).
+  key_by keyed_by() const noexcept { return by_id_ ? key_by::message_id : key_by::uid; }
   /// Returns: the folder view's folders, full names (empty in the keyword view).
   const std::string& processing_folder() const noexcept { return processing_; }
   const std::string& done_folder() const noexcept { return done_; }
@@ -911,9 +929,8 @@ private:
   // Chooses the view (automatic: by the PERMANENTFLAGS of the mailbox's
   // SELECT) and, for the folder view, sets up its folders.
   void choose_view() {
-    using key_by = imap_mailbox_options::key_by;
     folders_ = opts_.view == view_by::folders || (opts_.view == view_by::automatic && !keeps_keywords_);
-    by_id_ = folders_ || opts_.key == key_by::message_id;
+    by_id_ = agree_on_keys();
     if (!folders_) return;
     setup_folders();
     if (opts_.view == view_by::automatic)
@@ -923,6 +940,78 @@ private:
                        where(), processing_, done_, failed_,
                        opts_.key == key_by::uid ? " (not by UID, as options.key said: a move gives a message a new UID)"
                                                 : ""));
+  }
+
+  // The store's record of how the mailbox's claims are keyed: one scheme
+  // for every watcher, whatever each one's options and view.
+  std::string scheme_key() const {
+    auto key = fmt::format("mailbox/{}/keyed-by", opts_.mailbox);
+    if (key.size() <= key_rules::max_key_size) return key;
+    return fmt::format("mailbox-digest/{}/keyed-by", digest(opts_.mailbox));
+  }
+
+  // Agrees with the store's record of the mailbox's key scheme ("uid" or
+  // "message-id"), creating it if absent (create-if-absent: of watchers
+  // starting at once, one writes it and the others read it). An absent
+  // record over claims of the mailbox (a deployment older than the record)
+  // takes their scheme: Message-ID if any claim is keyed by one (a message
+  // without Message-ID is keyed by its UID under either scheme), else UID.
+  // Returns: true if claims are keyed by Message-ID. Throws:
+  // errc::invalid_argument if the options ask for the other scheme and
+  // key_by::automatic cannot adopt the record's (the folder view needs
+  // Message-IDs); as the store's read and create.
+  bool agree_on_keys() {
+    const bool wants_id = folders_ || opts_.key == key_by::message_id;
+    const std::string wanted = wants_id ? "message-id" : "uid";
+    const auto key = scheme_key();
+    std::string record;
+    for (int round = 0; record.empty(); ++round) {
+      if (auto r = store_->read(key)) {
+        record = r->value;
+        break;
+      }
+      if (round == 3)  // created and erased again between each create and read: someone is erasing it
+        throw std::system_error(make_error_code(errc::contended),
+                                fmt::format("dibs::imap_mailbox: {}: the record '{}' in {} of how the mailbox's "
+                                            "claims are keyed was erased each time after it was created",
+                                            where(), key, store_->where()));
+      const auto prefix = fmt::format("mail/{}/", opts_.mailbox);
+      bool ids = false, uids = false;
+      for (const auto& k : store_->keys(prefix)) {
+        const std::string_view rest = std::string_view{k}.substr(prefix.size());
+        ids = ids || rest.starts_with("id/") || rest.starts_with("id-digest/");
+        uids = uids || rest.starts_with("uid/");
+      }
+      const std::string mine = ids ? "message-id" : uids ? "uid" : wanted;
+      if (store_->create(key, mine)) record = mine;
+    }
+    if (record != "uid" && record != "message-id")
+      throw std::system_error(make_error_code(errc::corrupt_record),
+                              fmt::format("dibs::imap_mailbox: {}: the record '{}' in {} of how the mailbox's claims "
+                                          "are keyed says '{}', neither 'uid' nor 'message-id'",
+                                          where(), key, store_->where(), record));
+    if (record == wanted) return wants_id;
+    const bool record_id = record == "message-id";
+    if (opts_.key == key_by::automatic && (!folders_ || record_id)) {
+      note(fmt::format("the claims of {} are keyed by {}, as the record '{}' in {} says (the scheme of the mailbox's "
+                       "first watcher), so this watcher keys them so too",
+                       where(), record_id ? "Message-ID" : "UID", key, store_->where()));
+      return record_id;
+    }
+    const std::string mine = folders_ ? "the folder view, which keys by Message-ID (a move gives a message a new UID)"
+                                      : fmt::format("options.key, key_by::{}", wanted == "uid" ? "uid" : "message_id");
+    throw std::system_error(
+        make_error_code(errc::invalid_argument),
+        fmt::format("dibs::imap_mailbox: {}: its claims are keyed by {} (the record '{}' in {}, written by the "
+                    "mailbox's first watcher), but this watcher would key them by {}, for {}: watchers keying one "
+                    "mailbox differently would each claim the same message, so it is refused. {}",
+                    where(), record, key, store_->where(), wanted, mine,
+                    folders_ ? fmt::format("Keep the keyword view (view_by::keywords, on a server that keeps "
+                                           "keywords), or stop every watcher of the mailbox, move the messages it "
+                                           "handled out of '{}', and start the folder view with a new claims folder "
+                                           "(imap_store_options::folder)",
+                                           opts_.mailbox)
+                             : std::string{"Use key_by::automatic, which adopts the record's scheme"}));
   }
 
   void setup_folders() {
