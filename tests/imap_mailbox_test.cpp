@@ -15,7 +15,11 @@
 #include "imap_support.hpp"
 #include "support.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1230,4 +1234,138 @@ TEST_CASE("imap_mailbox: key_by::automatic adopts the record's scheme: Message-I
   // And the folder view opens over it.
   dibs::imap_mailbox folders{server, store, {.mailbox = mailbox, .view = view_by::folders, .on_note = [](std::string_view) {}}};
   CHECK(folders.keyed_by() == key_by::message_id);
+}
+
+TEST_CASE("imap_mailbox, folder view: a claim won on a stale sighting (the message moved away since the look) is "
+          "given back without costing an attempt, and the message is handed out when it comes back") {
+  const auto mailbox = dibs_test::imap::fresh_folder("fstale");
+  const auto elsewhere = dibs_test::imap::fresh_folder("fstaleaway");
+  dibs::imap::session s{dibs_test::imap::options()};
+  for (const auto& f : {mailbox, elsewhere}) s.check(s.run("CREATE " + dibs::imap::quote(f)), "create");
+  deliver(s, mailbox, 0, 2);
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("fstaleclaims")}};
+  std::vector<std::string> notes;
+  // One attempt: a given-back claim that counted one would fail the message.
+  dibs::imap_mailbox box{server, store,
+                         {.mailbox = mailbox,
+                          .view = view_by::folders,
+                          .claims = {.lease = 60s, .max_attempts = 1, .retry_backoff = std::nullopt},
+                          .on_note = [&](std::string_view n) { notes.emplace_back(n); }}};
+  auto first = box.next(1s);  // its look saw both
+  REQUIRE(first);
+  // A person moves the other one away at once: the watcher's sighting of it is stale.
+  s.check(s.run("SELECT " + dibs::imap::quote(mailbox)), "select");
+  s.check(s.run("UID MOVE 1:* " + dibs::imap::quote(elsewhere)), "move away");
+  s.check(s.run("UNSELECT"), "unselect");
+  CHECK_FALSE(box.next(0ms));  // claims it from the sighting, finds it gone, gives it back
+  REQUIRE(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
+            return n.find("is in neither the mailbox nor") != std::string::npos;
+          }) == 1);  // the stale sighting was claimed
+  const auto other = "mail/" + mailbox + "/id/" + order_id(first->raw().find("order 0") != std::string::npos ? 1 : 0);
+  const auto st = box.claims().status(other);
+  CHECK(st.state == dibs::claim_state::released);
+  CHECK(st.attempts == 0);
+  first->complete();
+  // It comes back: handed out, on its first attempt.
+  s.check(s.run("SELECT " + dibs::imap::quote(elsewhere)), "select");
+  s.check(s.run("UID MOVE 1:* " + dibs::imap::quote(mailbox)), "move back");
+  s.check(s.run("UNSELECT"), "unselect");
+  auto again = box.next(10s);
+  REQUIRE(again);
+  CHECK(again->key() == other);
+  CHECK(again->attempts() == 1);
+  again->complete();
+  check_done_once(mailbox, box.processing_folder(), box.done_folder(), box.failed_folder(), 2);
+}
+
+TEST_CASE("imap_mailbox: next() backs off while the server is away: a few reconnections in 3 s, not one each 200 ms") {
+  std::optional<imap_proxy> proxy{std::in_place, std::vector<std::string>{}};
+  const auto through = proxy->options();
+  const auto mailbox = dibs_test::imap::fresh_folder("backoff");
+  {
+    dibs::imap::session s{dibs_test::imap::options()};
+    s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  }
+  dibs::imap_store store{dibs_test::imap::options(), {.folder = dibs_test::imap::fresh_folder("backoffclaims")}};
+  dibs::imap_mailbox box{through, store, {.mailbox = mailbox, .on_note = [](std::string_view) {}}};
+  CHECK_FALSE(box.next(0ms));
+  proxy.reset();  // the server is gone: in its place a listener that counts connections and says BYE to each
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  const int one = 1;
+  ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(std::stoi(through.port)));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener, 16) == 0);
+  std::atomic<bool> stop{false};
+  std::atomic<int> connections{0};
+  std::thread counter([&] {
+    while (!stop) {
+      pollfd p{listener, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const int fd = ::accept(listener, nullptr, nullptr);
+      if (fd < 0) continue;
+      ++connections;
+      constexpr std::string_view bye = "* BYE the server is going away\r\n";
+      (void)!::write(fd, bye.data(), bye.size());
+      ::close(fd);
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_FALSE(box.next(3s));  // waits the failures out, up to its wait
+  const auto took = std::chrono::steady_clock::now() - start;
+  stop = true;
+  counter.join();
+  ::close(listener);
+  INFO("connections: " << connections << " in " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                       << " ms");
+  CHECK(took >= 3s);
+  // Backing off 200 ms doubling (equal jitter: at least half of each), the
+  // tries start by 0, 0.1-0.2, 0.3-0.6, 0.7-1.4 and 1.5-3 s: at most 5 in 3 s
+  // (each may connect twice: once for the command, once more before it
+  // gives up), where a try each 200 ms makes 15.
+  CHECK(connections >= 2);
+  CHECK(connections <= 10);
+}
+
+TEST_CASE("imap_mailbox: the Message-ID is the first field's <...>, unfolded, without comments or whitespace") {
+  const auto mailbox = dibs_test::imap::fresh_folder("mids");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"Message-ID: <two@shop.example>\r\nMessage-ID: <second@shop.example>\r\n", "<two@shop.example>"},
+      {"Message-ID: (a comment (nested)) <commented@shop.example> (added)\r\n", "<commented@shop.example>"},
+      {"Message-ID:\r\n  <folded@shop.example>\r\n", "<folded@shop.example>"},
+      {"Message-ID: <\"a b\"@shop.example>\r\n", "<\"a b\"@shop.example>"},
+  };
+  for (const auto& [header, id] : cases) {
+    const auto text = "Subject: order\r\n" + header + "\r\nbody\r\n";
+    s.check(s.run(fmt::format("APPEND {} {{{}+}}\r\n{}", dibs::imap::quote(mailbox), text.size(), text)), "deliver");
+  }
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("midsclaims")}};
+  dibs::imap_mailbox box{server, store,
+                         {.mailbox = mailbox, .view = view_by::folders, .on_note = [](std::string_view) {}}};
+  std::set<std::string> ids;
+  while (auto m = box.next(300ms)) {
+    ids.insert(m->message_id());
+    m->complete();
+  }
+  std::set<std::string> want;
+  for (const auto& c : cases) want.insert(c.second);
+  CHECK(ids == want);
+  // Each is found by SEARCH HEADER Message-ID (what a repair and a server without UIDPLUS rely on).
+  s.check(s.run("SELECT " + dibs::imap::quote(box.done_folder())), "select");
+  for (const auto& id : want) {
+    INFO(id);
+    const auto r = s.run(fmt::format("UID SEARCH HEADER Message-ID {}", dibs::imap::quote(id)));
+    s.check(r, "search");
+    REQUIRE(r.untagged.size() == 1);
+    CHECK(r.untagged[0].size() > std::string_view{"SEARCH"}.size());  // a UID found
+  }
+  CHECK(dibs_test::imap::messages(s, box.done_folder()) == 4);
 }

@@ -36,7 +36,8 @@
 // that are gone. Failures of the server (restarting, unreachable, and
 // for 30 s after a reconnect an internal error, NO [SERVERBUG], which
 // Dovecot answers while it repairs what a crash left) are waited out
-// inside next() until its wait ends, and the store (imap_store) treats
+// inside next() until its wait ends (backing off: 200 ms doubling to 5 s,
+// with jitter, since each try may log in again), and the store (imap_store) treats
 // them as transient too: they cost no message an attempt; a refused login, a mailbox
 // that does not exist or is read-only throw, naming server and mailbox.
 // One thread uses an imap_mailbox (and the mail it hands out) at a time; it
@@ -128,6 +129,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/backoff.hpp>
 #include <dibs/imap/client.hpp>
 #include <dibs/imap/store.hpp>
 #include <dibs/lease_mutex.hpp>
@@ -328,6 +330,12 @@ public:
   std::optional<mail> next(std::chrono::milliseconds wait) {
     const auto end = std::chrono::steady_clock::now() + wait;
     const auto wake = recheck();
+    // Failures waited out back off (each try may reconnect and log in, and
+    // a throttling server counts logins): 200 ms doubling to 5 s, equal
+    // jitter, capped by the wait left.
+    const exponential_backoff backoff{std::chrono::milliseconds{200}, 2.0, std::chrono::seconds{5}, jitter::equal};
+    std::uint64_t failures = 0;
+    std::uniform_real_distribution<double> unit{0.0, 1.0};
     for (;;) {
       try {
         if (auto m = folders_ ? scan_folders_and_claim() : scan_and_claim()) return m;
@@ -344,8 +352,10 @@ public:
         if (!is_transient(e.code()) && e.code() != make_error_code(errc::outcome_unknown)) throw;
         selected_ = false;
         if (!session_.connected()) recovery_.lost();
-        if (std::chrono::steady_clock::now() >= end) return std::nullopt;
-        std::this_thread::sleep_for(std::chrono::milliseconds{200});
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= end) return std::nullopt;
+        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+            backoff.delay(failures++, {}, unit(rng_)), end - now));
       }
     }
   }
@@ -555,14 +565,54 @@ private:
         else if (imap::detail::istarts_with(items[i].text, "BODY[HEADER")) header = items[i + 1].text;
       }
       if (uid == 0) continue;
-      // "Message-ID: <a@b>\r\n\r\n", possibly folded
-      if (const auto colon = header.find(':'); colon != std::string::npos) {
-        for (const char c : header.substr(colon + 1))
-          if (c != ' ' && c != '\t' && c != '\r' && c != '\n') s.message_id += c;
-      }
+      s.message_id = message_id_of(header);
       out.emplace(uid, std::move(s));
     }
     return out;
+  }
+
+  // Returns: the msg-id of the first Message-ID field in `header` (the
+  // lines of BODY[HEADER.FIELDS (MESSAGE-ID)]: "Message-ID: <a@b>\r\n",
+  // possibly folded, possibly several fields): unfolded, comments and
+  // whitespace outside it removed, the "<...>" form as it is (a quoted
+  // local part keeps its spaces); without "<", the first word left. Empty
+  // if there is none.
+  static std::string message_id_of(std::string_view header) {
+    // The first field, unfolded: its lines up to one that does not start with a space or tab.
+    std::string value;
+    const auto colon = header.find(':');
+    if (colon == std::string_view::npos) return {};
+    for (std::size_t at = colon + 1; at < header.size();) {
+      auto eol = header.find('\n', at);
+      if (eol == std::string_view::npos) eol = header.size();
+      auto line = header.substr(at, eol - at);
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      value += line;
+      at = eol + 1;
+      if (at >= header.size() || (header[at] != ' ' && header[at] != '\t')) break;
+    }
+    std::string word;
+    int comment = 0;  // the depth of nested comments
+    for (std::size_t i = 0; i < value.size(); ++i) {
+      const char c = value[i];
+      if (comment > 0) {
+        if (c == '\\') ++i;
+        else if (c == '(') ++comment;
+        else if (c == ')') --comment;
+        continue;
+      }
+      if (c == '(') {
+        ++comment;
+      } else if (c == '<') {
+        const auto end = value.find('>', i);
+        return end == std::string::npos ? std::string{} : value.substr(i, end - i + 1);
+      } else if (c == ' ' || c == '\t') {
+        if (!word.empty()) return word;
+      } else {
+        word += c;
+      }
+    }
+    return word;
   }
 
   std::map<std::string, claim_status> states_now() {
@@ -833,7 +883,8 @@ private:
       note(fmt::format("message UID {} ({}) in {} was expunged before it was handled, and no other copy of it is "
                        "there: it is handed out when one comes back",
                        uid, s.message_id, where()));
-      c->release("expunged before it was handled; no other copy was in the mailbox");
+      // Given back unstarted: a stale sighting costs the item no attempt.
+      c->give_back_unstarted("expunged before it was handled; no other copy was in the mailbox");
     }
     return std::nullopt;
   }
@@ -1228,7 +1279,10 @@ private:
                                            "it is left there",
                                            done_)
                              : std::string{}));
-    claim.release("not in the mailbox or Processing when it was claimed");
+    // Given back unstarted: a claim won on a stale sighting (the message
+    // moved away since the look) costs the item no attempt; otherwise N
+    // watchers, each holding the sighting, would fail it.
+    claim.give_back_unstarted("not in the mailbox or Processing when it was claimed");
     return std::nullopt;
   }
 
