@@ -909,6 +909,37 @@ TEST_CASE("an OAuth2 token refused twice: permission_denied, not transient, nami
   CHECK(*tokens.calls == std::vector<bool>{false, true});
 }
 
+TEST_CASE("OAuth2 refusals a renewed token would meet again: not renewed (BAD, CANNOT, insufficient_scope, invalid_request)") {
+  struct refusal {
+    std::string mech, json, completion;
+  };
+  for (const auto& [mech, json, completion] :
+       {refusal{"XOAUTH2", "", "BAD [CANNOT] Unsupported mechanism"}, refusal{"XOAUTH2", "", "NO [CANNOT] not here"},
+        refusal{"OAUTHBEARER", R"({"status":"insufficient_scope","scope":"imap"})", "NO [AUTHENTICATIONFAILED] no"},
+        refusal{"OAUTHBEARER", R"({"status":"invalid_request"})", "NO [AUTHENTICATIONFAILED] no"}}) {
+    INFO(mech << " " << json << " " << completion);
+    const token_script tokens{{"tok-4", "tok-5"}};
+    scripted_server server([&](int fd) {
+      say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=" + mech + "] ready\r\n");
+      hear(fd, "\r\n");
+      if (!json.empty()) {
+        say(fd, "+ " + b64(json) + "\r\n");
+        hear(fd, "\r\n");
+      }
+      say(fd, "d1 " + completion + "\r\n");
+      hear(fd, "never");
+    });
+    auto o = oauth_at(server.port, tokens);
+    o.auth = mech == "XOAUTH2" ? dibs::imap::auth_mechanism::xoauth2 : dibs::imap::auth_mechanism::oauthbearer;
+    const auto [e, took] = refused(o);
+    CHECK(e.code() == std::errc::permission_denied);
+    CHECK_FALSE(dibs::is_transient(e.code()));
+    CHECK_THAT(e.what(), Catch::Contains("it was not renewed"));
+    CHECK(std::string_view(e.what()).find("twice") == std::string_view::npos);
+    CHECK(*tokens.calls == std::vector<bool>{false});
+  }
+}
+
 TEST_CASE("a login refused with throttling words or UNAVAILABLE is transient, the token not renewed for it") {
   for (const std::string no : {"NO [UNAVAILABLE] Try later", "NO Request is throttled. Suggested Backoff Time: 500 milliseconds",
                                "NO [ALERT] Too many simultaneous connections. (Failure)", "NO [THROTTLED] slow down"}) {
@@ -1052,7 +1083,7 @@ TEST_CASE("secrets: a connection cut mid-AUTHENTICATE, a malformed reply during 
   }
 }
 
-TEST_CASE("LOGINDISABLED on a plain connection: no token and no PLAIN password sent; automatic needs an announced OAuth2 mechanism") {
+TEST_CASE("LOGINDISABLED on a plain connection: no token and no PLAIN password sent, and automatic needs an announced OAuth2 mechanism") {
   // Connects to a server announcing `caps` that reads everything until the
   // client closes. Returns: the error, its text, what the server heard.
   struct outcome {
@@ -1129,7 +1160,7 @@ TEST_CASE("LOGINDISABLED on a plain connection: no token and no PLAIN password s
   CHECK(*tokens.calls == std::vector<bool>{false});
 }
 
-TEST_CASE("a refused OAuth2 token, then the connection lost before the retry's answer: permission_denied, not transient") {
+TEST_CASE("a token refused, then the connection lost: permission_denied, not transient, before or after the renewal") {
   const std::string old_token = "tok-old-Hh4Tq8", new_token = "tok-new-Jm2Wz6";
   enum class cut { bye_after_retry, closed_after_no, bye_after_challenge };
   for (const auto how : {cut::bye_after_retry, cut::closed_after_no, cut::bye_after_challenge}) {

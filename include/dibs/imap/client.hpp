@@ -34,7 +34,9 @@
 // options::auth = xoauth2 or oauthbearer sends the token anyway). The initial
 // response goes on the AUTHENTICATE line where the server announces SASL-IR
 // (RFC 4959). A token the server refuses is asked for once more, renewed
-// (oauth2_token(true)), and tried again; token_command() makes a provider
+// (oauth2_token(true)), and tried again (not for a refusal a renewed token
+// would meet again: BAD, [CANNOT], RFC 7628's insufficient_scope or
+// invalid_request); token_command() makes a provider
 // that runs a helper command, as mail clients do. Exchange Online logs into
 // a shared mailbox with the shared mailbox's address as the identity and a
 // licensed user's token:
@@ -1423,8 +1425,10 @@ private:
         throw;
       }
       if (r.completion.ok()) return logged_in(r.completion);
-      // Busy or throttling: no fault of the token's, and no reason to renew it.
-      if (refresh || detail::throttled(r.completion.code, r.completion.text)) refused(r.completion, how, r.status, refresh);
+      // Busy or throttling: no fault of the token's, and no reason to renew
+      // it; nor a refusal a renewed token would meet again (renewal_futile).
+      if (refresh || detail::throttled(r.completion.code, r.completion.text) || renewal_futile(r))
+        refused(r.completion, how, r.status, refresh);
       first_status = r.status;
     }
 #endif
@@ -1452,7 +1456,8 @@ private:
       why = "; the token was refused twice, the second time just after the provider was asked to renew it "
             "(oauth2_token(true)): it is expired and was not renewed, is for another user, lacks the IMAP scope, "
             "or its grant was revoked";
-    else if (token) why = "; check the token's user and scope";
+    else if (token)
+      why = "; check the token's user and scope (it was not renewed: a renewed token would be refused the same way)";
     else if (!opts_.authzid.empty())
       why = fmt::format("; check the user name and password, and that '{}' may log in as '{}'", opts_.user,
                         opts_.authzid);
@@ -1535,6 +1540,16 @@ private:
     std::string status;       // the "status" of the JSON error of an OAuth2 refusal ("" if none came)
     bool challenged = false;  // a "+" came after the response was sent: an error challenge (a refusal)
   };
+
+  // Returns: true if an OAuth2 refusal is one a renewed token would meet
+  // again: a BAD or [CANNOT] (the server does not take the mechanism or the
+  // request as sent), or RFC 7628's "insufficient_scope" or
+  // "invalid_request" (the same grant gives the same scope).
+  static bool renewal_futile(const sasl_result& r) {
+    const auto code = std::string_view(r.completion.code).substr(0, r.completion.code.find(' '));
+    return r.completion.status == "BAD" || detail::iequals(code, "CANNOT") || r.status == "insufficient_scope" ||
+           r.status == "invalid_request";
+  }
 
   // Runs one AUTHENTICATE `mech` with the client response `response`, sent
   // base64: on the AUTHENTICATE line where the server announces SASL-IR
