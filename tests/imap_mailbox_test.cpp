@@ -714,10 +714,11 @@ void check_done_once(const std::string& mailbox, const std::string& processing, 
 // tests' Dovecot, on a free loopback port it prints; killed at scope exit.
 class imap_proxy {
 public:
-  explicit imap_proxy(std::vector<std::string> flags) {
+  // `script`: a proxy of tests/scripts (imap_proxy_refusing.py: a server refusing SEARCH HEADER too).
+  explicit imap_proxy(std::vector<std::string> flags, const std::string& script = "imap_proxy.py") {
     const auto port_file = dir_.path / "port";
     const auto server = dibs_test::imap::options();
-    std::vector<std::string> args{"python3", std::string(DIBS_SOURCE_DIR) + "/tests/scripts/imap_proxy.py", "--to",
+    std::vector<std::string> args{"python3", std::string(DIBS_SOURCE_DIR) + "/tests/scripts/" + script, "--to",
                                   server.host + ":" + server.port, "--log", (dir_.path / "commands").string()};
     args.insert(args.end(), flags.begin(), flags.end());
     process_ = dibs_test::child{dibs_test::spawn([&] {
@@ -1368,4 +1369,94 @@ TEST_CASE("imap_mailbox: the Message-ID is the first field's <...>, unfolded, wi
     CHECK(r.untagged[0].size() > std::string_view{"SEARCH"}.size());  // a UID found
   }
   CHECK(dibs_test::imap::messages(s, box.done_folder()) == 4);
+}
+
+TEST_CASE("imap_mailbox, folder view: a message with an 8-bit Message-ID moved back by hand is repaired by its known "
+          "UID; a SEARCH the server refuses (NO [BADCHARSET], through a proxy) is noted and skipped, never thrown out "
+          "of next()") {
+  imap_proxy proxy{{}, "imap_proxy_refusing.py"};
+  const auto mailbox = dibs_test::imap::fresh_folder("f8bit");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  const std::string id = "<b\xc3\xa9ton-1@shop.example>";  // UTF-8 (RFC 6532)
+  const auto text = "Subject: order 0\r\nMessage-ID: " + id + "\r\n\r\nbody\r\n";
+  s.check(s.run(fmt::format("APPEND {} {{{}+}}\r\n{}", dibs::imap::quote(mailbox), text.size(), text)), "deliver");
+  const auto server = proxy.options();
+  dibs::imap_store store{dibs_test::imap::options(), {.folder = dibs_test::imap::fresh_folder("f8bitclaims")}};
+  std::vector<std::string> notes;
+  constexpr auto lease = 1s;
+  dibs::imap_mailbox box{server, store,
+                         {.mailbox = mailbox,
+                          .view = view_by::folders,
+                          .claims = {.lease = lease},
+                          .on_note = [&](std::string_view n) { notes.emplace_back(n); }}};
+  {
+    auto m = box.next(1s);
+    REQUIRE(m);
+    CHECK(m->message_id() == id);
+    m->complete();
+  }
+  CHECK_FALSE(box.next(0ms));
+  REQUIRE(dibs_test::imap::messages(s, box.done_folder()) == 1);
+  s.check(s.run("SELECT " + dibs::imap::quote(box.done_folder())), "select");
+  s.check(s.run("UID MOVE 1:* " + dibs::imap::quote(mailbox)), "move back");
+  s.check(s.run("UNSELECT"), "unselect");
+  int again = 0;
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < end &&
+         (dibs_test::imap::messages(s, mailbox) != 0 || dibs_test::imap::messages(s, box.done_folder()) != 1))
+    if (auto m = box.next(200ms)) {  // throws nothing
+      ++again;
+      m->complete();
+    }
+  CHECK(again == 0);
+  CHECK(dibs_test::imap::messages(s, mailbox) == 0);
+  CHECK(dibs_test::imap::messages(s, box.done_folder()) == 1);
+  CHECK(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
+          return n.find("it is not handled again") != std::string::npos;
+        }) == 1);
+  CHECK(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
+          return n.find("could not look for message") != std::string::npos && n.find("BADCHARSET") != std::string::npos;
+        }) >= 1);  // the repair's look in Done: refused, noted, the move made by the known UID
+  CHECK(proxy.sent("UID SEARCH") >= 1);
+}
+
+TEST_CASE("imap_mailbox, folder view: a second delivery of a handled Message-ID is moved to Done beside it a lease "
+          "later, never deleted, nor handled again") {
+  const auto mailbox = dibs_test::imap::fresh_folder("fsecond");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  deliver(s, mailbox, 0, 1);
+  const auto server = dibs_test::imap::options();
+  dibs::imap_store store{server, {.folder = dibs_test::imap::fresh_folder("fsecondclaims")}};
+  std::vector<std::string> notes;
+  dibs::imap_mailbox box{server, store,
+                         {.mailbox = mailbox,
+                          .view = view_by::folders,
+                          .claims = {.lease = 1s},
+                          .on_note = [&](std::string_view n) { notes.emplace_back(n); }}};
+  {
+    auto m = box.next(1s);
+    REQUIRE(m);
+    m->complete();
+  }
+  // The sender sends it again, with the same Message-ID (a different body: a new message a person must see).
+  const std::string text = "Subject: order 0, corrected\r\n" "Message-ID: " + order_id(0) + "\r\n\r\nnow 4 widgets\r\n";
+  s.check(s.run(fmt::format("APPEND {} {{{}+}}\r\n{}", dibs::imap::quote(mailbox), text.size(), text)), "deliver");
+  int again = 0;
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < end && dibs_test::imap::messages(s, mailbox) != 0)
+    if (auto m = box.next(200ms)) {
+      ++again;
+      m->complete();
+    }
+  CHECK(again == 0);  // one item, completed
+  const auto l = list_by_python({mailbox, box.processing_folder(), box.done_folder()});
+  CHECK(l.ids.at(box.done_folder()) == std::multiset<std::string>{order_id(0), order_id(0)});  // kept, both
+  CHECK(l.ids.at(mailbox).empty());
+  CHECK(l.ids.at(box.processing_folder()).empty());
+  CHECK(l.deleted == 0);
+  CHECK(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
+          return n.find("moved there beside it, not deleted") != std::string::npos;
+        }) == 1);
 }

@@ -76,13 +76,19 @@
 // the decision; after that the watchers repair it: a message found in the
 // mailbox or Processing whose claim is completed (failed), for a whole
 // lease, is moved to Done (Failed) by one of them (a lease_mutex in the
-// store, "view/<key>", keeps two from moving it at once; if a copy is in
-// Done already, left by a move a crash cut short between its copy and its
-// expunge, or a second delivery, the others are removed rather than
-// moved), so that Done holds each message once. A
-// message's current UID after a move comes from COPYUID (UIDPLUS), or
-// else from UID SEARCH HEADER Message-ID. What a person moving messages by
-// hand does:
+// store, "view/<key>", keeps two from moving it at once). The repair
+// moves the message by the UID its look saw it at (its Message-ID checked
+// by a UID FETCH), and uses UID SEARCH HEADER Message-ID only to look in
+// the destination first, or for a message no longer where it was seen; a
+// search the server refuses (Exchange: US-ASCII only, NO [BADCHARSET]) is
+// noted and skipped, never thrown out of next(). If a copy is in the
+// destination already, a copy in Processing (left by a move a crash cut
+// short between its copy and its expunge: only the view's moves put
+// messages there) is removed; one in the mailbox (a second delivery of
+// the Message-ID, which may be a new message a person must see) is moved
+// beside it and noted, never deleted. A message's current UID after a
+// move comes from COPYUID (UIDPLUS), or else from UID SEARCH HEADER
+// Message-ID. What a person moving messages by hand does:
 //   - moves one from Done back to the mailbox: it is not handled again (its
 //     claim is completed); a watcher moves it back to Done a lease later;
 //   - moves one out of the mailbox before it is claimed (to another
@@ -1263,15 +1269,17 @@ private:
       // Moved since the look (by a worker that gave it back in Processing, or by a person).
       if (round == 0 && !c.message_id.empty())
         for (const auto* folder : {&processing_, &opts_.mailbox})
-          for (auto& p : find(*folder, c.message_id))
-            if (p.folder != c.at.folder || p.uid != c.at.uid) tries.push_back(std::move(p));
+          if (auto found = find_or_note(*folder, c.message_id))
+            for (auto& p : *found)
+              if (p.folder != c.at.folder || p.uid != c.at.uid) tries.push_back(std::move(p));
     }
     if (c.message_id.empty()) {
       note(fmt::format("message UID {} in {} was expunged before it was handled", c.at.uid, where()));
       claim.complete("expunged before it was handled");
       return std::nullopt;
     }
-    const bool in_done = !find(done_, c.message_id).empty();
+    const auto found_in_done = find_or_note(done_, c.message_id);
+    const bool in_done = found_in_done && !found_in_done->empty();
     note(fmt::format("message {} of {} is in neither the mailbox nor '{}'{}: its claim is given back, and it is "
                      "handed out when it comes back",
                      c.message_id, where(), processing_,
@@ -1460,12 +1468,25 @@ private:
                        at.uid, at.folder, session_.where(), to));
       return;
     }
-    bool there = !find(to, message_id).empty();
-    for (const auto* folder : {&processing_, &opts_.mailbox})
-      for (const auto& p : find(*folder, message_id)) {
-        if (!there) there = move_one(p, to).has_value();
-        else expunge_one(p);
+    const auto in_to = find_or_note(to, message_id);
+    if (!in_to) return;  // noted; the watchers' repair moves it by the UID it is seen at
+    bool there = !in_to->empty();
+    for (const auto* folder : {&processing_, &opts_.mailbox}) {
+      const auto found = find_or_note(*folder, message_id);
+      if (!found) continue;
+      for (const auto& p : *found) {
+        if (!there) {
+          there = move_one(p, to).has_value();
+        } else if (*folder == processing_) {
+          expunge_one(p);  // only the view's moves put messages there: a move cut short left it
+        } else {
+          note(fmt::format("message UID {} in {} has the Message-ID {} of a message in '{}' already (delivered "
+                           "twice?): moved there beside it, not deleted",
+                           p.uid, where(), message_id, to));
+          move_one(p, to);
+        }
       }
+    }
     if (!there)
       note(fmt::format("message {} is in neither the mailbox nor '{}' of {} to be moved to '{}' (a person moved it "
                        "elsewhere?): it is left where it is",
@@ -1498,8 +1519,61 @@ private:
     note(fmt::format("message {} of {} has been {} for a lease: moved to '{}' (a person moved it back, or its "
                      "worker could not); it is not handled again",
                      shown(c.message_id, c.at), session_.where(), to_string(state), to));
-    finish_move(c.message_id, c.message_id.empty() ? c.at : place{}, to);
+    if (c.message_id.empty()) finish_move(c.message_id, c.at, to);
+    else repair_move(c, to);
     lock.unlock();
+  }
+
+  // The repair's move of `c` (a message with a Message-ID) to `to`, by the
+  // UID the look saw it at (its Message-ID checked by a UID FETCH), so that
+  // it needs no SEARCH, which some servers refuse or get wrong (Exchange:
+  // US-ASCII only); only a message no longer there is looked for by its
+  // Message-ID. A copy already in `to`: the one seen is removed if it is
+  // in Processing (only the view's moves put messages there: a move cut
+  // short between its copy and its expunge left it), else moved beside it
+  // (a second delivery, which a person may want: never deleted).
+  void repair_move(const candidate& c, const std::string& to) {
+    if (!holds(c.at, c.message_id)) {
+      finish_move(c.message_id, place{}, to);
+      return;
+    }
+    const auto in_to = find_or_note(to, c.message_id);
+    if (in_to && !in_to->empty() && c.at.folder == processing_) {
+      expunge_one(c.at);
+      return;
+    }
+    if (in_to && !in_to->empty())
+      note(fmt::format("message UID {} in {} has the Message-ID {} of a message in '{}' already (delivered twice?): "
+                       "moved there beside it, not deleted",
+                       c.at.uid, where(), c.message_id, to));
+    move_one(c.at, to);
+  }
+
+  // Returns: whether message `at` is there and has Message-ID `message_id`.
+  bool holds(const place& at, const std::string& message_id) {
+    if (at.folder.empty() || at.uid == 0 || use(at.folder) != at.validity) return false;
+    const auto r = session_.run(fmt::format("UID FETCH {} {}", at.uid, fetch_items));
+    recovery_.check(session_, r,
+                    fmt::format("reading message UID {} in folder '{}' of {}", at.uid, at.folder, session_.where()));
+    const auto found = parse_raw(r.untagged);
+    const auto it = found.find(at.uid);
+    return it != found.end() && it->second.message_id == message_id;
+  }
+
+  // find(), where a search the server refuses (NO [BADCHARSET] for a
+  // Message-ID that is not US-ASCII, as Exchange answers; any error that
+  // is not transient) costs only this message: noted. Returns: nothing
+  // then. Throws: transient errors and errc::outcome_unknown, as find().
+  std::optional<std::vector<place>> find_or_note(const std::string& folder, const std::string& message_id) {
+    try {
+      return find(folder, message_id);
+    } catch (const std::system_error& e) {
+      if (is_transient(e.code()) || e.code() == make_error_code(errc::outcome_unknown)) throw;
+      note(fmt::format("could not look for message {} in folder '{}' of {} ({}): skipped; a repair moves it by the "
+                       "UID it was seen at",
+                       message_id, folder, session_.where(), e.what()));
+      return std::nullopt;
+    }
   }
 
   // status() in the folder view.
