@@ -76,7 +76,15 @@
 // the decision; after that the watchers repair it: a message found in the
 // mailbox or Processing whose claim is completed (failed), for a whole
 // lease, is moved to Done (Failed) by one of them (a lease_mutex in the
-// store, "view/<key>", keeps two from moving it at once). The repair
+// store, "view/<key>", keeps two watchers from moving it at once). The
+// worker's tries and the watchers' repair do not take turns by a lock:
+// the worker starts no try past half a lease, the watchers start a whole
+// lease after seeing the claim decided, but a try already under way (its
+// commands each wait up to options.timeout on a slow server) or a worker
+// paused (a stopped process, a suspended machine) can run into the
+// repair. Then both may copy the message (the COPY fallback; a UID MOVE
+// of one UID succeeds once): at most a second copy in Done (Failed),
+// never a message handled twice (the claim decides that, not the move). The repair
 // moves the message by the UID its look saw it at (its Message-ID checked
 // by a UID FETCH), and uses UID SEARCH HEADER Message-ID only to look in
 // the destination first, or for a message no longer where it was seen; a
@@ -1409,9 +1417,10 @@ private:
 
   // The claim of `key` was decided by this worker at `decided`: its
   // message goes to `to` now or, if that fails, with this worker's next
-  // looks until half a lease after the decision; after that the watchers'
-  // repair moves it, a whole lease after they saw it decided, so that this
-  // worker and they never move it at once.
+  // looks, a try started no later than half a lease after the decision;
+  // after that the watchers' repair moves it, a whole lease after they saw
+  // it decided (a try under way, or a paused worker, can still overlap the
+  // repair: at most a second copy in `to`; see the top of this header).
   void put_away(std::string key, std::string message_id, place at, const std::string& to,
                 std::chrono::steady_clock::time_point decided) {
     held_by_key_.erase(key);
