@@ -1374,7 +1374,7 @@ TEST_CASE("imap_mailbox: the Message-ID is the first field's <...>, unfolded, wi
 TEST_CASE("imap_mailbox, folder view: a message with an 8-bit Message-ID moved back by hand is repaired by its known "
           "UID; a SEARCH the server refuses (NO [BADCHARSET], through a proxy) is noted and skipped, never thrown out "
           "of next()") {
-  imap_proxy proxy{{}, "imap_proxy_refusing.py"};
+  imap_proxy proxy{{"--refuse-search"}, "imap_proxy_refusing.py"};
   const auto mailbox = dibs_test::imap::fresh_folder("f8bit");
   dibs::imap::session s{dibs_test::imap::options()};
   s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
@@ -1457,6 +1457,44 @@ TEST_CASE("imap_mailbox, folder view: a second delivery of a handled Message-ID 
   CHECK(l.ids.at(box.processing_folder()).empty());
   CHECK(l.deleted == 0);
   CHECK(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
-          return n.find("moved there beside it, not deleted") != std::string::npos;
+          return n.find("another size or arrival time (delivered twice?): moved there beside it, not deleted") != std::string::npos;
         }) == 1);
+}
+
+TEST_CASE("imap_mailbox, folder view without MOVE: a source whose expunge the server refuses is left \\Deleted and "
+          "removed by the repair, never the copy; Done holds one clean copy") {
+  dibs_test::temp_dir dir;
+  const auto refusing = dir.path / "refuse-expunge";
+  imap_proxy proxy{{"--no-move", "--refuse-expunge", refusing.string()}, "imap_proxy_refusing.py"};
+  const auto mailbox = dibs_test::imap::fresh_folder("fdel");
+  dibs::imap::session s{dibs_test::imap::options()};
+  s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+  deliver(s, mailbox, 0, 1);
+  dibs::imap_store store{dibs_test::imap::options(), {.folder = dibs_test::imap::fresh_folder("fdelclaims")}};
+  std::vector<std::string> notes;
+  dibs::imap_mailbox box{proxy.options(), store,
+                         {.mailbox = mailbox,
+                          .view = view_by::folders,
+                          .claims = {.lease = 1s},
+                          .on_note = [&](std::string_view n) { notes.emplace_back(n); }}};
+  std::ofstream{refusing};  // the server refuses UID EXPUNGE from now on
+  auto m = box.next(1s);
+  REQUIRE(m);
+  CHECK(m->folder() == box.processing_folder());  // handled from its copy, not from the \Deleted source
+  CHECK(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
+          return n.find("could not remove the source") != std::string::npos;
+        }) == 1);
+  std::filesystem::remove(refusing);
+  m->complete();
+  // The source, \Deleted in the mailbox, is removed by the repair a lease later; nothing is handled again.
+  int again = 0;
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < end && dibs_test::imap::messages(s, mailbox) != 0)
+    if (auto other = box.next(200ms)) {
+      ++again;
+      other->complete();
+    }
+  CHECK(again == 0);
+  check_done_once(mailbox, box.processing_folder(), box.done_folder(), box.failed_folder(), 1);  // none \Deleted
+  CHECK(proxy.sent("UID MOVE") == 0);
 }

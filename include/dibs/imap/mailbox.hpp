@@ -92,9 +92,16 @@
 // noted and skipped, never thrown out of next(). If a copy is in the
 // destination already, a copy in Processing (left by a move a crash cut
 // short between its copy and its expunge: only the view's moves put
-// messages there) is removed; one in the mailbox (a second delivery of
-// the Message-ID, which may be a new message a person must see) is moved
-// beside it and noted, never deleted. A message's current UID after a
+// messages there) is removed, and so is one in the mailbox of the same
+// size and INTERNALDATE (which a move and a COPY keep); one in the mailbox
+// that differs (a second delivery of the Message-ID, which may be a new
+// message a person must see) is moved beside it and noted, never deleted.
+// Where the server lacks MOVE, the COPY's source is unmarked \Deleted
+// first (a COPY copies flags, and a \Deleted copy in Done would go with
+// the next purge there); if its expunge fails, the message is handled from
+// its copy and the source, left \Deleted, is removed by a watcher's
+// repair, never the copy (searches skip \Deleted copies). A message's
+// current UID after a
 // move comes from COPYUID (UIDPLUS), or else from UID SEARCH HEADER
 // Message-ID. What a person moving messages by hand does:
 //   - moves one from Done back to the mailbox: it is not handled again (its
@@ -1351,6 +1358,12 @@ private:
   std::optional<place> move_one(const place& at, const std::string& to) {
     if (use(at.folder) != at.validity) return std::nullopt;
     const bool move = session_.has("MOVE");
+    // UID COPY copies the flags: the copy must not be \Deleted (a purge of its folder would remove it).
+    if (!move)
+      recovery_.check(session_,
+                      session_.run_write({fmt::format("UID STORE {} -FLAGS.SILENT (\\Deleted)", at.uid)}).front(),
+                      fmt::format("clearing \\Deleted on message UID {} in folder '{}' of {} before copying it",
+                                  at.uid, at.folder, session_.where()));
     const auto command = fmt::format("UID {} {} {}", move ? "MOVE" : "COPY", at.uid, imap::quote(to));
     auto r = session_.run_write({command}).front();
     if (!r.ok() && imap::detail::iequals(r.code, "TRYCREATE")) {  // a person deleted the folder
@@ -1364,7 +1377,21 @@ private:
     auto moved = copyuid(r, to);
     // With UIDPLUS, no COPYUID: nothing was copied ("OK No messages found").
     if (!moved && session_.has("UIDPLUS")) return std::nullopt;
-    if (!move) expunge_one(at);
+    if (!move) {
+      try {
+        expunge_one(at);
+      } catch (const std::system_error& e) {
+        if (!moved) throw;
+        // The copy is made and known: it is where the message is now. The
+        // source, marked \Deleted, is left; the watchers' repair removes it
+        // (a copy of its Message-ID is where it belongs), never the copy.
+        selected_ = false;
+        if (!session_.connected()) recovery_.lost();
+        note(fmt::format("copied message UID {} from '{}' to '{}' of {} (UID {} there), but could not remove the "
+                         "source ({}): it is left marked \\Deleted, and removed by a watcher's repair",
+                         at.uid, at.folder, to, session_.where(), moved->uid, e.what()));
+      }
+    }
     return moved ? *moved : place{to, 0, 0};
   }
 
@@ -1394,7 +1421,8 @@ private:
   std::vector<place> find(const std::string& folder, const std::string& message_id) {
     const auto validity = use(folder);
     const auto what = fmt::format("looking for message {} in folder '{}' of {}", message_id, folder, session_.where());
-    const auto r = session_.run(fmt::format("UID SEARCH HEADER Message-ID {}", imap::quote(message_id)));
+    // UNDELETED: a copy marked \Deleted is a COPY's source left behind, not a place the message is.
+    const auto r = session_.run(fmt::format("UID SEARCH UNDELETED HEADER Message-ID {}", imap::quote(message_id)));
     recovery_.check(session_, r, what);
     std::vector<std::uint32_t> uids;
     for (const auto& u : r.untagged) {
@@ -1486,11 +1514,11 @@ private:
       for (const auto& p : *found) {
         if (!there) {
           there = move_one(p, to).has_value();
-        } else if (*folder == processing_) {
-          expunge_one(p);  // only the view's moves put messages there: a move cut short left it
+        } else if (*folder == processing_ || same_as_any(p, find_or_note(to, message_id).value_or(std::vector<place>{}))) {
+          expunge_one(p);  // a move cut short left it (only the view's moves put messages in Processing)
         } else {
-          note(fmt::format("message UID {} in {} has the Message-ID {} of a message in '{}' already (delivered "
-                           "twice?): moved there beside it, not deleted",
+          note(fmt::format("message UID {} in {} has the Message-ID {} of a message in '{}' already, but another "
+                           "size or arrival time (delivered twice?): moved there beside it, not deleted",
                            p.uid, where(), message_id, to));
           move_one(p, to);
         }
@@ -1542,31 +1570,82 @@ private:
   // short between its copy and its expunge left it), else moved beside it
   // (a second delivery, which a person may want: never deleted).
   void repair_move(const candidate& c, const std::string& to) {
-    if (!holds(c.at, c.message_id)) {
+    bool deleted = false;
+    if (!holds(c.at, c.message_id, &deleted)) {
       finish_move(c.message_id, place{}, to);
       return;
     }
     const auto in_to = find_or_note(to, c.message_id);
+    if (deleted) {
+      // The source of a COPY whose expunge failed (dibs marks \Deleted only
+      // after its copy is made): removed where a copy is in `to`.
+      if (in_to && !in_to->empty()) expunge_one(c.at);
+      else
+        note(fmt::format("message UID {} in folder '{}' of {} is marked \\Deleted and no copy of it ({}) was found in "
+                         "'{}': it is left where it is",
+                         c.at.uid, c.at.folder, session_.where(), c.message_id, to));
+      return;
+    }
     if (in_to && !in_to->empty() && c.at.folder == processing_) {
       expunge_one(c.at);
       return;
     }
-    if (in_to && !in_to->empty())
-      note(fmt::format("message UID {} in {} has the Message-ID {} of a message in '{}' already (delivered twice?): "
-                       "moved there beside it, not deleted",
+    if (in_to && !in_to->empty()) {
+      if (same_as_any(c.at, *in_to)) {
+        expunge_one(c.at);  // the source of a move a crash cut short: the same message is in `to`
+        return;
+      }
+      note(fmt::format("message UID {} in {} has the Message-ID {} of a message in '{}' already, but another size or "
+                       "arrival time (delivered twice?): moved there beside it, not deleted",
                        c.at.uid, where(), c.message_id, to));
+    }
     move_one(c.at, to);
   }
 
-  // Returns: whether message `at` is there and has Message-ID `message_id`.
-  bool holds(const place& at, const std::string& message_id) {
+  // Returns: the size and INTERNALDATE of message `at` ("" if it is gone).
+  // A move (and COPY) keeps both; a second delivery has its own arrival time.
+  std::string identity(const place& at) {
+    if (use(at.folder) != at.validity) return {};
+    const auto r = session_.run(fmt::format("UID FETCH {} (UID RFC822.SIZE INTERNALDATE)", at.uid));
+    recovery_.check(session_, r,
+                    fmt::format("reading message UID {} in folder '{}' of {}", at.uid, at.folder, session_.where()));
+    for (const auto& line : r.untagged) {
+      const auto v = imap::parse(line);
+      if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != imap::value::kind::list) continue;
+      std::string size, date;
+      std::uint64_t uid = 0;
+      const auto& items = v[2].items;
+      for (std::size_t i = 0; i + 1 < items.size(); i += 2) {
+        if (items[i].is("UID")) uid = items[i + 1].number().value_or(0);
+        else if (items[i].is("RFC822.SIZE")) size = std::to_string(items[i + 1].number().value_or(0));
+        else if (items[i].is("INTERNALDATE")) date = items[i + 1].text;
+      }
+      if (uid == at.uid && !size.empty() && !date.empty()) return size + " " + date;
+    }
+    return {};
+  }
+
+  // Returns: whether message `at` is the same message as one of `others`
+  // (the same size and INTERNALDATE: a copy a move or COPY made), so that
+  // removing it loses nothing.
+  bool same_as_any(const place& at, const std::vector<place>& others) {
+    const auto mine = identity(at);
+    if (mine.empty()) return false;
+    return std::any_of(others.begin(), others.end(), [&](const place& p) { return identity(p) == mine; });
+  }
+
+  // Returns: whether message `at` is there and has Message-ID `message_id`
+  // (`deleted`, if given: whether it is marked \Deleted).
+  bool holds(const place& at, const std::string& message_id, bool* deleted = nullptr) {
     if (at.folder.empty() || at.uid == 0 || use(at.folder) != at.validity) return false;
     const auto r = session_.run(fmt::format("UID FETCH {} {}", at.uid, fetch_items));
     recovery_.check(session_, r,
                     fmt::format("reading message UID {} in folder '{}' of {}", at.uid, at.folder, session_.where()));
     const auto found = parse_raw(r.untagged);
     const auto it = found.find(at.uid);
-    return it != found.end() && it->second.message_id == message_id;
+    if (it == found.end() || it->second.message_id != message_id) return false;
+    if (deleted) *deleted = has_flag(it->second, "\\Deleted");
+    return true;
   }
 
   // find(), where a search the server refuses (NO [BADCHARSET] for a
