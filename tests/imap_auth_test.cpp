@@ -37,22 +37,9 @@ using dibs::imap::auth_mechanism;
 
 namespace auth_test {
 
-// A token provider that gives `tokens` in turn (the last one again when
-// they run out) and records how it was called.
-struct token_script {
-  std::vector<std::string> tokens;
-  std::shared_ptr<std::vector<bool>> calls = std::make_shared<std::vector<bool>>();
-  std::function<std::string(bool)> provider() const {
-    return [t = tokens, c = calls](bool refresh) {
-      c->push_back(refresh);
-      return t[std::min(c->size(), t.size()) - 1];
-    };
-  }
-};
-
 // Returns: the tests' server, logging in as `user` (dibs unless said) with
 // the tokens of `tokens` (no password) by `mech`.
-dibs::imap::options oauth(const token_script& tokens, auth_mechanism mech = auth_mechanism::automatic,
+dibs::imap::options oauth(const imap::token_script& tokens, auth_mechanism mech = auth_mechanism::automatic,
                           const std::string& user = {}) {
   auto o = imap::options();
   if (!user.empty()) o.user = user;
@@ -89,29 +76,6 @@ std::size_t logins_reach(const std::string& user, const std::string& method, std
   return n;
 }
 
-// What a logged-in session must be able to do: SELECT a folder, APPEND to
-// it, find what it appended.
-void use(dibs::imap::session& s, const std::string& stem) {
-  const auto folder = imap::fresh_folder(stem);
-  s.check(s.run("CREATE " + dibs::imap::quote(folder)), "CREATE");
-  const auto uid = imap::append(s, folder, "Subject: logged in\r\n\r\nhello\r\n");
-  CHECK(imap::all_uids(s, folder) == std::set<std::uint32_t>{uid});
-  CHECK(imap::subject(s, uid) == "Subject: logged in");
-  s.check(s.run("CLOSE"), "CLOSE");
-  s.check(s.run("DELETE " + dibs::imap::quote(folder)), "DELETE");
-}
-
-// Returns: the error of opening a session with `o` (fails the test if it opens).
-std::system_error refusal(const dibs::imap::options& o) {
-  try {
-    dibs::imap::session s{o};
-  } catch (const std::system_error& e) {
-    return e;
-  }
-  FAIL("the session opened");
-  throw std::logic_error("unreachable");
-}
-
 // Returns: false, and says where, if `secret` or its base64 is in `text`.
 bool clean_of(std::string_view text, const std::string& secret) {
   for (const auto& s : {secret, dibs::imap::detail::base64_encode(secret)})
@@ -140,13 +104,13 @@ TEST_CASE("XOAUTH2 and OAUTHBEARER, with SASL-IR and without: logged in, SELECT 
       const std::string method = mech == auth_mechanism::xoauth2 ? "XOAUTH2" : "OAUTHBEARER";
       INFO(method << (mech == auth_mechanism::automatic ? " (automatic)" : "") << (sasl_ir ? " with SASL-IR" : " without"));
       // As third: the log is counted (see logins_reach).
-      const auth_test::token_script tokens{{imap::jwt("third")}};
+      const imap::token_script tokens{{imap::jwt("third")}};
       auto o = auth_test::oauth(tokens, mech, "third");
       o.sasl_ir = sasl_ir;
       const auto before = auth_test::logins("third", method);
       dibs::imap::session s{o};
       CHECK(s.has("IDLE"));  // the logged-in state's capabilities
-      auth_test::use(s, "oauth");
+      imap::round_trip(s, "oauth", "Subject: logged in");
       CHECK(*tokens.calls == std::vector<bool>{false});
       CHECK(auth_test::logins_reach("third", method, before + 1) == before + 1);
     }
@@ -161,7 +125,7 @@ TEST_CASE("AUTHENTICATE PLAIN: a user's own mailbox, dibs as master user into ot
     plain.password = "third-secret";
     const auto before = auth_test::logins("third", "PLAIN");
     dibs::imap::session s{plain};
-    auth_test::use(s, "plain");
+    imap::round_trip(s, "plain", "Subject: logged in");
     CHECK(auth_test::logins_reach("third", "PLAIN", before + 1) == before + 1);
   }
   // dibs, a master user, logs in as other (automatic: PLAIN, for the authzid).
@@ -193,7 +157,7 @@ TEST_CASE("AUTHENTICATE PLAIN: a user's own mailbox, dibs as master user into ot
   third.user = "third";
   third.password = "third-secret";
   third.authzid = "other";
-  const auto e = auth_test::refusal(third);
+  const auto e = imap::refusal(third);
   CHECK(e.code() == std::errc::permission_denied);
   CHECK_FALSE(dibs::is_transient(e.code()));
   CHECK_THAT(e.what(), Contains(third.host + ":" + third.port) && Contains("user 'third' as 'other'") &&
@@ -201,7 +165,7 @@ TEST_CASE("AUTHENTICATE PLAIN: a user's own mailbox, dibs as master user into ot
   CHECK(auth_test::clean_of(e.what(), "third-secret"));
   // LOGIN cannot carry the authorization identity.
   as_other.auth = auth_mechanism::login;
-  CHECK(auth_test::refusal(as_other).code() == std::errc::not_supported);
+  CHECK(imap::refusal(as_other).code() == std::errc::not_supported);
 }
 
 // The authorization identity with a token (Exchange's shared-mailbox form:
@@ -217,7 +181,7 @@ TEST_CASE("XOAUTH2 and OAUTHBEARER with an authzid: dibs's token into other's ma
   for (const auto mech : {auth_mechanism::xoauth2, auth_mechanism::oauthbearer}) {
     const std::string method = mech == auth_mechanism::xoauth2 ? "XOAUTH2" : "OAUTHBEARER";
     INFO(method);
-    const auth_test::token_script tokens{{imap::jwt("dibs")}};
+    const imap::token_script tokens{{imap::jwt("dibs")}};
     auto o = auth_test::oauth(tokens, mech);
     o.authzid = "other*dibs";
     const auto folder = imap::fresh_folder("oauth-as");
@@ -252,10 +216,10 @@ TEST_CASE("XOAUTH2 and OAUTHBEARER with an authzid: dibs's token into other's ma
     };
     for (const auto& [token_user, authzid] : {attempt{"dibs", "other"}, attempt{"third", "other*third"}}) {
       INFO(token_user << "'s token as " << authzid);
-      const auth_test::token_script refused_tokens{{imap::jwt(token_user)}};
+      const imap::token_script refused_tokens{{imap::jwt(token_user)}};
       auto r = auth_test::oauth(refused_tokens, mech, token_user);
       r.authzid = authzid;
-      const auto e = auth_test::refusal(r);
+      const auto e = imap::refusal(r);
       CHECK(e.code() == std::errc::permission_denied);
       CHECK_FALSE(dibs::is_transient(e.code()));
       CHECK_THAT(e.what(), Contains(fmt::format("user '{}' as '{}'", token_user, authzid)) &&
@@ -266,14 +230,14 @@ TEST_CASE("XOAUTH2 and OAUTHBEARER with an authzid: dibs's token into other's ma
 }
 
 TEST_CASE("an expired token is renewed through the provider once, and the provider is asked again after a reconnect") {
-  const auth_test::token_script tokens{{imap::jwt("dibs", std::chrono::seconds{-60}), imap::jwt("dibs")}};
+  const imap::token_script tokens{{imap::jwt("dibs", std::chrono::seconds{-60}), imap::jwt("dibs")}};
   dibs::imap::session s{auth_test::oauth(tokens)};
   CHECK(*tokens.calls == std::vector<bool>{false, true});
-  auth_test::use(s, "renewed");
+  imap::round_trip(s, "renewed", "Subject: logged in");
   s.drop();  // the connection breaks: the next command logs in anew
   s.check(s.run("NOOP"), "NOOP");
   CHECK(*tokens.calls == std::vector<bool>{false, true, false});
-  auth_test::use(s, "renewed");
+  imap::round_trip(s, "renewed", "Subject: logged in");
 }
 
 TEST_CASE("tokens refused: another user's, another key's, expired twice, no JWT: twice, permission_denied, not transient") {
@@ -287,9 +251,9 @@ TEST_CASE("tokens refused: another user's, another key's, expired twice, no JWT:
                                     bad{"no JWT", "garbage-token-Zx81"}}) {
     INFO(what);
     for (const auto mech : {auth_mechanism::xoauth2, auth_mechanism::oauthbearer}) {
-      const auth_test::token_script tokens{{token}};
+      const imap::token_script tokens{{token}};
       const auto o = auth_test::oauth(tokens, mech);
-      const auto e = auth_test::refusal(o);
+      const auto e = imap::refusal(o);
       CHECK(e.code() == std::errc::permission_denied);
       CHECK_FALSE(dibs::is_transient(e.code()));
       CHECK_THAT(e.what(), Contains(o.host + ":" + o.port) && Contains("user 'dibs'") && Contains(", twice") &&
@@ -313,7 +277,7 @@ TEST_CASE("secrets: no token in any message of the failure paths, nor in the dem
       messages.push_back(e.what());
     }
   };
-  const auth_test::token_script refused{{token}};
+  const imap::token_script refused{{token}};
   failed(auth_test::oauth(refused, auth_mechanism::xoauth2));
   failed(auth_test::oauth(refused, auth_mechanism::oauthbearer));
   {  // a token command that prints the token and fails

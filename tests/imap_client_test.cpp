@@ -26,6 +26,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "imap_support.hpp"
 #include "support.hpp"
 
 #include <arpa/inet.h>
@@ -719,20 +720,7 @@ namespace {
 
 std::string b64(std::string_view s) { return dibs::imap::detail::base64_encode(s); }
 
-// A token provider that gives `tokens` in turn (the last one again when
-// they run out) and records how it was called.
-struct token_script {
-  std::vector<std::string> tokens;
-  std::shared_ptr<std::vector<bool>> calls = std::make_shared<std::vector<bool>>();
-  std::function<std::string(bool)> provider() const {
-    return [t = tokens, c = calls](bool refresh) {
-      c->push_back(refresh);
-      return t[std::min(c->size(), t.size()) - 1];
-    };
-  }
-};
-
-dibs::imap::options oauth_at(const std::string& port, const token_script& tokens) {
+dibs::imap::options oauth_at(const std::string& port, const dibs_test::imap::token_script& tokens) {
   auto o = at(port);
   o.password.clear();
   o.oauth2_token = tokens.provider();
@@ -779,7 +767,7 @@ TEST_CASE("SASL responses: XOAUTH2, OAUTHBEARER and PLAIN, as the RFCs' and Goog
 }
 
 TEST_CASE("XOAUTH2: the first response on the AUTHENTICATE line with SASL-IR, after the server's '+' without it") {
-  const token_script tokens{{"tok-1"}};
+  const dibs_test::imap::token_script tokens{{"tok-1"}};
   for (const bool announced : {true, false})
     for (const bool allowed : {true, false}) {
       std::string heard;
@@ -806,7 +794,7 @@ TEST_CASE("XOAUTH2: the first response on the AUTHENTICATE line with SASL-IR, af
 }
 
 TEST_CASE("automatic: OAUTHBEARER where announced (a= the authzid, escaped), XOAUTH2 (user= the authzid), PLAIN for an authzid") {
-  const token_script tokens{{"tok-2"}};
+  const dibs_test::imap::token_script tokens{{"tok-2"}};
   // Logs in to a server announcing `caps`; returns what it heard first, with
   // the port it listened on.
   auto login = [](const std::string& caps, const std::function<void(dibs::imap::options&)>& configure) {
@@ -850,7 +838,7 @@ TEST_CASE("automatic: OAUTHBEARER where announced (a= the authzid, escaped), XOA
 
 TEST_CASE("a refused OAuth2 token: the JSON challenge answered as each RFC says, the provider asked once to renew it") {
   for (const std::string mech : {"XOAUTH2", "OAUTHBEARER"}) {
-    const token_script tokens{{"old-token", "new-token"}};
+    const dibs_test::imap::token_script tokens{{"old-token", "new-token"}};
     std::string answer, second, expected;
     {
       scripted_server server([&](int fd) {
@@ -882,7 +870,7 @@ TEST_CASE("a refused OAuth2 token: the JSON challenge answered as each RFC says,
 
 TEST_CASE("an OAuth2 token refused twice: permission_denied, not transient, naming server, user, mechanism and status") {
   const std::string token = "tok-zq7XW3vR9-never-in-a-message";
-  const token_script tokens{{token}};
+  const dibs_test::imap::token_script tokens{{token}};
   scripted_server server([&](int fd) {
     say(fd, "* OK [CAPABILITY IMAP4rev1 AUTH=XOAUTH2] ready\r\n");
     for (const std::string tag : {"d1", "d2"}) {
@@ -918,7 +906,7 @@ TEST_CASE("OAuth2 refusals a renewed token would meet again: not renewed (BAD, C
         refusal{"OAUTHBEARER", R"({"status":"insufficient_scope","scope":"imap"})", "NO [AUTHENTICATIONFAILED] no"},
         refusal{"OAUTHBEARER", R"({"status":"invalid_request"})", "NO [AUTHENTICATIONFAILED] no"}}) {
     INFO(mech << " " << json << " " << completion);
-    const token_script tokens{{"tok-4", "tok-5"}};
+    const dibs_test::imap::token_script tokens{{"tok-4", "tok-5"}};
     scripted_server server([&](int fd) {
       say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=" + mech + "] ready\r\n");
       hear(fd, "\r\n");
@@ -943,7 +931,7 @@ TEST_CASE("OAuth2 refusals a renewed token would meet again: not renewed (BAD, C
 TEST_CASE("a login refused with throttling words or UNAVAILABLE is transient, the token not renewed for it") {
   for (const std::string no : {"NO [UNAVAILABLE] Try later", "NO Request is throttled. Suggested Backoff Time: 500 milliseconds",
                                "NO [ALERT] Too many simultaneous connections. (Failure)", "NO [THROTTLED] slow down"}) {
-    const token_script tokens{{"tok-3"}};
+    const dibs_test::imap::token_script tokens{{"tok-3"}};
     scripted_server server([&](int fd) {
       say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=XOAUTH2] ready\r\n");
       hear(fd, "\r\n");
@@ -1002,7 +990,7 @@ TEST_CASE("check(): the throttling words of Exchange Online and Gmail, and THROT
 TEST_CASE("secrets: a connection cut mid-AUTHENTICATE, a malformed reply during it, a provider that throws") {
   const std::string token = "tok-Q9pL2mXv-distinctive";
   {  // cut after the token was sent: transient, the next command would log in anew
-    const token_script tokens{{token}};
+    const dibs_test::imap::token_script tokens{{token}};
     scripted_server server([&](int fd) {
       say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=XOAUTH2] ready\r\n");
       hear(fd, "\r\n");
@@ -1012,7 +1000,7 @@ TEST_CASE("secrets: a connection cut mid-AUTHENTICATE, a malformed reply during 
     CHECK(clean_of(e.what(), token));
   }
   {  // a malformed line that echoes the client's response: not quoted
-    const token_script tokens{{token}};
+    const dibs_test::imap::token_script tokens{{token}};
     scripted_server server([&](int fd) {
       say(fd, "* OK [CAPABILITY IMAP4rev1 AUTH=XOAUTH2] ready\r\n");
       hear(fd, "\r\n");
@@ -1028,7 +1016,7 @@ TEST_CASE("secrets: a connection cut mid-AUTHENTICATE, a malformed reply during 
     CHECK(clean_of(e.what(), "user=u\x01" "auth=Bearer " + token + "\x01\x01"));
   }
   {  // a BYE that echoes the token
-    const token_script tokens{{token}};
+    const dibs_test::imap::token_script tokens{{token}};
     scripted_server server([&](int fd) {
       say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=XOAUTH2] ready\r\n");
       hear(fd, "\r\n");
@@ -1041,7 +1029,7 @@ TEST_CASE("secrets: a connection cut mid-AUTHENTICATE, a malformed reply during 
     CHECK(clean_of(e.what(), token));
   }
   {  // after the login, a malformed reply: the token was never kept to be quoted
-    const token_script tokens{{token}};
+    const dibs_test::imap::token_script tokens{{token}};
     scripted_server server([&](int fd) {
       say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=XOAUTH2] ready\r\n");
       hear(fd, "\r\n");
@@ -1106,7 +1094,7 @@ TEST_CASE("LOGINDISABLED on a plain connection: no token and no PLAIN password s
     }
     return out;
   };
-  const token_script tokens{{"tok-clear-5Rw"}};
+  const dibs_test::imap::token_script tokens{{"tok-clear-5Rw"}};
   auto oauth = [&](dibs::imap::auth_mechanism m) {
     return [&, m](dibs::imap::options& o) {
       o.password.clear();
@@ -1164,7 +1152,7 @@ TEST_CASE("a token refused, then the connection lost: permission_denied, not tra
   const std::string old_token = "tok-old-Hh4Tq8", new_token = "tok-new-Jm2Wz6";
   enum class cut { bye_after_retry, closed_after_no, bye_after_challenge };
   for (const auto how : {cut::bye_after_retry, cut::closed_after_no, cut::bye_after_challenge}) {
-    const token_script tokens{{old_token, new_token}};
+    const dibs_test::imap::token_script tokens{{old_token, new_token}};
     scripted_server server([&](int fd) {
       say(fd, "* OK [CAPABILITY IMAP4rev1 SASL-IR AUTH=XOAUTH2] ready\r\n");
       hear(fd, "\r\n");

@@ -866,7 +866,7 @@ proxy_run run_through(const imap_proxy& proxy, int total) {
 
 }  // namespace
 
-TEST_CASE("imap_mailbox: a server that keeps no keywords (a proxy takes \\* out of PERMANENTFLAGS) gets the folder "
+TEST_CASE("imap_mailbox: a server that keeps no keywords (a proxy takes the wildcard flag out of PERMANENTFLAGS) gets the folder "
           "view by itself, and each message ends in Done once") {
   {  // Dovecot as it is keeps keywords: the keyword view, as before
     const auto server = dibs_test::imap::options();
@@ -894,7 +894,7 @@ TEST_CASE("imap_mailbox: a server that keeps no keywords (a proxy takes \\* out 
 }
 
 TEST_CASE("imap_mailbox: a server without MOVE (a proxy takes it out of CAPABILITY): the folder view copies and "
-          "expunges, each message ends in Done once and none is left \\Deleted") {
+          "expunges, each message ends in Done once and none is left marked deleted") {
   imap_proxy proxy{{"--no-star", "--no-move"}};
   constexpr int total = 20;
   const auto r = run_through(proxy, total);
@@ -1077,7 +1077,7 @@ std::vector<std::string> keys_of(dibs::imap_store& store, const std::string& pre
 }  // namespace
 
 TEST_CASE("imap_mailbox: over a keyword view's claims keyed by UID, the folder view is refused, naming the record, "
-          "and nothing is moved or claimed; also where the record is missing (a deployment older than it)") {
+          "and nothing is moved or claimed, also where the record is missing (a deployment older than it)") {
   const auto mailbox = dibs_test::imap::fresh_folder("kswitch");
   dibs::imap::session s{dibs_test::imap::options()};
   s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
@@ -1372,7 +1372,7 @@ TEST_CASE("imap_mailbox: the Message-ID is the first field's <...>, unfolded, wi
 }
 
 TEST_CASE("imap_mailbox, folder view: a message with an 8-bit Message-ID moved back by hand is repaired by its known "
-          "UID; a SEARCH the server refuses (NO [BADCHARSET], through a proxy) is noted and skipped, never thrown out "
+          "UID, and a SEARCH the server refuses (NO [BADCHARSET], through a proxy) is noted and skipped, never thrown out "
           "of next()") {
   imap_proxy proxy{{"--refuse-search"}, "imap_proxy_refusing.py"};
   const auto mailbox = dibs_test::imap::fresh_folder("f8bit");
@@ -1461,8 +1461,8 @@ TEST_CASE("imap_mailbox, folder view: a second delivery of a handled Message-ID 
         }) == 1);
 }
 
-TEST_CASE("imap_mailbox, folder view without MOVE: a source whose expunge the server refuses is left \\Deleted and "
-          "removed by the repair, never the copy; Done holds one clean copy") {
+TEST_CASE("imap_mailbox, folder view without MOVE: a source whose expunge the server refuses is left marked deleted "
+          "and removed by the repair, never the copy: Done holds one clean copy") {
   dibs_test::temp_dir dir;
   const auto refusing = dir.path / "refuse-expunge";
   imap_proxy proxy{{"--no-move", "--refuse-expunge", refusing.string()}, "imap_proxy_refusing.py"};

@@ -7,6 +7,10 @@
 
 #include <dibs/imap/client.hpp>
 
+#include <functional>
+#include <memory>
+#include <algorithm>
+#include <system_error>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <catch2/catch.hpp>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
@@ -181,6 +186,43 @@ inline std::string subject(dibs::imap::session& s, std::uint32_t uid) {
       }
   }
   return {};
+}
+
+
+// A token provider that gives `tokens` in turn (the last one again when
+// they run out) and records how it was called (refresh or not).
+struct token_script {
+  std::vector<std::string> tokens;
+  std::shared_ptr<std::vector<bool>> calls = std::make_shared<std::vector<bool>>();
+  std::function<std::string(bool)> provider() const {
+    return [t = tokens, c = calls](bool refresh) {
+      c->push_back(refresh);
+      return t[std::min(c->size(), t.size()) - 1];
+    };
+  }
+};
+
+// What a logged-in session must be able to do: a folder of its own, a
+// message in, its Subject back (`subject_line`: the header line appended).
+inline void round_trip(dibs::imap::session& s, const std::string& stem, const std::string& subject_line) {
+  const auto folder = fresh_folder(stem);
+  s.check(s.run("CREATE " + dibs::imap::quote(folder)), "CREATE");
+  const auto uid = append(s, folder, subject_line + "\r\n\r\nhello\r\n");
+  CHECK(all_uids(s, folder) == std::set<std::uint32_t>{uid});
+  CHECK(subject(s, uid) == subject_line);
+  s.check(s.run("CLOSE"), "CLOSE");
+  s.check(s.run("DELETE " + dibs::imap::quote(folder)), "DELETE");
+}
+
+// Returns: the error of opening a session with `o` (fails the test if it opens).
+inline std::system_error refusal(const dibs::imap::options& o) {
+  try {
+    dibs::imap::session s{o};
+  } catch (const std::system_error& e) {
+    return e;
+  }
+  FAIL("the session opened");
+  throw std::logic_error("unreachable");
 }
 
 }  // namespace dibs_test::imap

@@ -24,29 +24,6 @@ using Catch::Contains;
 
 namespace {
 
-// A round trip that needs the login: a folder of its own, a message in, its
-// Subject back.
-void round_trip(dibs::imap::session& s, const std::string& stem) {
-  const auto folder = imap::fresh_folder(stem);
-  s.check(s.run("CREATE " + dibs::imap::quote(folder)), "CREATE");
-  const auto uid = imap::append(s, folder, "Subject: over TLS\r\n\r\nhello\r\n");
-  CHECK(imap::all_uids(s, folder) == std::set<std::uint32_t>{uid});
-  CHECK(imap::subject(s, uid) == "Subject: over TLS");
-  s.check(s.run("CLOSE"), "CLOSE");
-  s.check(s.run("DELETE " + dibs::imap::quote(folder)), "DELETE");
-}
-
-// Returns: the error of opening a session with `o` (fails the test if it opens).
-std::system_error refused(const dibs::imap::options& o) {
-  try {
-    dibs::imap::session s{o};
-  } catch (const std::system_error& e) {
-    return e;
-  }
-  FAIL("the session opened");
-  throw std::logic_error("unreachable");
-}
-
 }  // namespace
 
 TEST_CASE("implicit TLS: login and a round trip, the certificate verified against the CA file") {
@@ -54,7 +31,7 @@ TEST_CASE("implicit TLS: login and a round trip, the certificate verified agains
   dibs::imap::session s{o};
   CHECK(s.encrypted());
   CHECK(s.has("IDLE"));
-  round_trip(s, "tls");
+  imap::round_trip(s, "tls", "Subject: over TLS");
   // A dropped connection comes back over TLS by itself.
   s.drop();
   CHECK_FALSE(s.connected());
@@ -69,7 +46,7 @@ TEST_CASE("STARTTLS: login and a round trip on the plain port, capabilities aske
   CHECK(s.encrypted());
   CHECK_FALSE(s.has("STARTTLS"));  // said in the clear only; forgotten
   CHECK(s.has("UIDPLUS"));
-  round_trip(s, "starttls");
+  imap::round_trip(s, "starttls", "Subject: over TLS");
 }
 
 TEST_CASE("a certificate the CA does not vouch for is refused, naming the server and OpenSSL's verify result") {
@@ -79,7 +56,7 @@ TEST_CASE("a certificate the CA does not vouch for is refused, naming the server
     for (const auto mode : {tls_mode::implicit, tls_mode::starttls}) {
       auto o = imap::tls_options(mode);
       o.ca_file = ca;
-      const auto e = refused(o);
+      const auto e = imap::refusal(o);
       CHECK(e.code() == std::errc::permission_denied);
       CHECK_FALSE(dibs::is_transient(e.code()));
       CHECK_THAT(e.what(), Contains("127.0.0.1:" + o.port) && Contains("certificate verify failed: ") &&
@@ -92,7 +69,7 @@ TEST_CASE("a certificate for another host name is refused, and verify = false (u
   for (const auto mode : {tls_mode::implicit, tls_mode::starttls}) {
     auto o = imap::tls_options(mode);
     o.host = "localhost";  // the certificate names only IP 127.0.0.1
-    const auto e = refused(o);
+    const auto e = imap::refusal(o);
     CHECK(e.code() == std::errc::permission_denied);
     CHECK_FALSE(dibs::is_transient(e.code()));
     CHECK_THAT(e.what(), Contains("localhost:" + o.port) && Contains("certificate verify failed: hostname mismatch") &&
@@ -108,7 +85,7 @@ TEST_CASE("a certificate for another host name is refused, and verify = false (u
 TEST_CASE("TLS spoken to the plain port fails the handshake, not transient") {
   auto o = imap::tls_options(tls_mode::implicit);
   o.port = imap::options().port;
-  const auto e = refused(o);
+  const auto e = imap::refusal(o);
   CHECK(e.code() == std::errc::protocol_error);
   CHECK_FALSE(dibs::is_transient(e.code()));
   CHECK_THAT(e.what(), Contains("TLS handshake failed") && Contains("993"));
