@@ -1389,10 +1389,22 @@ TEST_CASE("run_shell: standard input /dev/null (not ours), SIGCHLD at its defaul
     CHECK((mask & (1ull << (SIGCHLD - 1))) == 0);
     CHECK(r.exit_code == -1);  // reaped unseen here: how it ended is not known, and not made up
   }
-  {  // killed at the deadline, and a helper that printed too much
-    const auto slow = dibs::detail::run_shell("sleep 30", std::chrono::milliseconds{200}, 4096);
+  {  // killed at the deadline with what it started (a group of its own), and a helper that printed too much
+    const dibs_test::temp_dir dir;
+    const auto pid_file = (dir.path / "pid").string();
+    const auto slow =
+        dibs::detail::run_shell(fmt::format("sleep 30 & echo $! > '{}'; wait", pid_file), std::chrono::seconds{2}, 4096);
     CHECK(slow.timed_out);
     CHECK(slow.signal == SIGKILL);
+    const auto pid = std::stoi(dibs_test::slurp(pid_file));
+    const auto ended = [&] {  // gone, or a zombie its new parent has not reaped yet
+      if (::kill(pid, 0) != 0) return errno == ESRCH;
+      const auto stat = dibs_test::slurp(fmt::format("/proc/{}/stat", pid));
+      return stat.find(") Z ") != std::string::npos;
+    };
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds{20};
+    while (!ended() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    CHECK(ended());
     const auto big = dibs::detail::run_shell("head -c 100000 /dev/zero", std::chrono::seconds{20}, 4096);
     CHECK(big.too_long);
   }

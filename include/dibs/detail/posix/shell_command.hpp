@@ -72,6 +72,7 @@ struct spawn_setup {
 // (by an application's SIGCHLD handler, or SIGCHLD ignored) may be reused.
 struct child_guard {
   pid_t pid = -1;
+  bool group = false;  // it leads a process group of its own: a kill ends what it started too
   bool reaped = false;
   int status = 0;
   bool known = false;  // status holds how it ended
@@ -96,7 +97,7 @@ struct child_guard {
     }
   }
   void kill() noexcept {
-    if (!poll_exit()) ::kill(pid, SIGKILL);
+    if (!poll_exit()) ::kill(group ? -pid : pid, SIGKILL);
   }
   void wait_blocking() noexcept {
     while (!reaped) {
@@ -115,15 +116,18 @@ inline void check_setup(int rc, const char* what) {
 
 /// Effects: runs `command` with /bin/sh -c, its standard output read into
 /// the result, waiting `timeout` at most for it to finish (then it is
-/// killed with SIGKILL; only the shell: a process it left running in the
-/// background is left alone). Once the shell has exited, what its output
+/// killed with SIGKILL, with what it started: it leads a process group of
+/// its own, unless our standard input is a terminal). Once the shell has exited, what its output
 /// already holds is read and the reading stops: a background process that
 /// keeps the output open (a `cmd &`, an agent started on the way) neither
 /// holds it up nor loses what the shell printed. It starts with no signal
 /// blocked, SIGPIPE and SIGCHLD at their defaults, whatever this process
 /// does with them (the dibs command blocks the signals it forwards), and
-/// standard input /dev/null unless ours is a terminal. Not in a process
-/// group of its own: a helper that asks on the terminal still can. Every
+/// standard input /dev/null unless ours is a terminal. With a terminal it
+/// stays in our process group, so that a helper that asks a person can
+/// read the terminal (a background group's read stops it), and a kill at
+/// the deadline ends the shell only. A process it left running after
+/// it exited in time is left alone. Every
 /// descriptor is closed and the shell reaped on every path out (an
 /// exception too). Returns: what it wrote and how it ended. Throws:
 /// std::system_error (errno) if it cannot be started.
@@ -147,9 +151,17 @@ inline shell_result run_shell(const std::string& command, std::chrono::milliseco
     // dup2 leaves the copy without O_CLOEXEC
     check_setup(::posix_spawn_file_actions_adddup2(&s.actions, fds[1], STDOUT_FILENO),
                 "cannot set up /bin/sh (posix_spawn_file_actions_adddup2)");
-    if (!::isatty(STDIN_FILENO))
+    short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+    if (!::isatty(STDIN_FILENO)) {
       check_setup(::posix_spawn_file_actions_addopen(&s.actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0),
                   "cannot set up /bin/sh (posix_spawn_file_actions_addopen /dev/null)");
+      // A group of its own: a helper killed at the deadline takes what it
+      // started with it (dash runs `sleep 30` as a child, which would
+      // otherwise outlive it, holding our standard error).
+      check_setup(::posix_spawnattr_setpgroup(&s.attr, 0), "cannot set up /bin/sh (posix_spawnattr_setpgroup)");
+      flags |= POSIX_SPAWN_SETPGROUP;
+      child.group = true;
+    }
     sigset_t none, defaults;
     sigemptyset(&none);
     sigemptyset(&defaults);
@@ -158,7 +170,7 @@ inline shell_result run_shell(const std::string& command, std::chrono::milliseco
     check_setup(::posix_spawnattr_setsigmask(&s.attr, &none), "cannot set up /bin/sh (posix_spawnattr_setsigmask)");
     check_setup(::posix_spawnattr_setsigdefault(&s.attr, &defaults),
                 "cannot set up /bin/sh (posix_spawnattr_setsigdefault)");
-    check_setup(::posix_spawnattr_setflags(&s.attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF),
+    check_setup(::posix_spawnattr_setflags(&s.attr, flags),
                 "cannot set up /bin/sh (posix_spawnattr_setflags)");
     char sh[] = "sh", dash_c[] = "-c";
     char* argv[] = {sh, dash_c, const_cast<char*>(command.c_str()), nullptr};
