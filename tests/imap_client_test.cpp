@@ -901,10 +901,14 @@ TEST_CASE("OAuth2 refusals a renewed token would meet again: not renewed (BAD, C
   struct refusal {
     std::string mech, json, completion;
   };
-  for (const auto& [mech, json, completion] :
+  for (const auto& r :
        {refusal{"XOAUTH2", "", "BAD [CANNOT] Unsupported mechanism"}, refusal{"XOAUTH2", "", "NO [CANNOT] not here"},
         refusal{"OAUTHBEARER", R"({"status":"insufficient_scope","scope":"imap"})", "NO [AUTHENTICATIONFAILED] no"},
         refusal{"OAUTHBEARER", R"({"status":"invalid_request"})", "NO [AUTHENTICATIONFAILED] no"}}) {
+    // named, not bound: clang before 16 cannot capture a structured binding in the lambda below
+    const std::string& mech = r.mech;
+    const std::string& json = r.json;
+    const std::string& completion = r.completion;
     INFO(mech << " " << json << " " << completion);
     const dibs_test::imap::token_script tokens{{"tok-4", "tok-5"}};
     scripted_server server([&](int fd) {

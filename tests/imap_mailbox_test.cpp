@@ -1151,16 +1151,16 @@ TEST_CASE("imap_mailbox: watchers that start at once with different key schemes 
       s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
     }
     const auto claims = dibs_test::imap::fresh_folder("kraceclaims");
-    constexpr int watchers = 6;
+    constexpr std::size_t watchers = 6;
     // Each thread's own store (connection), as separate processes have.
     std::vector<std::unique_ptr<dibs::imap_store>> stores;
-    for (int i = 0; i < watchers; ++i)
+    for (std::size_t i = 0; i < watchers; ++i)
       stores.push_back(std::make_unique<dibs::imap_store>(server, dibs::imap_store_options{.folder = claims}));
-    std::atomic<int> ready{0};
+    std::atomic<std::size_t> ready{0};
     std::vector<std::optional<key_by>> got(watchers);  // what each opened with; nothing: refused
     std::vector<std::string> errors(watchers);
     std::vector<std::thread> threads;
-    for (int i = 0; i < watchers; ++i)
+    for (std::size_t i = 0; i < watchers; ++i)
       threads.emplace_back([&, i] {
         const auto want = i % 2 ? key_by::uid : key_by::message_id;
         ++ready;
@@ -1179,7 +1179,7 @@ TEST_CASE("imap_mailbox: watchers that start at once with different key schemes 
     REQUIRE((scheme == "uid" || scheme == "message-id"));
     const auto agreed = scheme == "uid" ? key_by::uid : key_by::message_id;
     int opened = 0;
-    for (int i = 0; i < watchers; ++i) {
+    for (std::size_t i = 0; i < watchers; ++i) {
       INFO("watcher " << i << ": " << errors[i]);
       const auto want = i % 2 ? key_by::uid : key_by::message_id;
       if (want == agreed) {
