@@ -6,6 +6,10 @@
 // (tests/scripts/imap_proxy.py) making Dovecot look like a server that keeps
 // no keywords, or has no MOVE.
 #include <dibs/stores/file_store.hpp>
+#include <dibs/stores/sqlite_store.hpp>
+#ifdef DIBS_TEST_PG_DIR
+#include <dibs/stores/postgres_store.hpp>
+#endif
 #include <dibs/imap/mailbox.hpp>
 #include <dibs/retry.hpp>
 
@@ -72,27 +76,39 @@ dibs::retry_policy patient(std::chrono::steady_clock::time_point deadline) {
   return p;
 }
 
-// Workers (processes) take messages from `mailbox` until a stop file
-// appears; each effect goes to a fenced journal (a file_store), and the
-// completion names its token. `during` runs in the parent meanwhile (kills,
-// a server crash); then the parent waits until every message is completed
-// (and, in the folder view, in Done).
-template <class During>
-run_result run_workers(const std::string& mailbox, const std::string& claims_folder, int workers, int expected,
+// The claims of run_workers() in an IMAP folder of the tests' server:
+// opens a store of its own for each caller.
+struct imap_claims {
+  std::string folder;
+  std::unique_ptr<dibs::imap_store> operator()() const {
+    return std::make_unique<dibs::imap_store>(dibs_test::imap::options(), dibs::imap_store_options{.folder = folder});
+  }
+};
+
+// Workers (processes) take messages from `mailbox` on `server` until a stop
+// file appears, each with its own claims store (open_claims(): imap_claims,
+// or another store's opener); each effect goes to a fenced journal (a
+// file_store), and the completion names its token. `during` runs in the
+// parent meanwhile (kills, a server crash); then the parent waits until
+// every message is completed (and, in the folder view, in Done).
+template <class During, class OpenClaims = imap_claims>
+run_result run_workers(const std::string& mailbox, const OpenClaims& open_claims, int workers, int expected,
                        During during, std::chrono::milliseconds lease = 5s,
                        std::chrono::milliseconds handling = std::chrono::milliseconds{0},
-                       dibs::imap_mailbox_options::view_by view = dibs::imap_mailbox_options::view_by::automatic) {
+                       dibs::imap_mailbox_options::view_by view = dibs::imap_mailbox_options::view_by::automatic,
+                       const dibs::imap::options& server = dibs_test::imap::options()) {
+  using store_type = typename decltype(open_claims())::element_type;
+  using mailbox_type = dibs::basic_imap_mailbox<store_type>;
   dibs_test::temp_dir dir;
   const auto journal_dir = dir.path / "journal";
   const auto stop = dir.path / "stop";
   std::filesystem::create_directories(journal_dir);
-  const auto server = dibs_test::imap::options();
   auto start_worker = [&]() {
     return dibs_test::spawn([&]() -> int {
       const auto forever = dibs::time_limit::max();
-      auto store = dibs::retry(patient(forever), [&] { return std::make_unique<dibs::imap_store>(server, dibs::imap_store_options{.folder = claims_folder}); });
+      auto store = dibs::retry(patient(forever), [&] { return open_claims(); });
       auto box = dibs::retry(patient(forever), [&] {
-        return std::make_unique<dibs::imap_mailbox>(server, *store,
+        return std::make_unique<mailbox_type>(server, *store,
                                                     dibs::imap_mailbox_options{.mailbox = mailbox,
                                                                                .view = view,
                                                                                .claims = {.lease = lease, .max_attempts = 20},
@@ -123,16 +139,14 @@ run_result run_workers(const std::string& mailbox, const std::string& claims_fol
   // have just restarted: what it says in the meantime (BYE, refused
   // connections, no answer for a while) is waited out.
   const auto deadline = std::chrono::steady_clock::now() + 240s;
-  const auto store = dibs::retry(patient(deadline), [&] {
-    return std::make_unique<dibs::imap_store>(server, dibs::imap_store_options{.folder = claims_folder});
-  });
+  const auto store = dibs::retry(patient(deadline), [&] { return open_claims(); });
   const auto box = dibs::retry(patient(deadline), [&] {
-    return std::make_unique<dibs::imap_mailbox>(
+    return std::make_unique<mailbox_type>(
         server, *store, dibs::imap_mailbox_options{.mailbox = mailbox, .view = view, .on_note = [](std::string_view) {}});
   });
   // Where every message ends: the mailbox (keywords), or Done.
   const auto final_folder = box->view() == dibs::imap_mailbox_options::view_by::folders ? box->done_folder() : mailbox;
-  std::vector<dibs::imap_mailbox::entry> seen;
+  std::vector<typename mailbox_type::entry> seen;
   for (;;) {
     seen = dibs::retry(patient(deadline), [&] { return box->status(); });
     const auto done = std::count_if(seen.begin(), seen.end(), [&](const auto& e) {
@@ -203,7 +217,7 @@ TEST_CASE("imap_mailbox: 4 workers, 1,000 messages, 12 SIGKILLs: each message ha
   constexpr int total = 1000;
   deliver(s, mailbox, 0, total / 2);  // half before the workers start, half while they run (IDLE wakes them)
   int kills = 0;
-  const auto r = run_workers(mailbox, claims, 4, total, [&](std::vector<pid_t>& pids, auto& start) {
+  const auto r = run_workers(mailbox, imap_claims{claims}, 4, total, [&](std::vector<pid_t>& pids, auto& start) {
     std::thread delivery([&] {
       dibs::imap::session d{dibs_test::imap::options()};
       deliver(d, mailbox, total / 2, total);
@@ -238,7 +252,7 @@ TEST_CASE("imap_mailbox: the server SIGKILLed and restarted mid-run: nothing los
   // The last 50 messages are delivered only after the restart: the crash
   // lands before the run is over however fast the workers are, and the
   // workers must reconnect to finish it.
-  const auto r = run_workers(mailbox, claims, 4, 300, [&](std::vector<pid_t>&, auto&) {
+  const auto r = run_workers(mailbox, imap_claims{claims}, 4, 300, [&](std::vector<pid_t>&, auto&) {
     std::this_thread::sleep_for(600ms);
     dibs_test::imap::kill_server();
     std::this_thread::sleep_for(1s);
@@ -319,7 +333,7 @@ TEST_CASE("imap_mailbox: the server SIGKILLed and restarted 5 times mid-run, rep
   };
   int crashes = 0, rebuilt = 0;
   const auto r = run_workers(
-      mailbox, claims, 4, total,
+      mailbox, imap_claims{claims}, 4, total,
       [&](std::vector<pid_t>&, auto&) {
         for (; crashes < crashes_wanted; ++crashes) {
           std::this_thread::sleep_for(200ms);
@@ -772,7 +786,7 @@ TEST_CASE("imap_mailbox, folder view: 4 workers, SIGKILLs, the server SIGKILLed 
   // lands before the run is over however fast the workers are, and the
   // workers must reconnect to finish it.
   const auto r = run_workers(
-      mailbox, claims, 4, total,
+      mailbox, imap_claims{claims}, 4, total,
       [&](std::vector<pid_t>& pids, auto& start) {
         std::mt19937 rng(34);
         const auto kill_some = [&](int n) {
@@ -911,6 +925,94 @@ TEST_CASE("imap_mailbox: a server without MOVE (a proxy takes it out of CAPABILI
   const auto slash = r.mailbox + "/";
   check_done_once(r.mailbox, slash + "Processing", slash + "Done", slash + "Failed", total);
 }
+
+// ---- The claims in another store: a server like Exchange Online's IMAP ----
+
+namespace {
+
+// run_workers()'s claims in a SQLite database (workers on one machine).
+struct sqlite_claims {
+  std::filesystem::path db;
+  std::unique_ptr<dibs::sqlite_store> operator()() const { return std::make_unique<dibs::sqlite_store>(db); }
+};
+
+#ifdef DIBS_TEST_PG_DIR
+// run_workers()'s claims in a table of the IMAP tests' PostgreSQL cluster
+// (tests/CMakeLists.txt: started with the fixture imap).
+struct postgres_claims {
+  std::string table;
+  std::unique_ptr<dibs::postgres_store> operator()() const {
+    auto info = dibs_test::slurp(std::filesystem::path{DIBS_TEST_PG_DIR} / "conninfo");
+    info.erase(info.find('\n'));
+    return std::make_unique<dibs::postgres_store>(info, dibs::postgres_store_options{.table = table});
+  }
+};
+#endif
+
+// Through a proxy that makes Dovecot look like Exchange Online's IMAP (no
+// \* in PERMANENTFLAGS, no QRESYNC or CONDSTORE): imap_store refuses the
+// server, naming QRESYNC; basic_imap_mailbox over the claims in another
+// store takes the folder view by itself, and 4 worker processes, 3 of
+// them SIGKILLed on the way, leave each message in Done once.
+template <class OpenClaims>
+void exchange_like_run(const OpenClaims& open_claims, const std::string& stem) {
+  imap_proxy proxy{{"--no-star", "--no-qresync"}};
+  try {
+    dibs::imap_store refused{proxy.options(), {.folder = dibs_test::imap::fresh_folder(stem + "claims")}};
+    (void)refused.read("x");
+    FAIL("imap_store opened a server without QRESYNC");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == std::errc::not_supported);
+    CHECK_THAT(e.what(), Catch::Contains("QRESYNC"));
+  }
+  const auto mailbox = dibs_test::imap::fresh_folder(stem);
+  constexpr int total = 60;
+  {
+    dibs::imap::session s{dibs_test::imap::options()};
+    s.check(s.run("CREATE " + dibs::imap::quote(mailbox)), "create");
+    deliver(s, mailbox, 0, total);
+  }
+  int kills = 0;
+  const auto r = run_workers(
+      mailbox, open_claims, 4, total,
+      [&](std::vector<pid_t>& pids, auto& start) {
+        std::mt19937 rng(35);
+        for (; kills < 3; ++kills) {
+          // Each kill lands in the middle of the run: after another 10 moves.
+          const int moves = 10 * (kills + 1);
+          REQUIRE(dibs_test::eventually([&] { return proxy.sent("UID MOVE") >= moves; }, 120s));
+          const auto victim = std::uniform_int_distribution<std::size_t>{0, pids.size() - 1}(rng);
+          ::kill(pids[victim], SIGKILL);
+          dibs_test::wait_exit(pids[victim]);
+          pids[victim] = start();
+        }
+      },
+      3s, 50ms, view_by::automatic, proxy.options());
+  INFO("messages retried after a kill: " << r.retried);
+  CHECK(r.messages == total);  // in all four folders: each message once
+  CHECK(r.completed == total);
+  CHECK(r.effects_match == total);  // each effect once, from the claim that completed it
+  CHECK(r.in_done == total);        // the folder view, chosen by itself
+  CHECK(r.shown_completed == 0);
+  CHECK(proxy.sent("ENABLE") == 0);  // nobody asked for QRESYNC (Exchange would answer BAD)
+  const auto slash = mailbox + "/";
+  check_done_once(mailbox, slash + "Processing", slash + "Done", slash + "Failed", total);
+}
+
+}  // namespace
+
+TEST_CASE("basic_imap_mailbox<sqlite_store>: a server like Exchange's (no keywords, no QRESYNC), the claims in SQLite: "
+          "4 workers, 3 SIGKILLs, each message ends in Done once") {
+  dibs_test::temp_dir dir;
+  exchange_like_run(sqlite_claims{dir.path / "claims.db"}, "exsqlite");
+}
+
+#ifdef DIBS_TEST_PG_DIR
+TEST_CASE("basic_imap_mailbox<postgres_store>: a server like Exchange's (no keywords, no QRESYNC), the claims in "
+          "PostgreSQL: 4 workers, 3 SIGKILLs, each message ends in Done once") {
+  exchange_like_run(postgres_claims{fmt::format("exclaims_{:x}", std::random_device{}())}, "expg");
+}
+#endif
 
 TEST_CASE("imap_mailbox: the folder view with key_by::uid is invalid_argument, before anything is done") {
   const auto mailbox = dibs_test::imap::fresh_folder("fuid");
@@ -1114,7 +1216,7 @@ TEST_CASE("imap_mailbox: over a keyword view's claims keyed by UID, the folder v
       CHECK_THAT(e.what(), Catch::Contains("keyed by uid"));
       CHECK_THAT(e.what(), Catch::Contains("key them by message-id"));
       CHECK_THAT(e.what(), Catch::Contains("Keep the keyword view"));
-      CHECK_THAT(e.what(), Catch::Contains("new claims folder"));
+      CHECK_THAT(e.what(), Catch::Contains("start the folder view with new claims"));
     }
     // Nothing moved, claimed or made: the three messages in the mailbox, no folder under it, the same claims.
     CHECK(dibs_test::imap::messages(s, mailbox) == 3);

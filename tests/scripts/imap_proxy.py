@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A fault-injecting IMAP proxy for dibs's tests (tests/imap_mailbox_test.cpp).
 
-    imap_proxy.py --to HOST:PORT [--no-star] [--no-move] [--log FILE]
+    imap_proxy.py --to HOST:PORT [--no-star] [--no-move] [--no-qresync] [--log FILE]
 
 Listens on a free port of 127.0.0.1 and prints it (one line, then flushes),
 and passes every connection through to the IMAP server at HOST:PORT, byte
@@ -14,6 +14,8 @@ the rest of a line after one), and only these:
   --no-move  "* CAPABILITY ...", "* OK [CAPABILITY ...]" and
              "TAG OK [CAPABILITY ...]": MOVE taken out, as a server without
              RFC 6851 says
+  --no-qresync the same lines: QRESYNC and CONDSTORE taken out, as Exchange
+             Online's say (with --no-star: a server like Exchange's IMAP)
 
 --log FILE: the name of each command a client sends ("SELECT", "UID MOVE"),
 one a line, appended to FILE; never its arguments (LOGIN's are a password).
@@ -31,6 +33,7 @@ MAX_LINE = 1 << 27  # a message fetched whole is one line: as big as the client'
 LITERAL = re.compile(rb"\{(\d+)\+?\}\r?\n$")
 CAPABILITY = re.compile(rb"^\S+ (?:OK \[)?CAPABILITY ", re.IGNORECASE)
 MOVE = re.compile(rb" MOVE(?=[ \]\r\n])", re.IGNORECASE)
+QRESYNC = re.compile(rb" (?:QRESYNC|CONDSTORE)(?=[ \]\r\n])", re.IGNORECASE)
 
 
 def rewrite(line, args):
@@ -38,6 +41,8 @@ def rewrite(line, args):
         line = line.replace(b" \\*", b"").replace(b"(\\* ", b"(").replace(b"(\\*)", b"()")
     if args.no_move and CAPABILITY.match(line):
         line = MOVE.sub(b"", line)
+    if args.no_qresync and CAPABILITY.match(line):
+        line = QRESYNC.sub(b"", line)
     return line
 
 
@@ -78,6 +83,7 @@ def main():
     parser.add_argument("--to", required=True, help="HOST:PORT of the IMAP server")
     parser.add_argument("--no-star", action="store_true", help="take \\* out of PERMANENTFLAGS")
     parser.add_argument("--no-move", action="store_true", help="take MOVE out of CAPABILITY")
+    parser.add_argument("--no-qresync", action="store_true", help="take QRESYNC and CONDSTORE out of CAPABILITY")
     parser.add_argument("--log", help="append the name of each command a client sends to this file")
     args = parser.parse_args()
     host, _, port = args.to.rpartition(":")

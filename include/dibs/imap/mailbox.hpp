@@ -9,7 +9,16 @@
 //     mail->complete("order 17");
 //   }
 //
-// The authority is the claim in the store (marker_claim<imap_store>), keyed
+// Where the claims are: an imap_mailbox keeps them in an IMAP folder
+// (imap_store, on a server with UIDPLUS and QRESYNC); basic_imap_mailbox<S>
+// keeps them in any listable store S: a server without QRESYNC (Exchange
+// Online, Gmail) is watched with the claims in PostgreSQL (workers on many
+// machines) or SQLite (one machine), the mailbox's view the same:
+//
+//   dibs::postgres_store claims{"host=db.internal dbname=mail", {.table = "orders_claims"}};
+//   dibs::basic_imap_mailbox<dibs::postgres_store> inbox{exchange, claims};
+//
+// The authority is the claim in the store (marker_claim<Store>), keyed
 // by the message: "mail/<mailbox>/uid/<UIDVALIDITY>/<UID>" (each delivered
 // copy is one item), or with key_by::message_id "mail/<mailbox>/id/<Message-ID>"
 // (a message delivered twice, or moved away and back, is one item; a
@@ -32,17 +41,19 @@
 // repaired when a watcher next scans the mailbox.
 //
 // next() waits for new mail with IDLE (RFC 2177), not by polling, and looks
-// again at least every third of the claims' lease (at most 2 s) for claims of workers
-// that are gone. Failures of the server (restarting, unreachable, and
-// for 30 s after a reconnect an internal error, NO [SERVERBUG], which
-// Dovecot answers while it repairs what a crash left) are waited out
-// inside next() until its wait ends (backing off: 200 ms doubling to 5 s,
-// with jitter, since each try may log in again), and the store (imap_store) treats
-// them as transient too: they cost no message an attempt; a refused login, a mailbox
-// that does not exist or is read-only throw, naming server and mailbox.
-// One thread uses an imap_mailbox (and the mail it hands out) at a time; it
-// needs its own connection
-// (given by `server`) beside the store's.
+// again at least every third of the claims' lease (at most 2 s) for
+// claims of workers that are gone. Failures of the server (restarting,
+// unreachable, and for 30 s after a reconnect an internal error, NO
+// [SERVERBUG], which Dovecot answers while it repairs what a crash left)
+// are waited out inside next() until its wait ends (backing off: 200 ms
+// doubling to 5 s, with jitter, since each try may log in again), and so
+// are the claims store's transient errors (imap_store treats the same
+// failures of its server as transient; PostgreSQL's and SQLite's stores
+// a lost connection or a busy database): they cost no message an
+// attempt; a refused login, a mailbox that does not exist or is
+// read-only throw, naming server and mailbox. One thread uses an
+// imap_mailbox (and the mail it hands out) at a time; it needs its own
+// connection (given by `server`) beside the store's.
 //
 // The folder view (view_by::folders; view_by::automatic, the default,
 // chooses it where the mailbox keeps no keywords of the client's: no \* in
@@ -158,6 +169,16 @@
 
 namespace dibs {
 
+namespace detail {
+/// Where a mailbox's claims are, for messages: the store's where()
+/// ("user@host:port folder 'dibs'", "table 'dibs' in database '/srv/claims.db'").
+template <class Store>
+std::string claims_where(const Store& s) {
+  if constexpr (requires { { s.where() } -> std::convertible_to<std::string>; }) return s.where();
+  else return "the claims store";
+}
+}  // namespace detail
+
 struct imap_mailbox_options {
   /// The shared mailbox the messages arrive in.
   std::string mailbox = "INBOX";
@@ -191,7 +212,8 @@ struct imap_mailbox_options {
   std::function<void(std::string_view)> on_note{};
 };
 
-class imap_mailbox {
+template <listable_store Store>
+class basic_imap_mailbox {
   // The folder view: where a message is: its folder, its UID there (0: not
   // known) and the folder's UIDVALIDITY then.
   struct place {
@@ -201,7 +223,7 @@ class imap_mailbox {
   };
 
 public:
-  using claims_type = marker_claim<imap_store>;
+  using claims_type = marker_claim<Store>;
   using view_by = imap_mailbox_options::view_by;
   using key_by = imap_mailbox_options::key_by;
 
@@ -278,16 +300,16 @@ public:
     }
 
   private:
-    friend class imap_mailbox;
-    mail(imap_mailbox* box, claims_type::claim c, std::uint32_t uid, std::string id, std::string raw)
+    friend class basic_imap_mailbox;
+    mail(basic_imap_mailbox* box, typename claims_type::claim c, std::uint32_t uid, std::string id, std::string raw)
         : box_(box), claim_(std::move(c)), validity_(box->validity_), uid_(uid), folder_(box->opts_.mailbox),
           message_id_(std::move(id)), raw_(std::move(raw)) {}
     // The folder view's: the message is at `at`.
-    mail(imap_mailbox* box, claims_type::claim c, const place& at, std::string id, std::string raw)
+    mail(basic_imap_mailbox* box, typename claims_type::claim c, const place& at, std::string id, std::string raw)
         : box_(box), claim_(std::move(c)), validity_(at.validity), uid_(at.uid), folder_(at.folder),
           message_id_(std::move(id)), raw_(std::move(raw)) {}
-    imap_mailbox* box_;
-    claims_type::claim claim_;
+    basic_imap_mailbox* box_;
+    typename claims_type::claim claim_;
     std::uint32_t validity_;  // of the mailbox (the folder view: of folder_) when the message was claimed
     std::uint32_t uid_;
     std::string folder_;
@@ -315,22 +337,22 @@ public:
   /// that are not four different folders;
   /// std::errc::not_supported for the folder view on a server with
   /// neither MOVE nor UIDPLUS.
-  imap_mailbox(imap::options server, imap_store& store, imap_mailbox_options o = {})
+  basic_imap_mailbox(imap::options server, Store& store, imap_mailbox_options o = {})
       : opts_(checked(std::move(o))), session_(std::move(server)), store_(&store), claims_(store, opts_.claims) {
     select();
     choose_view();
   }
   /// Reads whether the keywords last sent were set (before the connection
   /// closes); in the folder view, tries the moves this worker still owes.
-  ~imap_mailbox() {
+  ~basic_imap_mailbox() {
     try {
       drain();
       if (folders_) pay_owed();
     } catch (...) {
     }
   }
-  imap_mailbox(const imap_mailbox&) = delete;
-  imap_mailbox& operator=(const imap_mailbox&) = delete;
+  basic_imap_mailbox(const basic_imap_mailbox&) = delete;
+  basic_imap_mailbox& operator=(const basic_imap_mailbox&) = delete;
 
   /// Returns: "user@host:port mailbox 'INBOX'", for messages.
   std::string where() const { return fmt::format("{} mailbox '{}'", session_.where(), opts_.mailbox); }
@@ -843,7 +865,7 @@ private:
       // another worker completed or holds; only a final state is taken as
       // it is (it never changes back), and a held one is tried as before
       // once `recheck` has passed.
-      if (const auto cached = store_->read_cached(s.key)) {
+      if (const auto cached = read_cached(s.key)) {
         const auto state = detail::field(cached->value, "state");
         if (state == "completed" || state == "failed") {
           settle(uid, s, state == "completed" ? claim_state::completed : claim_state::failed);
@@ -854,7 +876,7 @@ private:
           continue;
         }
       }
-      std::optional<claims_type::claim> c;
+      std::optional<typename claims_type::claim> c;
       read_ahead(uid);
       try {
         c = claims_.try_claim(s.key);
@@ -913,7 +935,7 @@ private:
   // Reads message `uid` (claimed by `c`) and sends the keywords that show
   // $Processing on it, which the server sets while the message is handled.
   // Returns: the whole message, or nothing if it was expunged.
-  std::optional<std::string> take(std::uint32_t uid, const seen& s, const claims_type::claim& c) {
+  std::optional<std::string> take(std::uint32_t uid, const seen& s, const typename claims_type::claim& c) {
     // The other keywords are taken off only where they can be (a message
     // claimed before, or one a person marked).
     const bool marked = std::any_of(s.flags.begin(), s.flags.end(), [&](const std::string& f) {
@@ -1046,7 +1068,7 @@ private:
         throw std::system_error(make_error_code(errc::contended),
                                 fmt::format("dibs::imap_mailbox: {}: the record '{}' in {} of how the mailbox's "
                                             "claims are keyed was erased each time after it was created",
-                                            where(), key, store_->where()));
+                                            where(), key, detail::claims_where(*store_)));
       const auto prefix = fmt::format("mail/{}/", opts_.mailbox);
       bool ids = false, uids = false;
       for (const auto& k : store_->keys(prefix)) {
@@ -1061,13 +1083,13 @@ private:
       throw std::system_error(make_error_code(errc::corrupt_record),
                               fmt::format("dibs::imap_mailbox: {}: the record '{}' in {} of how the mailbox's claims "
                                           "are keyed says '{}', neither 'uid' nor 'message-id'",
-                                          where(), key, store_->where(), record));
+                                          where(), key, detail::claims_where(*store_), record));
     if (record == wanted) return wants_id;
     const bool record_id = record == "message-id";
     if (opts_.key == key_by::automatic && (!folders_ || record_id)) {
       note(fmt::format("the claims of {} are keyed by {}, as the record '{}' in {} says (the scheme of the mailbox's "
                        "first watcher), so this watcher keys them so too",
-                       where(), record_id ? "Message-ID" : "UID", key, store_->where()));
+                       where(), record_id ? "Message-ID" : "UID", key, detail::claims_where(*store_)));
       return record_id;
     }
     const std::string mine = folders_ ? "the folder view, which keys by Message-ID (a move gives a message a new UID)"
@@ -1077,11 +1099,11 @@ private:
         fmt::format("dibs::imap_mailbox: {}: its claims are keyed by {} (the record '{}' in {}, written by the "
                     "mailbox's first watcher), but this watcher would key them by {}, for {}: watchers keying one "
                     "mailbox differently would each claim the same message, so it is refused. {}",
-                    where(), record, key, store_->where(), wanted, mine,
+                    where(), record, key, detail::claims_where(*store_), wanted, mine,
                     folders_ ? fmt::format("Keep the keyword view (view_by::keywords, on a server that keeps "
                                            "keywords), or stop every watcher of the mailbox, move the messages it "
-                                           "handled out of '{}', and start the folder view with a new claims folder "
-                                           "(imap_store_options::folder)",
+                                           "handled out of '{}', and start the folder view with new claims (a new "
+                                           "imap_store_options::folder, or a new table or store)",
                                            opts_.mailbox)
                              : std::string{"Use key_by::automatic, which adopts the record's scheme"}));
   }
@@ -1225,7 +1247,7 @@ private:
       const auto held = held_by_key_.find(c.key);
       if (held != held_by_key_.end() && held->second > now) continue;  // someone else's, looked at lately
       // What the store said at its last look spares a claim attempt (see claim_known()).
-      if (const auto cached = store_->read_cached(c.key)) {
+      if (const auto cached = read_cached(c.key)) {
         const auto state = detail::field(cached->value, "state");
         if (state == "completed" || state == "failed") {
           decided(c, state == "completed" ? claim_state::completed : claim_state::failed, cached->version);
@@ -1236,7 +1258,7 @@ private:
           continue;
         }
       }
-      std::optional<claims_type::claim> claim;
+      std::optional<typename claims_type::claim> claim;
       try {
         claim = claims_.try_claim(c.key);
       } catch (const std::system_error& e) {
@@ -1266,7 +1288,7 @@ private:
   // neither (its claim then ends as in the keyword view: completed for a
   // message keyed by its UID, which is gone for good; given back for one
   // keyed by its Message-ID, which may come back).
-  std::optional<mail> take_from_folders(const candidate& c, claims_type::claim& claim) {
+  std::optional<mail> take_from_folders(const candidate& c, typename claims_type::claim& claim) {
     std::vector<place> tries{c.at};
     for (int round = 0; round < 2 && !tries.empty(); ++round) {
       for (const auto& at : tries) {
@@ -1550,7 +1572,7 @@ private:
   void repair(const candidate& c, claim_state state) {
     auto key = "view/" + c.key;
     if (key.size() > key_rules::max_key_size) key = "view-digest/" + digest(c.key);
-    lease_mutex<imap_store> lock{*store_, key, {.lease = opts_.claims.lease}};
+    lease_mutex<Store> lock{*store_, key, {.lease = opts_.claims.lease}};
     if (!lock.try_lock()) return;  // another watcher is at it
     const auto& to = state == claim_state::completed ? done_ : failed_;
     note(fmt::format("message {} of {} has been {} for a lease: moved to '{}' (a person moved it back, or its "
@@ -1682,9 +1704,19 @@ private:
     return out;
   }
 
+  // What the store read last for `key`, without a round trip, where it
+  // keeps that (imap_store: the claims folder's messages at hand); else
+  // nothing, and the claim is tried.
+  std::optional<record> read_cached(std::string_view key) {
+    if constexpr (requires(Store& st) { { st.read_cached(key) } -> std::same_as<std::optional<record>>; })
+      return store_->read_cached(key);
+    else
+      return std::nullopt;
+  }
+
   imap_mailbox_options opts_;
   imap::session session_;
-  imap_store* store_;
+  Store* store_;
   claims_type claims_;
   bool selected_ = false;
   std::uint32_t validity_ = 0;
@@ -1712,5 +1744,9 @@ private:
   std::map<std::tuple<std::string, std::uint32_t, std::uint32_t>, decided_seen> decided_;
   std::set<std::string> noted_;           // notes said once
 };
+
+/// The mailbox with its claims in an IMAP folder (imap_store), which needs
+/// a server with UIDPLUS and QRESYNC.
+using imap_mailbox = basic_imap_mailbox<imap_store>;
 
 }  // namespace dibs

@@ -347,6 +347,8 @@ public:
   }
 
   const std::filesystem::path& directory() const noexcept { return dir_; }
+  /// Returns: "directory 'D'", for messages.
+  std::string where() const { return fmt::format("directory '{}'", detail::path_text(dir_)); }
   /// Returns: the path of the file that holds `key`'s record (see the top
   /// of this file for how a key becomes a file name).
   std::filesystem::path path_of(std::string_view key) const { return detail::child_path(dir_, name_of(key, "dibs::file_store::path_of").name); }

@@ -381,6 +381,8 @@ public:
   const std::string& table() const noexcept { return opts_.table; }
   /// Returns: "host:port/database" of the server, for messages.
   const std::string& server() const noexcept { return server_; }
+  /// Returns: "table 'T' on host:port/database", for messages.
+  std::string where() const { return fmt::format("table '{}' on {}", opts_.table, server_); }
 
   /// Throws: errc::invalid_argument naming `table` if it is not a name this
   /// store takes.

@@ -353,6 +353,8 @@ public:
 
   const std::filesystem::path& path() const noexcept { return db_.path(); }
   const std::string& table() const noexcept { return opts_.table; }
+  /// Returns: "table 'T' in database 'P'", for messages.
+  std::string where() const { return fmt::format("table '{}' in database '{}'", opts_.table, detail::path_text(path())); }
 
   /// The store's connection, for the application's own statements on the
   /// same file (e.g. inserting message rows, or a transaction that writes a
