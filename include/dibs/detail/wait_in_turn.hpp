@@ -45,8 +45,9 @@ struct waiter_queue_of<S> {
 };
 
 // How long a queued waiter lets the queue stand still (no unlock, no
-// acquisition) before it tries the lock out of turn: the waiter whose turn
-// it is may be stopped (SIGSTOP, a debugger) or starved of a processor.
+// acquisition, and the lock not found held) before it tries the lock out of
+// turn: the waiter whose turn it is may be stopped (SIGSTOP, a debugger) or
+// starved of a processor.
 // The k-th waiter in line waits k times this, so only the one right behind
 // a stopped waiter tries, and the rest keep their order. A waiter that
 // takes the lock out of turn marks the ones it passed, which every waiter
@@ -151,6 +152,11 @@ bool wait_in_turn(Queue& queue, Open open, Try try_once, ChangeWait change_wait,
       return true;
     }
     woken = false;
+    // Tried out of turn and the lock was held: the queue stands still for
+    // its holder, not for the waiter ahead, whose patience starts again
+    // (else every waiter behind a long hold would try at each look, and
+    // take the lock between its unlock and the woken waiter's try).
+    if (out_of_turn) progress_since = clock::now();
     if constexpr (queued) {
       if (at.slot < 0 && !full && t.open(true)) {
         full = (at.slot = t.queue.enter()) < 0;
