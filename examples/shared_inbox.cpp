@@ -39,9 +39,16 @@
 // login, as mail clients' PassCmd is), a shared mailbox with --imap-authzid
 // ADDR (its address; the token is the user's); the rest of
 // dibs::imap::options::from_env() applies (DIBS_IMAP_TLS=implicit, ...).
+// Such servers lack QRESYNC, which a claims folder needs: --imap-claims
+// sqlite keeps the claims in claims.db in --dir instead
+// (dibs::basic_imap_mailbox<dibs::sqlite_store>). Where the server keeps no
+// keywords (Exchange), the mailbox shows the state by folders
+// (demo-<pid>/Processing, /Done, /Failed), and the end checks that every
+// message is in Done, none in two folders.
 //
 //   shared_inbox [--store sqlite|postgres|imap] [--pg CONNINFO] [--imap-token-cmd CMD] [--imap-authzid ADDR]
-//                [--workers M] [--messages N] [--kills K] [--rate R] [--hold-us U] [--dir D] [--json FILE] [--keep]
+//                [--imap-claims imap|sqlite] [--lease S] [--workers M] [--messages N] [--kills K] [--rate R]
+//                [--hold-us U] [--dir D] [--json FILE] [--keep]
 //
 // Workers are this program started again (by exec, with --role worker): a
 // database connection must never be carried across fork(). On Windows they
@@ -111,6 +118,10 @@ struct args {
   // identity (empty: from the environment, see imap_options()).
   std::string imap_token_cmd;
   std::string imap_authzid;
+  // For --store imap: where the claims are: "imap" (a folder on the server,
+  // which needs QRESYNC) or "sqlite" (claims.db in --dir).
+  std::string imap_claims = "imap";
+  int lease_s = 30;  // the claims' lease, seconds
   // Internal: the roles of the processes the demo starts; the name of the
   // run (its PostgreSQL tables start with it; on IMAP, its mailboxes).
   std::string role;
@@ -121,8 +132,8 @@ struct args {
 [[noreturn]] void usage(int code) {
   std::fputs(
       "usage: shared_inbox [--store sqlite|postgres|imap] [--pg CONNINFO] [--imap-token-cmd CMD]\n"
-      "                    [--imap-authzid ADDR] [--workers M] [--messages N] [--kills K] [--rate R]\n"
-      "                    [--hold-us U] [--dir D] [--json FILE] [--keep]\n"
+      "                    [--imap-authzid ADDR] [--imap-claims imap|sqlite] [--lease S] [--workers M]\n"
+      "                    [--messages N] [--kills K] [--rate R] [--hold-us U] [--dir D] [--json FILE] [--keep]\n"
       "\n"
       "  A delivery process drops N messages into a SQLite mailbox at R per second\n"
       "  while M worker processes watch it. Each message is claimed by exactly one\n"
@@ -149,6 +160,14 @@ struct args {
       "  --imap-authzid ADDR\n"
       "                 the mailbox to act as, when it is not $DIBS_IMAP_USER's own (an Exchange\n"
       "                 Online shared mailbox's address; default: $DIBS_IMAP_AUTHZID)\n"
+      "  --imap-claims C\n"
+      "                 where the claims are: imap (a folder demo-<pid>-claims on the server,\n"
+      "                 which must have QRESYNC; the default) or sqlite (claims.db in --dir:\n"
+      "                 for a server without QRESYNC, as Exchange Online and Gmail are)\n"
+      "  --lease S      the claims' lease in seconds (default 30): how long a claim whose\n"
+      "                 holder cannot be proven gone (on another machine) waits, and, on\n"
+      "                 IMAP's folder view, how long a message whose move a kill cut short\n"
+      "                 waits for the watchers' repair\n"
       "  --workers M    worker processes (default 4)\n"
       "  --messages N   messages to deliver (default 2000)\n"
       "  --kills K      workers killed with SIGKILL during the run (default 5; 0: no chaos)\n"
@@ -198,6 +217,8 @@ args parse(int argc, char** argv) {
     else if (opt == "--pg") a.pg = value();
     else if (opt == "--imap-token-cmd") a.imap_token_cmd = value();
     else if (opt == "--imap-authzid") a.imap_authzid = value();
+    else if (opt == "--imap-claims") a.imap_claims = value();
+    else if (opt == "--lease") a.lease_s = number(1, 3600);
     else if (opt == "--run") a.run = value();
     else if (opt == "--role") a.role = value();
     else if (opt == "--id") a.id = number(0, 1'000'000);
@@ -209,6 +230,10 @@ args parse(int argc, char** argv) {
   }
   if (a.store != "sqlite" && a.store != "postgres" && a.store != "imap") {
     std::fprintf(stderr, "shared_inbox: --store must be sqlite, postgres or imap (got '%s')\n", a.store.c_str());
+    std::exit(2);
+  }
+  if (a.imap_claims != "imap" && a.imap_claims != "sqlite") {
+    std::fprintf(stderr, "shared_inbox: --imap-claims must be imap or sqlite (got '%s')\n", a.imap_claims.c_str());
     std::exit(2);
   }
   if ((a.store == "postgres" && !DIBS_DEMO_POSTGRES) || (a.store == "imap" && !DIBS_DEMO_IMAP)) {
@@ -530,7 +555,9 @@ order_text parse_body(const std::string& body) {
 }
 
 // The claims' lease and attempts, in every mode.
-dibs::claim_options claim_policy() { return {.lease = 30s, .max_attempts = 10}; }
+// The claims' lease (--lease; every process of a run gets the same).
+std::chrono::seconds claim_lease{30};
+dibs::claim_options claim_policy() { return {.lease = claim_lease, .max_attempts = 10}; }
 
 // Handling one claimed message: its order written into the results database
 // in a transaction transact retries, its line in the shared log, and then
@@ -630,7 +657,8 @@ private:
 
 struct mailbox_state {
   std::map<std::string, dibs::claim_status> claims;
-  long shown_completed = -1;  // messages showing $Completed, the store agreeing (IMAP only)
+  long shown_completed = -1;  // messages shown done ($Completed, or in Done), the store agreeing (IMAP only)
+  long copies = 0;            // messages found twice (in two folders: a move's copy left behind; IMAP only)
   std::vector<std::string> listing;  // a few lines of the mailbox, for the reader (IMAP only)
 };
 
@@ -685,33 +713,56 @@ dibs::imap::options imap_options(const args& a) {
   return o;
 }
 
+// Claims: Claims is dibs::imap_store (a folder demo-<pid>-claims on the
+// server, which must have QRESYNC) or dibs::sqlite_store (claims.db in
+// --dir: --imap-claims sqlite, for a server without QRESYNC, as Exchange
+// Online and Gmail are). The mailbox's view is whichever it chooses: the
+// keywords where the server keeps them, else the folders
+// demo-<pid>/Processing, /Done and /Failed.
+template <class Claims>
 class imap_engine : public sqlite_results_engine {
 public:
+  static constexpr bool claims_on_server = std::is_same_v<Claims, dibs::imap_store>;
+  using mailbox_type = dibs::basic_imap_mailbox<Claims>;
+
   explicit imap_engine(const args& a)
-      : sqlite_results_engine(a), server_(imap_options(a)), mailbox_(a.run), folder_(a.run + "-claims") {}
+      : sqlite_results_engine(a), server_(imap_options(a)), mailbox_(a.run), folder_(a.run + "-claims"),
+        claims_db_(a.dir / "claims.db") {}
   const dibs::imap::options& server() const { return server_; }
-  dibs::imap_store open_claims() const { return dibs::imap_store{server_, {.folder = folder_}}; }
+  Claims open_claims() const {
+    if constexpr (claims_on_server) return dibs::imap_store{server_, {.folder = folder_}};
+    else return dibs::sqlite_store{claims_db_};
+  }
   dibs::imap_mailbox_options mailbox_options() const { return {.mailbox = mailbox_, .claims = claim_policy()}; }
   std::string where() const {
-    return fmt::format("IMAP server {}@{}:{}{}{}: messages delivered into mailbox '{}', claims in folder '{}'",
-                       server_.user, server_.host, server_.port,
+    return fmt::format("IMAP server {}@{}:{}{}{}: messages delivered into mailbox '{}', claims in {}", server_.user,
+                       server_.host, server_.port,
                        server_.authzid.empty() ? std::string{} : fmt::format(" (as {})", server_.authzid),
-                       server_.oauth2_token ? " (OAuth2 token from a command)" : "", mailbox_, folder_);
+                       server_.oauth2_token ? " (OAuth2 token from a command)" : "", mailbox_, claims_where());
   }
 
   void create() const {
     dibs::imap::session s{server_};
     s.check(s.run(fmt::format("CREATE {}", dibs::imap::quote(mailbox_))), fmt::format("creating the mailbox '{}'", mailbox_));
-    { auto claims = open_claims(); }  // creates its folder
+    { auto claims = open_claims(); }  // creates its folder (its table)
     create_results();
   }
+  // Removes the run's mailbox, the folder view's folders (where it made
+  // them: subfolders first) and the claims folder.
   void drop() const {
     dibs::imap::session s{server_};
-    for (const auto& r : s.run({fmt::format("DELETE {}", dibs::imap::quote(mailbox_)),
-                                fmt::format("DELETE {}", dibs::imap::quote(folder_))}))
-      s.check(r, "deleting the run's mailboxes");
+    std::vector<std::string> gone;
+    for (const auto& f : view_folders(s))
+      if (exists(s, f)) gone.push_back(f);
+    gone.push_back(mailbox_);
+    if constexpr (claims_on_server) gone.push_back(folder_);
+    for (const auto& f : gone) s.check(s.run(fmt::format("DELETE {}", dibs::imap::quote(f))), "deleting the run's mailboxes");
   }
-  std::string kept() const { return fmt::format("IMAP mailboxes kept: '{}' (the messages), '{}' (the claims)", mailbox_, folder_); }
+  std::string kept() const {
+    return fmt::format("IMAP mailbox kept: '{}' (the messages, and its folders Processing, Done and Failed if the "
+                       "folder view made them); the claims in {}",
+                       mailbox_, claims_where());
+  }
 
   // The delivery process's side: each message a mail of its own.
   class delivery_db {
@@ -741,17 +792,15 @@ public:
     dibs::imap::session session_;
   };
 
-  // The parent's view while the demo runs: the messages in the mailbox, and
-  // those showing $Completed (the view, set after the store decided; the
-  // checks at the end ask the store).
+  // The parent's view while the demo runs: the messages in the mailbox and
+  // its view's folders, and those shown done: $Completed (keywords), or in
+  // Done (folders): the view, set after the store decided; the checks at
+  // the end ask the store.
   dibs::imap::session open_monitor() const { return dibs::imap::session{server_}; }
   long delivered(dibs::imap::session& s) const {
-    const auto r = s.run(fmt::format("STATUS {} (MESSAGES)", dibs::imap::quote(mailbox_)));
-    s.check(r, "counting the messages");
-    for (const auto& line : r.untagged)
-      if (const auto at = line.find("(MESSAGES "); line.starts_with("STATUS") && at != std::string::npos)
-        return std::stol(line.substr(at + 10));
-    return 0;
+    long n = messages_in(s, mailbox_);
+    for (const auto& f : view_folders(s)) n += messages_in(s, f);
+    return n;
   }
   long completed(dibs::imap::session& s) const {
     const auto r = s.run({fmt::format("EXAMINE {}", dibs::imap::quote(mailbox_)), "UID SEARCH KEYWORD $Completed"});
@@ -759,75 +808,123 @@ public:
     long n = 0;
     for (const auto& line : dibs::imap::untagged_of(r))
       if (line.starts_with("SEARCH")) n += static_cast<long>(dibs::imap::parse(line).size()) - 1;
-    return n;
+    return n + messages_in(s, view_folders(s)[1]);  // Done
   }
 
-  // Every message of the mailbox, as the store and the keywords say, and
-  // its Subject and Message-ID.
+  // Every message of the mailbox and its view's folders, as the store and
+  // the view say, and its Subject and Message-ID.
   mailbox_state inspect() const {
     auto claims = open_claims();
-    dibs::imap_mailbox inbox{server_, claims, mailbox_options()};
+    mailbox_type inbox{server_, claims, mailbox_options()};
+    const bool folders = inbox.view() == dibs::imap_mailbox_options::view_by::folders;
     const auto entries = inbox.status();
-    std::map<std::uint32_t, std::pair<std::string, std::string>> headers;  // UID -> Subject, Message-ID
+    // (folder, UID) -> Subject, Message-ID
+    std::map<std::pair<std::string, std::uint32_t>, std::pair<std::string, std::string>> headers;
     dibs::imap::session s{server_};
-    const auto r = s.run({fmt::format("EXAMINE {}", dibs::imap::quote(mailbox_)),
-                          "UID FETCH 1:* (UID BODY.PEEK[HEADER.FIELDS (SUBJECT MESSAGE-ID)])"});
-    for (const auto& reply : r) s.check(reply, "reading the messages' headers");
-    for (const auto& line : dibs::imap::untagged_of(r)) {
-      const auto v = dibs::imap::parse(line);
-      if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != dibs::imap::value::kind::list) continue;
-      std::uint32_t uid = 0;
-      std::string subject, id;
-      const auto& fetched = v[2].items;
-      for (std::size_t i = 0; i + 1 < fetched.size(); i += 2) {
-        if (fetched[i].is("UID")) uid = static_cast<std::uint32_t>(fetched[i + 1].number().value_or(0));
-        if (!fetched[i].text.starts_with("BODY[")) continue;
-        std::istringstream in(fetched[i + 1].text);
-        for (std::string field; std::getline(in, field);) {
-          if (field.ends_with('\r')) field.pop_back();
-          if (field.starts_with("Subject: ")) subject = field.substr(9);
-          if (field.starts_with("Message-ID: ")) id = field.substr(12);
+    std::set<std::string> seen_in;
+    for (const auto& e : entries) seen_in.insert(e.folder);
+    for (const auto& folder : seen_in) {
+      const auto r = s.run({fmt::format("EXAMINE {}", dibs::imap::quote(folder)),
+                            "UID FETCH 1:* (UID BODY.PEEK[HEADER.FIELDS (SUBJECT MESSAGE-ID)])"});
+      for (const auto& reply : r) s.check(reply, fmt::format("reading the headers of the messages in '{}'", folder));
+      for (const auto& line : dibs::imap::untagged_of(r)) {
+        const auto v = dibs::imap::parse(line);
+        if (v.size() < 3 || !v[1].is("FETCH") || v[2].kind != dibs::imap::value::kind::list) continue;
+        std::uint32_t uid = 0;
+        std::string subject, id;
+        const auto& fetched = v[2].items;
+        for (std::size_t i = 0; i + 1 < fetched.size(); i += 2) {
+          if (fetched[i].is("UID")) uid = static_cast<std::uint32_t>(fetched[i + 1].number().value_or(0));
+          if (!fetched[i].text.starts_with("BODY[")) continue;
+          std::istringstream in(fetched[i + 1].text);
+          for (std::string field; std::getline(in, field);) {
+            if (field.ends_with('\r')) field.pop_back();
+            if (field.starts_with("Subject: ")) subject = field.substr(9);
+            if (field.starts_with("Message-ID: ")) id = field.substr(12);
+          }
         }
+        headers[{folder, uid}] = {subject, id};
       }
-      headers[uid] = {subject, id};
     }
     mailbox_state st;
     st.shown_completed = 0;
     for (const auto& e : entries) {
-      const auto& [subject, id] = headers[e.uid];
-      st.claims[key_of_message_id(id)] = e.status;
+      const auto& [subject, id] = headers[{e.folder, e.uid}];
+      const auto key = key_of_message_id(id);
+      if (st.claims.count(key)) ++st.copies;  // a message in two folders: a copy left by a move
+      st.claims[key] = e.status;
       auto has = [&](std::string_view k) { return std::find(e.keywords.begin(), e.keywords.end(), k) != e.keywords.end(); };
-      if (has("$Completed") && !has("$Processing") && !has("$Failed") && e.status.state == dibs::claim_state::completed)
-        ++st.shown_completed;
+      const bool shown = folders ? e.folder == inbox.done_folder()
+                                 : has("$Completed") && !has("$Processing") && !has("$Failed");
+      if (shown && e.status.state == dibs::claim_state::completed) ++st.shown_completed;
       if (st.listing.size() < 10) {
-        std::string keywords;
-        for (const auto& k : e.keywords) keywords += (keywords.empty() ? "" : " ") + k;
-        st.listing.push_back(fmt::format("  UID {:>5}  {:<26}  {:<12}  store: {}", e.uid, subject, keywords,
+        std::string view = folders ? e.folder : std::string{};
+        if (!folders)
+          for (const auto& k : e.keywords) view += (view.empty() ? "" : " ") + k;
+        st.listing.push_back(fmt::format("  UID {:>5}  {:<26}  {:<16}  store: {}", e.uid, subject, view,
                                          dibs::to_string(e.status.state)));
       }
     }
-    st.listing.insert(st.listing.begin(), fmt::format("mailbox '{}' after the run ({} messages; UID, Subject, keywords, "
-                                                      "what the claims store says):",
-                                                      mailbox_, entries.size()));
+    st.listing.insert(st.listing.begin(),
+                      fmt::format("mailbox '{}' after the run ({} messages; UID, Subject, {}, what the claims store "
+                                  "says):",
+                                  mailbox_, entries.size(), folders ? "folder" : "keywords"));
     if (entries.size() > 10)
-      st.listing.push_back(fmt::format("  ... and {} more; {} of {} show $Completed and are completed in the store",
-                                       entries.size() - 10, st.shown_completed, entries.size()));
+      st.listing.push_back(fmt::format("  ... and {} more; {} of {} {} and are completed in the store",
+                                       entries.size() - 10, st.shown_completed, entries.size(),
+                                       folders ? "are in Done" : "show $Completed"));
     return st;
   }
 
 private:
+  std::string claims_where() const {
+    if constexpr (claims_on_server) return fmt::format("folder '{}'", folder_);
+    else return fmt::format("SQLite '{}'", claims_db_.string());
+  }
+  // The folder view's folders, named as the mailbox names them: its
+  // subfolders Processing, Done and Failed, joined by the server's hierarchy
+  // delimiter (from LIST; "/" where it says none).
+  std::vector<std::string> view_folders(dibs::imap::session& s) const {
+    const auto r = s.run(fmt::format("LIST \"\" {}", dibs::imap::quote(mailbox_)));
+    s.check(r, fmt::format("listing the mailbox '{}'", mailbox_));
+    std::string delimiter = "/";
+    for (const auto& line : r.untagged)
+      if (const auto v = dibs::imap::parse(line); v.size() >= 4 && v[0].is("LIST") && !v[2].text.empty())
+        delimiter = v[2].text;
+    return {mailbox_ + delimiter + "Processing", mailbox_ + delimiter + "Done", mailbox_ + delimiter + "Failed"};
+  }
+  static bool exists(dibs::imap::session& s, const std::string& folder) {
+    const auto r = s.run(fmt::format("LIST \"\" {}", dibs::imap::quote(folder)));
+    s.check(r, fmt::format("looking for the folder '{}'", folder));
+    return std::any_of(r.untagged.begin(), r.untagged.end(), [](const std::string& l) { return l.starts_with("LIST"); });
+  }
+  // Returns: how many messages `folder` holds (0 if it does not exist).
+  static long messages_in(dibs::imap::session& s, const std::string& folder) {
+    if (!exists(s, folder)) return 0;
+    const auto r = s.run(fmt::format("STATUS {} (MESSAGES)", dibs::imap::quote(folder)));
+    s.check(r, fmt::format("counting the messages in '{}'", folder));
+    for (const auto& line : r.untagged)
+      if (const auto at = line.find("(MESSAGES "); line.starts_with("STATUS") && at != std::string::npos)
+        return std::stol(line.substr(at + 10));
+    return 0;
+  }
+
   dibs::imap::options server_;
   std::string mailbox_, folder_;
+  fs::path claims_db_;
 };
 
-mailbox_state inspect(const imap_engine& engine, int) { return engine.inspect(); }
+template <class Claims>
+mailbox_state inspect(const imap_engine<Claims>& engine, int) {
+  return engine.inspect();
+}
 
 // An IMAP worker: its own claims store and its own watcher of the mailbox,
 // which waits for new mail with IDLE and hands over each message claimed.
-template <>
-class worker<imap_engine> {
+template <class Claims>
+class worker<imap_engine<Claims>> {
 public:
-  worker(const imap_engine& engine, const paths& p, int id, std::chrono::microseconds hold)
+  worker(const imap_engine<Claims>& engine, const paths& p, int id, std::chrono::microseconds hold)
       : claims_(engine.open_claims()),
         inbox_(engine.server(), claims_, engine.mailbox_options()),
         db_(engine),
@@ -840,10 +937,10 @@ public:
   }
 
 private:
-  dibs::imap_store claims_;
-  dibs::imap_mailbox inbox_;
-  imap_engine::results_access db_;
-  order_handler<imap_engine::results_access> handler_;
+  Claims claims_;
+  typename imap_engine<Claims>::mailbox_type inbox_;
+  typename imap_engine<Claims>::results_access db_;
+  order_handler<typename imap_engine<Claims>::results_access> handler_;
 };
 
 #endif
@@ -856,11 +953,12 @@ struct figures {
   long delivered = 0, completed = 0, failed = 0, duplicates = 0, missing_effects = 0, recovered = 0, killed = 0;
   long orders = 0, transactions_retried = 0, retries = 0, lost_updates = 0, worker_errors = 0;
   long log_lines_expected = 0, log_lines_found = 0, log_lines_of_killed = 0, torn = 0, stray = 0;
-  long shown_completed = -1;  // IMAP: messages showing $Completed with the store agreeing (-1: no such view)
+  long shown_completed = -1;  // IMAP: messages shown done ($Completed, or in Done), the store agreeing (-1: no such view)
+  long copies = 0;            // IMAP: messages found in two folders
   double elapsed_s = 0;
   bool ok() const {
     return delivered == messages && completed == messages && failed == 0 && duplicates == 0 && missing_effects == 0 &&
-           lost_updates == 0 && log_lines_found == log_lines_expected && torn == 0 && stray == 0 && worker_errors == 0 &&
+           lost_updates == 0 && copies == 0 && log_lines_found == log_lines_expected && torn == 0 && stray == 0 && worker_errors == 0 &&
            (shown_completed < 0 || shown_completed == messages);
   }
 };
@@ -875,6 +973,7 @@ figures check(const Engine& engine, const paths& p, figures f, const std::set<in
   auto monitor = engine.open_monitor();
   f.delivered = engine.delivered(monitor);
   f.shown_completed = st.shown_completed;
+  f.copies = st.copies;
   std::map<std::string, std::int64_t> completing_token;  // message -> token of the claim that completed it
   for (const auto& [key, s] : st.claims) {
     if (s.state == dibs::claim_state::completed) {
@@ -950,7 +1049,9 @@ void print_table(const figures& f, std::FILE* out, const char* engine) {
   row("log lines torn", n(f.torn), "(must be 0)");
   if (f.stray) row("log lines unexplained", n(f.stray), "a second line, or one of a claim that was not killed (must be 0)");
   if (f.shown_completed >= 0)
-    row("shown $Completed", n(f.shown_completed), "messages whose keyword says so, the store agreeing (must be all)");
+    row("shown done", n(f.shown_completed),
+        "messages whose $Completed keyword, or the Done folder, says so, the store agreeing (must be all)");
+  if (f.copies > 0) row("copies", n(f.copies), "messages found in two folders (must be none)");
   if (f.worker_errors) row("worker errors", n(f.worker_errors), "workers that exited with an error");
   row("elapsed", fmt::format("{:.2f} s", f.elapsed_s),
       fmt::format("{:.0f} messages/s", static_cast<double>(f.completed) / std::max(f.elapsed_s, 1e-9)));
@@ -971,7 +1072,8 @@ void write_json(const figures& f, const fs::path& path) {
       f.orders, f.transactions_retried, f.retries, f.lost_updates, f.log_lines_expected, f.log_lines_found,
       f.log_lines_of_killed, f.torn, f.stray, f.worker_errors, f.elapsed_s,
       static_cast<double>(f.completed) / std::max(f.elapsed_s, 1e-9),
-      f.shown_completed >= 0 ? fmt::format("\"shown_completed\": {}, ", f.shown_completed) : std::string{},
+      f.shown_completed >= 0 ? fmt::format("\"shown_completed\": {}, \"copies\": {}, ", f.shown_completed, f.copies)
+                             : std::string{},
       f.ok() ? "true" : "false");
   if (!out) throw std::runtime_error(fmt::format("shared_inbox: cannot write '{}'", path.string()));
 }
@@ -1000,7 +1102,8 @@ int run_demo(args a) {
   // Every process gets the same place: the directory (the log; SQLite's
   // files), the store, the server and the run's name.
   const std::vector<std::string> place = {"--dir", d, "--store", a.store, "--pg", a.pg, "--run", a.run,
-                                           "--imap-token-cmd", a.imap_token_cmd, "--imap-authzid", a.imap_authzid};
+                                           "--imap-token-cmd", a.imap_token_cmd, "--imap-authzid", a.imap_authzid,
+                                           "--imap-claims", a.imap_claims, "--lease", std::to_string(a.lease_s)};
   auto with_place = [&](std::vector<std::string> v) {
     v.insert(v.end(), place.begin(), place.end());
     return v;
@@ -1125,12 +1228,15 @@ int run_role(const args& a) {
 
 int main(int argc, char** argv) {
   const args a = parse(argc, argv);
+  claim_lease = std::chrono::seconds{a.lease_s};
   try {
 #if DIBS_DEMO_POSTGRES
     if (a.store == "postgres") return run_role<postgres_engine>(a);
 #endif
 #if DIBS_DEMO_IMAP
-    if (a.store == "imap") return run_role<imap_engine>(a);
+    if (a.store == "imap")
+      return a.imap_claims == "sqlite" ? run_role<imap_engine<dibs::sqlite_store>>(a)
+                                       : run_role<imap_engine<dibs::imap_store>>(a);
 #endif
     return run_role<sqlite_engine>(a);
   } catch (const std::exception& e) {

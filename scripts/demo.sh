@@ -9,9 +9,11 @@
 # throwaway Dovecot on loopback (scripts/imap.sh) the same way. With
 # $DIBS_IMAP_HOST set it uses that server: one that takes OAuth2 tokens only
 # (Exchange Online, Gmail) with --imap-token-cmd CMD (CMD prints an access
-# token) and, for a shared mailbox, --imap-authzid ADDR, e.g.
+# token) and, for a shared mailbox, --imap-authzid ADDR, and the claims in
+# SQLite (--imap-claims sqlite: such servers lack QRESYNC), e.g.
 #   DIBS_IMAP_HOST=outlook.office365.com DIBS_IMAP_TLS=implicit DIBS_IMAP_USER=me@example.com \
-#     scripts/demo.sh --store imap --imap-token-cmd 'oauth2-helper --account work' --imap-authzid shared@example.com
+#     scripts/demo.sh --store imap --imap-claims sqlite --imap-token-cmd 'oauth2-helper --account work' \
+#                     --imap-authzid shared@example.com
 #
 # It installs only what the demo uses (scripts/install-deps.sh demo): no
 # server for the SQLite demo; PostgreSQL or Dovecot only for their --store,

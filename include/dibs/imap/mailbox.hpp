@@ -143,6 +143,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
