@@ -796,19 +796,25 @@ public:
   // its view's folders, and those shown done: $Completed (keywords), or in
   // Done (folders): the view, set after the store decided; the checks at
   // the end ask the store.
+  // (Polled every 20 ms: one pipelined batch each, the folders' names
+  // looked up once.)
   dibs::imap::session open_monitor() const { return dibs::imap::session{server_}; }
   long delivered(dibs::imap::session& s) const {
-    long n = messages_in(s, mailbox_);
-    for (const auto& f : view_folders(s)) n += messages_in(s, f);
-    return n;
+    std::vector<std::string> folders{mailbox_};
+    for (const auto& f : view_folders(s)) folders.push_back(f);
+    std::vector<std::string> commands;
+    for (const auto& f : folders) commands.push_back(fmt::format("STATUS {} (MESSAGES)", dibs::imap::quote(f)));
+    return messages_of(s.run(commands));  // a folder the view has not made yet: NO, nothing counted
   }
   long completed(dibs::imap::session& s) const {
-    const auto r = s.run({fmt::format("EXAMINE {}", dibs::imap::quote(mailbox_)), "UID SEARCH KEYWORD $Completed"});
-    for (const auto& reply : r) s.check(reply, "counting the messages done");
+    const auto r = s.run({fmt::format("EXAMINE {}", dibs::imap::quote(mailbox_)), "UID SEARCH KEYWORD $Completed",
+                          fmt::format("STATUS {} (MESSAGES)", dibs::imap::quote(view_folders(s)[1]))});  // Done
+    s.check(r[0], "counting the messages done");
+    s.check(r[1], "counting the messages done");
     long n = 0;
     for (const auto& line : dibs::imap::untagged_of(r))
       if (line.starts_with("SEARCH")) n += static_cast<long>(dibs::imap::parse(line).size()) - 1;
-    return n + messages_in(s, view_folders(s)[1]);  // Done
+    return n + messages_of(r);
   }
 
   // Every message of the mailbox and its view's folders, as the store and
@@ -884,34 +890,36 @@ private:
   // The folder view's folders, named as the mailbox names them: its
   // subfolders Processing, Done and Failed, joined by the server's hierarchy
   // delimiter (from LIST; "/" where it says none).
-  std::vector<std::string> view_folders(dibs::imap::session& s) const {
+  const std::vector<std::string>& view_folders(dibs::imap::session& s) const {
+    if (!view_folders_.empty()) return view_folders_;
     const auto r = s.run(fmt::format("LIST \"\" {}", dibs::imap::quote(mailbox_)));
     s.check(r, fmt::format("listing the mailbox '{}'", mailbox_));
     std::string delimiter = "/";
     for (const auto& line : r.untagged)
       if (const auto v = dibs::imap::parse(line); v.size() >= 4 && v[0].is("LIST") && !v[2].text.empty())
         delimiter = v[2].text;
-    return {mailbox_ + delimiter + "Processing", mailbox_ + delimiter + "Done", mailbox_ + delimiter + "Failed"};
+    view_folders_ = {mailbox_ + delimiter + "Processing", mailbox_ + delimiter + "Done", mailbox_ + delimiter + "Failed"};
+    return view_folders_;
   }
   static bool exists(dibs::imap::session& s, const std::string& folder) {
     const auto r = s.run(fmt::format("LIST \"\" {}", dibs::imap::quote(folder)));
     s.check(r, fmt::format("looking for the folder '{}'", folder));
     return std::any_of(r.untagged.begin(), r.untagged.end(), [](const std::string& l) { return l.starts_with("LIST"); });
   }
-  // Returns: how many messages `folder` holds (0 if it does not exist).
-  static long messages_in(dibs::imap::session& s, const std::string& folder) {
-    if (!exists(s, folder)) return 0;
-    const auto r = s.run(fmt::format("STATUS {} (MESSAGES)", dibs::imap::quote(folder)));
-    s.check(r, fmt::format("counting the messages in '{}'", folder));
-    for (const auto& line : r.untagged)
+  // Returns: the sum of the MESSAGES counts the STATUS replies of a batch
+  // carry (a folder that does not exist has none).
+  static long messages_of(const std::vector<dibs::imap::reply>& r) {
+    long n = 0;
+    for (const auto& line : dibs::imap::untagged_of(r))
       if (const auto at = line.find("(MESSAGES "); line.starts_with("STATUS") && at != std::string::npos)
-        return std::stol(line.substr(at + 10));
-    return 0;
+        n += std::stol(line.substr(at + 10));
+    return n;
   }
 
   dibs::imap::options server_;
   std::string mailbox_, folder_;
   fs::path claims_db_;
+  mutable std::vector<std::string> view_folders_;  // view_folders(), once known
 };
 
 template <class Claims>

@@ -23,6 +23,8 @@
 #include <string>
 #include <system_error>
 
+#include <dibs/detail/posix/sys.hpp>
+
 extern char** environ;  // POSIX: declared by no header unless _GNU_SOURCE
 
 namespace dibs::detail {
@@ -37,19 +39,6 @@ struct shell_result {
 };
 
 namespace shell_detail {
-
-// Closes a descriptor at the end of its scope.
-struct fd_guard {
-  int fd = -1;
-  fd_guard() = default;
-  fd_guard(const fd_guard&) = delete;
-  fd_guard& operator=(const fd_guard&) = delete;
-  ~fd_guard() { reset(); }
-  void reset() noexcept {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
-};
 
 // The posix_spawn attributes and file actions, destroyed at the end of
 // their scope (only those whose init succeeded).
@@ -138,9 +127,7 @@ inline shell_result run_shell(const std::string& command, std::chrono::milliseco
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
     throw std::system_error(errno, std::generic_category(), "cannot make a pipe for its output");
-  fd_guard read_end, write_end;
-  read_end.fd = fds[0];
-  write_end.fd = fds[1];
+  unique_fd read_end{fds[0]}, write_end{fds[1]};
   child_guard child;
   {
     spawn_setup s;
@@ -187,11 +174,11 @@ inline shell_result run_shell(const std::string& command, std::chrono::milliseco
   // the output, a read error, or more than max_out bytes (r.too_long).
   auto read_some = [&](int wait_ms, bool& got_any) {
     got_any = false;
-    pollfd p{read_end.fd, POLLIN, 0};
+    pollfd p{read_end.get(), POLLIN, 0};
     const int n = ::poll(&p, 1, wait_ms);
     if (n < 0) return errno == EINTR;
     if (n == 0) return true;
-    const auto got = ::read(read_end.fd, buf, sizeof buf);
+    const auto got = ::read(read_end.get(), buf, sizeof buf);
     if (got < 0) return errno == EINTR || errno == EAGAIN;
     if (got == 0) return false;  // the end of its output
     if (r.out.size() + static_cast<std::size_t>(got) > max_out) {
