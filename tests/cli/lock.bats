@@ -18,19 +18,19 @@ read o < marker; [ "$o" = $$ ] || echo "leave $$ saw $o" >> overlaps
 echo $$ >> journal
 : > marker'
 
-# Runs of each loop at least: 200, fewer under the sanitizer presets
+# Runs of each loop at least: 100, fewer under the default and sanitizer presets
 # (DIBS_CLI_LOCK_RUNS); the loops go on until the killer is done anyway.
-runs_min=${DIBS_CLI_LOCK_RUNS:-200}
+runs_min=${DIBS_CLI_LOCK_RUNS:-100}
 
-@test "8 loops x 200+ 'dibs lock' increments with SIGKILLs of dibs: counter = increments done, no overlap" {
+@test "8 loops x $runs_min+ 'dibs lock' increments with SIGKILLs of dibs: counter = increments done, no overlap" {
   echo 0 > counter
   : > marker
   : > overlaps
   : > journal
   pids=()
-  # Each loop runs at least 200 times, and on until the killer is done: the
+  # Each loop runs at least runs_min times, and on until the killer is done: the
   # kills land while the loops work, however fast the machine gets through
-  # 200 (a fixed 1,600 could be over before 11 kills).
+  # them (a fixed 1,600 could be over before 11 kills).
   for l in 1 2 3 4 5 6 7 8; do
     (
       acked=0

@@ -123,10 +123,10 @@ EOF
     dots+=($!)
   done
   pids=()
-  # Each dibs loop runs at least 40 times (DIBS_CLI_DOT_RUNS: fewer under the
+  # Each dibs loop runs at least 25 times (DIBS_CLI_DOT_RUNS: fewer under the
   # sanitizer presets), and on until the killer is done: the kills land
   # while they work, however fast the machine is.
-  local runs_min=${DIBS_CLI_DOT_RUNS:-40}
+  local runs_min=${DIBS_CLI_DOT_RUNS:-25}
   for l in 1 2 3 4; do
     (
       acked=0

@@ -22,7 +22,7 @@ rm -f in/$$
 read o < $m; [ "$o" = $$ ] || echo "leave $$ saw $o" >> overlaps
 : > $m'
 
-runs=${DIBS_CLI_LOCK_RUNS:-50}
+runs=${DIBS_CLI_LOCK_RUNS:-30}
 
 # The files $crit uses, empty.
 crit_files() {
@@ -36,7 +36,7 @@ crit_files() {
 # holders_in N: N sections have said they got in (a got.PID file each).
 holders_in() { [ "$(cat got.* 2>/dev/null | wc -l)" -eq "$1" ]; }
 
-@test "dibs lock --max 2 from 6 shells x 50 runs with SIGKILLs of dibs: never 3 inside, one holder per permit, tokens rising per permit, every permit back" {
+@test "dibs lock --max 2 from 6 shells x $runs runs with SIGKILLs of dibs: never 3 inside, one holder per permit, tokens rising per permit, every permit back" {
   crit_files
   pids=()
   for l in 1 2 3 4 5 6; do

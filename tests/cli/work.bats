@@ -5,9 +5,9 @@
 # fenced effect.
 load helpers
 
-# Items of the chaos run: 300, fewer under the sanitizer presets
+# Items of the chaos run: 240, fewer under the default and sanitizer presets
 # (DIBS_CLI_WORK_ITEMS, a multiple of 30).
-items=${DIBS_CLI_WORK_ITEMS:-300}
+items=${DIBS_CLI_WORK_ITEMS:-240}
 
 # Background loops and workers a test starts: ended by teardown, also when
 # a check failed half-way.
