@@ -11,6 +11,7 @@
 #   demo      what the main demo builds with (scripts/demo.sh): a compiler,
 #             CMake, the core's headers and the adapters' client libraries
 #   postgres  the PostgreSQL server that scripts/pg.sh starts (throwaway, loopback)
+#   redis     the Redis server that scripts/redis.sh starts (throwaway, loopback)
 #   imap      the Dovecot server that scripts/imap.sh starts (throwaway, loopback)
 #   tests     what the Linux test suites build and run with, besides the
 #             servers: Catch2, CLI11, bats and the foreign lock tools
@@ -29,9 +30,9 @@
 # needs no clang, no Wine and no mingw-w64.
 #
 # Server packages never leave a system service behind: on a machine with
-# systemd, installing postgresql or dovecot-imapd would create and start a
-# cluster on port 5432 and a Dovecot on ports 143 and 993 on every
-# interface, and enable both at boot. The packages are installed with
+# systemd, installing postgresql, redis-server or dovecot-imapd would create
+# and start a cluster on port 5432, a Redis on port 6379 and a Dovecot on
+# ports 143 and 993 on every interface, and enable them at boot. The packages are installed with
 # service starts refused (policy-rc.d), and the services of the packages this
 # script installed are disabled afterwards. dibs runs its own servers, as
 # the user who runs the tests, from scripts/pg.sh and scripts/imap.sh.
@@ -43,8 +44,10 @@ group_demo=(
   libsqlite3-dev                                   # dibs::sqlite
   libpq-dev                                        # dibs::postgres (the client library only)
   libssl-dev                                       # dibs::imap: TLS (STARTTLS, port 993) through OpenSSL
+  libhiredis-dev                                   # dibs::redis (the client library only)
 )
 group_postgres=(postgresql)                        # the server scripts/pg.sh starts
+group_redis=(redis-server redis-tools)             # the server scripts/redis.sh starts, and redis-cli
 group_imap=(
   dovecot-imapd                                    # the server scripts/imap.sh starts
   openssl                                          # the CLI that makes its test certificates (--tls) and OAuth2 key
@@ -81,14 +84,14 @@ group_peers=()
 if ! command -v node > /dev/null; then group_peers+=(nodejs); fi
 if ! command -v npm > /dev/null; then group_peers+=(npm); fi
 group_all=(
-  "${group_demo[@]}" "${group_postgres[@]}" "${group_imap[@]}" "${group_tests[@]}" "${group_clang[@]}"
+  "${group_demo[@]}" "${group_postgres[@]}" "${group_redis[@]}" "${group_imap[@]}" "${group_tests[@]}" "${group_clang[@]}"
   "${group_windows[@]}"
 )
 # The groups each workflow preset of CMakePresets.json needs.
 groups_of_preset() {
   case $1 in
-    default | debug | dev | tsan) echo demo postgres imap tests ;;
-    clang | asan | minsizerel) echo demo postgres imap tests clang ;;
+    default | debug | dev | tsan) echo demo postgres redis imap tests ;;
+    clang | asan | minsizerel) echo demo postgres redis imap tests clang ;;
     windows | windows-debug) echo windows imap ;;
     demo) echo demo ;;
     *) return 1 ;;
@@ -99,6 +102,7 @@ services_of() {
   case $1 in
     postgresql) echo postgresql ;;
     dovecot-imapd) echo dovecot ;;
+    redis-server) echo redis-server ;;
   esac
 }
 
@@ -115,8 +119,8 @@ while (($#)); do
       read -ra more <<<"$preset_groups"
       groups+=("${more[@]}")
       shift ;;
-    demo | postgres | imap | tests | clang | windows | peers | all) groups+=("$1") ;;
-    *) echo "install-deps.sh: unknown group '$1' (demo, postgres, imap, tests, clang, windows, peers, all)" >&2; exit 64 ;;
+    demo | postgres | redis | imap | tests | clang | windows | peers | all) groups+=("$1") ;;
+    *) echo "install-deps.sh: unknown group '$1' (demo, postgres, redis, imap, tests, clang, windows, peers, all)" >&2; exit 64 ;;
   esac
   shift
 done

@@ -123,11 +123,9 @@
 
 // The socket calls (connect with a deadline, waiting, send, recv, close,
 // name resolution, their errors): POSIX or Winsock.
-#ifdef _WIN32
-#include <dibs/detail/win32/socket.hpp>
-#else
+#include <dibs/detail/tcp.hpp>
+#ifndef _WIN32
 #include <dibs/detail/posix/shell_command.hpp>
-#include <dibs/detail/posix/socket.hpp>
 #endif
 
 #include <algorithm>
@@ -707,62 +705,6 @@ inline std::string tls_errors() {
   return out;
 }
 #endif  // DIBS_IMAP_OPENSSL
-
-using dibs::detail::is_ip_address;
-
-// Resolves host and port for TCP by `until`. getaddrinfo() cannot be
-// given a deadline, so a name (not an address) is resolved on a thread of
-// its own that is left behind if it takes too long: it frees what it finds
-// once it is done. Returns: getaddrinfo()'s result, or nullopt if `until`
-// passed first.
-inline std::optional<int> resolve(const std::string& host, const std::string& port,
-                                  std::chrono::steady_clock::time_point until, addrinfo** found) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  if (is_ip_address(host)) {
-    hints.ai_flags = AI_NUMERICHOST;
-    return ::getaddrinfo(host.c_str(), port.c_str(), &hints, found);
-  }
-  struct lookup {
-    std::mutex m;
-    std::condition_variable cv;
-    bool done = false, abandoned = false;
-    int rc = 0;
-    addrinfo* found = nullptr;
-  };
-  auto job = std::make_shared<lookup>();
-  try {
-    std::thread([job, host, port, hints] {
-      addrinfo* f = nullptr;
-      const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &f);
-      std::lock_guard lock{job->m};
-      if (job->abandoned) {
-        if (rc == 0) ::freeaddrinfo(f);
-        return;
-      }
-      job->rc = rc;
-      job->found = f;
-      job->done = true;
-      job->cv.notify_one();
-    }).detach();
-  } catch (const std::system_error&) {  // no thread to be had: resolve here, unbounded
-    return ::getaddrinfo(host.c_str(), port.c_str(), &hints, found);
-  }
-  std::unique_lock lock{job->m};
-  if (!job->cv.wait_until(lock, until, [&] { return job->done; })) {
-    job->abandoned = true;
-    return std::nullopt;
-  }
-  *found = job->found;
-  return job->rc;
-}
-
-// Returns: the address `a` as text ("127.0.0.1", "::1"), for messages.
-inline std::string address_text(const addrinfo* a) {
-  char host[NI_MAXHOST] = "?";
-  (void)::getnameinfo(a->ai_addr, static_cast<socklen_t>(a->ai_addrlen), host, sizeof host, nullptr, 0, NI_NUMERICHOST);
-  return host;
-}
 
 }  // namespace detail
 
@@ -1632,42 +1574,26 @@ private:
   // accept queue full, packets dropped); the connect's own error (refused,
   // unreachable: transient) otherwise; both name host and port.
   void open_socket(std::chrono::steady_clock::time_point until) {
-    addrinfo* found = nullptr;
-    const auto rc = detail::resolve(opts_.host, opts_.port, until, &found);
-    if (!rc)
+    auto c = dibs::detail::connect_tcp(opts_.host, opts_.port, until);
+    if (!c.resolved)
       throw std::system_error(make_error_code(errc::timed_out),
                               fmt::format("dibs::imap: cannot find server {}:{}: the name was not resolved within "
                                           "{} ms (options::timeout); is DNS reachable?",
                                           opts_.host, opts_.port, opts_.timeout.count()));
-    if (*rc != 0)
+    if (c.resolve_error != 0)
       throw std::system_error(make_error_code(errc::connection_lost),
                               fmt::format("dibs::imap: cannot find server {}:{}: {}", opts_.host, opts_.port,
-                                          dibs::detail::resolve_error_text(*rc)));
-    std::size_t left = 0;
-    for (const addrinfo* a = found; a; a = a->ai_next) ++left;
-    std::error_code err;
-    bool timed_out = false;
-    std::string tried;
-    for (const addrinfo* a = found; a && fd_ == dibs::detail::no_socket; a = a->ai_next, --left) {
-      const auto share = (until - std::chrono::steady_clock::now()) / static_cast<int>(left);
-      const auto e = dibs::detail::connect_socket(a, share, fd_);
-      if (!e) break;
-      err = e;
-      const bool late = e == std::errc::timed_out;
-      timed_out = timed_out || late;
-      fmt::format_to(std::back_inserter(tried), "{}{}: {}", tried.empty() ? "" : ", ", detail::address_text(a),
-                     late ? std::string("no answer in time") : dibs::detail::socket_error_text(e));
-    }
-    ::freeaddrinfo(found);
+                                          dibs::detail::resolve_error_text(c.resolve_error)));
+    fd_ = c.socket;
     if (fd_ != dibs::detail::no_socket) return;
-    if (timed_out)
+    if (c.timed_out)
       throw std::system_error(make_error_code(errc::timed_out),
                               fmt::format("dibs::imap: cannot connect to {}:{} within {} ms (options::timeout): {}; "
                                           "is the IMAP server running and accepting connections?",
-                                          opts_.host, opts_.port, opts_.timeout.count(), tried));
-    throw std::system_error(err,
+                                          opts_.host, opts_.port, opts_.timeout.count(), c.tried));
+    throw std::system_error(c.error,
                             fmt::format("dibs::imap: cannot connect to {}:{} ({}); is the IMAP server running?",
-                                        opts_.host, opts_.port, tried));
+                                        opts_.host, opts_.port, c.tried));
   }
 
   // Returns: when the reply being read must have come: options::timeout
@@ -1707,7 +1633,7 @@ private:
     BIO_set_data(bio, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd_)));
     BIO_set_init(bio, 1);
     SSL_set_bio(ssl_, bio, bio);
-    const bool ip = detail::is_ip_address(opts_.host);
+    const bool ip = dibs::detail::is_ip_address(opts_.host);
     if (!ip) SSL_set_tlsext_host_name(ssl_, opts_.host.c_str());  // SNI: never an address (RFC 6066 3)
     if (opts_.verify) {
       SSL_set_hostflags(ssl_, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);

@@ -1,0 +1,905 @@
+// dibs/stores/redis_store.hpp: records in a Redis server (7.0 or later;
+// target dibs::redis, which links hiredis).
+//
+// Every record is a hash under the store's namespace N, in one hash slot
+// (the tag {N}), so that a Redis Cluster keeps a namespace's records, its
+// version counter and its index on one node and a script may touch them
+// together:
+//
+//   {N}:r:KEY   the record: v (version), d (value), t (the server's clock, ms,
+//               at the last write)
+//   {N}:seq     the version counter: every write takes the next number (INCR
+//               in the write's own script), so versions only grow, across
+//               erase and create too, and serve as fencing tokens
+//   {N}:keys    a sorted set of the live keys (keys(prefix) reads a range of
+//               it: an index, not a SCAN)
+//
+// Each write is one server-side script (EVALSHA) that checks the version,
+// takes the counter and writes, then PUBLISHes on the key's channel
+// ({N}:c:KEY), which wait_for_change() listens on: waiters wake when the
+// record changes, without polling. Leases are judged by the server's clock
+// (TIME, in the scripts): store_with_clock, store_with_wall_clock.
+//
+// The protocol is hiredis's (its command formatting and reply reader); the
+// connection is dibs's own socket layer (detail/tcp.hpp), so that every
+// operation has a deadline, a server that went away is an error and never
+// SIGPIPE, and a forked child never writes to its parent's connection.
+//
+// A write whose reply was lost (the connection broke after the command was
+// sent) is errc::outcome_unknown: the next command on that connection's
+// place first ends the old connection on the server (CLIENT KILL ID), after
+// which its command either ran or never will, and the policies then read
+// the record back (store.hpp). The guarantees under the server's settings
+// (appendfsync, replicas, failover) are in docs/stores.md.
+//
+// Thread safety: as postgres_store: each thread that calls the store is
+// given one of `sessions` connections at its first call; renewals have
+// their own.
+#pragma once
+
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <dibs/detail/renewal_keeper.hpp>
+#include <dibs/detail/tcp.hpp>
+#include <dibs/error.hpp>
+#include <dibs/store.hpp>
+
+namespace dibs {
+
+struct redis_store_options {
+  /// The namespace of the store's keys in the server: letters, digits and
+  /// '_', '-', '.', at most 64 characters. Stores with the same namespace
+  /// on one server share their records.
+  std::string ns = "dibs";
+  /// How long connecting, and each reply, may take: a server that stopped
+  /// answering (a cut network, a frozen host) is noticed after this.
+  std::chrono::milliseconds timeout{10'000};
+  /// Connections the store's operations use at most (besides the renewals'
+  /// and the waiters'), given out to threads as postgres_store's sessions.
+  std::size_t sessions = 4;
+  /// Refuse a server whose append-only file is not fsync'd on every write
+  /// (appendonly yes, appendfsync always), checked at connect: what a lock
+  /// or claim that must survive a crash of the server's machine needs.
+  bool require_fsync_always = false;
+};
+
+class redis_store {
+public:
+  /// Effects: connects to the server named by `url`:
+  /// redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (PASSWORD percent-decoded;
+  /// PORT 6379 and DB 0 if absent).
+  /// Throws: std::system_error naming the server: it cannot be reached
+  /// (transient), refuses the password (std::errc::permission_denied), is
+  /// not a Redis server, or its append-only file is not fsync'd always and
+  /// opts.require_fsync_always asks for it; a bad URL or namespace
+  /// (errc::invalid_argument).
+  explicit redis_store(std::string url = "redis://127.0.0.1:6379", redis_store_options opts = {})
+      : opts_(std::move(opts)) {
+    parse_url(url);
+    validate_ns(opts_.ns);
+    if (opts_.sessions == 0 || opts_.sessions > 64)
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::redis_store: sessions must be 1 to 64 (got {})", opts_.sessions));
+    tag_ = "{" + opts_.ns + "}";
+    for (std::size_t i = 0; i < opts_.sessions; ++i) sessions_.push_back(std::make_unique<connection>());
+    connection& first = current();
+    std::lock_guard g{first.m};
+    connect(first, deadline(time_limit::max()));
+    if (opts_.require_fsync_always) check_fsync(first);
+  }
+  redis_store(const redis_store&) = delete;
+  redis_store& operator=(const redis_store&) = delete;
+  ~redis_store() {
+    for (const auto& c : sessions_) c->close();
+    renewals_.close();
+    listener_.close();
+  }
+
+  std::optional<record> read(std::string_view key) { return read(key, time_limit::max()); }
+  std::optional<record> read(std::string_view key, time_limit t) {
+    validate_key(key, "dibs::redis_store::read");
+    const auto r = run({"HMGET", rec_key(key), "v", "d"}, t, false, "read", key);
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) bad_reply("read", key);
+    if (r->element[0]->type != REDIS_REPLY_STRING) return std::nullopt;
+    return record{text(r->element[1]), number(r->element[0], "read", key)};
+  }
+
+  /// Returns: the record and how long ago, by the server's clock, it was
+  /// last written (store_with_clock).
+  std::optional<aged_record> read_aged(std::string_view key, time_limit t = time_limit::max()) {
+    validate_key(key, "dibs::redis_store::read_aged");
+    const auto r = script(script_id::read_aged, {rec_key(key)}, {}, t, false, "read", key);
+    if (r->type != REDIS_REPLY_ARRAY) return std::nullopt;
+    if (r->elements != 3) bad_reply("read", key);
+    return aged_record{record{text(r->element[1]), number(r->element[0], "read", key)},
+                       std::chrono::milliseconds{static_cast<std::int64_t>(number(r->element[2], "read", key))}};
+  }
+
+  /// Returns: the server's wall clock (TIME), to the millisecond: one clock
+  /// for every client (store_with_wall_clock).
+  std::chrono::system_clock::time_point now(time_limit t = time_limit::max()) {
+    const auto r = run({"TIME"}, t, false, "read the server's clock", {});
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) bad_reply("read the server's clock", {});
+    const auto s = number(r->element[0], "TIME", {}), us = number(r->element[1], "TIME", {});
+    return std::chrono::system_clock::time_point{
+        std::chrono::milliseconds{static_cast<std::int64_t>(s * 1000 + us / 1000)}};
+  }
+
+  std::optional<dibs::version> create(std::string_view key, std::string_view value) {
+    return create(key, value, time_limit::max());
+  }
+  std::optional<dibs::version> create(std::string_view key, std::string_view value, time_limit t) {
+    validate_key(key, "dibs::redis_store::create");
+    validate_value(key, value);
+    const auto r = write(key, "c", "0", value, t, "create");
+    if (r->type != REDIS_REPLY_INTEGER) return std::nullopt;
+    return static_cast<dibs::version>(r->integer);
+  }
+
+  /// For marker_claim's try_claim (dibs::create_or_read_store): creates the
+  /// record of `key` if it has none, else returns the one it has, in one
+  /// script. Returns: `created`, or `existing`.
+  create_or_read_result create_or_read(std::string_view key, std::string_view value, time_limit t = time_limit::max()) {
+    validate_key(key, "dibs::redis_store::create_or_read");
+    validate_value(key, value);
+    const auto r = write(key, "o", "0", value, t, "create");
+    if (r->type == REDIS_REPLY_INTEGER) return {static_cast<dibs::version>(r->integer), std::nullopt};
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) bad_reply("create", key);
+    return {std::nullopt, record{text(r->element[1]), number(r->element[0], "create", key)}};
+  }
+
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value) {
+    return replace(key, expected, value, time_limit::max());
+  }
+  std::optional<dibs::version> replace(std::string_view key, dibs::version expected, std::string_view value,
+                                       time_limit t) {
+    validate_key(key, "dibs::redis_store::replace");
+    validate_value(key, value);
+    const auto r = write(key, "r", std::to_string(expected), value, t, "replace");
+    if (r->type != REDIS_REPLY_INTEGER) return std::nullopt;
+    return static_cast<dibs::version>(r->integer);
+  }
+
+  bool erase(std::string_view key, dibs::version expected) { return erase(key, expected, time_limit::max()); }
+  bool erase(std::string_view key, dibs::version expected, time_limit t) {
+    validate_key(key, "dibs::redis_store::erase");
+    const auto r = write(key, "e", std::to_string(expected), {}, t, "erase");
+    return r->type == REDIS_REPLY_INTEGER;
+  }
+
+  /// For marker_claim's offer_n (dibs::batch_store): creates each absent
+  /// key as create() does, all in one script (atomic). Returns: per item its
+  /// version, or nothing if the key had a record.
+  std::vector<std::optional<dibs::version>> create_n(std::span<const key_value> items, time_limit t = time_limit::max()) {
+    detail::check_batch(items, "dibs::redis_store::create_n");
+    std::vector<std::string> keys{seq_key(), index_key()}, args{tag_};
+    for (const auto& it : items) {
+      keys.push_back(rec_key(it.key));
+      args.emplace_back(it.key);
+      args.emplace_back("0");
+      args.emplace_back(it.value);
+    }
+    return per_item(script(script_id::write_n, keys, args, t, true, "create a batch of records", {}), items.size(),
+                    "create a batch of records");
+  }
+
+  /// For marker_claim's complete_n (dibs::batch_store): each item's
+  /// compare-and-set as replace() does it, all in one script. Returns: per
+  /// item its new version, or nothing if its version had moved.
+  std::vector<std::optional<dibs::version>> replace_n(std::span<const replace_item> items,
+                                                      time_limit t = time_limit::max()) {
+    detail::check_batch(items, "dibs::redis_store::replace_n");
+    std::vector<std::string> keys{seq_key(), index_key()}, args{tag_};
+    for (const auto& it : items) {
+      keys.push_back(rec_key(it.key));
+      args.emplace_back(it.key);
+      args.push_back(std::to_string(it.expected));
+      args.emplace_back(it.value);
+    }
+    return per_item(script(script_id::write_n, keys, args, t, true, "replace a batch of records", {}), items.size(),
+                    "replace a batch of records");
+  }
+
+  /// Returns: the keys of the live records that start with `prefix`, from
+  /// the store's index of keys (a range of a sorted set, read in pages).
+  std::vector<std::string> keys(std::string_view prefix = {}) {
+    std::string upper(prefix);  // the first string above every key with the prefix (none: "+")
+    while (!upper.empty() && static_cast<unsigned char>(upper.back()) == 0xff) upper.pop_back();
+    if (!upper.empty()) upper.back() = static_cast<char>(static_cast<unsigned char>(upper.back()) + 1);
+    const std::string max = upper.empty() ? "+" : "(" + upper;
+    std::string min = "[" + std::string(prefix);
+    std::vector<std::string> out;
+    for (;;) {
+      // {scanned, last scanned, live keys...}: a key whose hash is gone (a
+      // person's DEL) is dropped from the index as it is met.
+      const auto r = script(script_id::keys, {index_key()}, {tag_ + ":r:", min, max, "1000"}, time_limit::max(),
+                            false, "list keys", {});
+      if (r->type != REDIS_REPLY_ARRAY || r->elements < 2) bad_reply("list keys", {});
+      for (std::size_t i = 2; i < r->elements; ++i) out.push_back(text(r->element[i]));
+      if (number(r->element[0], "list keys", {}) < 1000) return out;
+      min = "(" + text(r->element[1]);
+    }
+  }
+
+  /// Effects: blocks until the record of `key` changes (the write scripts
+  /// PUBLISH on its channel) or `timeout` passes. The first wait for a key
+  /// subscribes to its channel and returns true at once: a change just
+  /// before it could not be seen, so the caller reads again; so does a wait
+  /// whose listening connection was lost and opened again.
+  /// Returns: true if a change was seen, or may have been missed.
+  bool wait_for_change(std::string_view key, std::chrono::nanoseconds timeout) const {
+    return listener_.wait(*this, channel(key), timeout);
+  }
+
+  const std::string& ns() const noexcept { return opts_.ns; }
+  /// Returns: "host:port/db" of the server, for messages.
+  const std::string& server() const noexcept { return server_; }
+  /// Returns: "namespace 'N' on redis host:port/db", for messages.
+  std::string where() const { return fmt::format("namespace '{}' on redis {}", opts_.ns, server_); }
+
+  /// Throws: errc::invalid_argument naming `ns` if it is not a namespace
+  /// this store takes.
+  static void validate_ns(std::string_view ns) {
+    const bool ok = !ns.empty() && ns.size() <= 64 && std::all_of(ns.begin(), ns.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+             c == '.';
+    });
+    if (!ok)
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::redis_store: invalid namespace '{}': 1 to 64 letters, digits, '_', "
+                                          "'-' or '.'",
+                                          show_key(ns)));
+  }
+
+private:
+  struct reply_free {
+    void operator()(redisReply* r) const noexcept { ::freeReplyObject(r); }
+  };
+  using reply = std::unique_ptr<redisReply, reply_free>;
+  struct reader_free {
+    void operator()(redisReader* r) const noexcept { ::redisReaderFree(r); }
+  };
+
+  // One connection: a socket, hiredis's reply reader, and the server's id
+  // of it (CLIENT ID), so that one whose reply was lost can be ended.
+  struct connection {
+    std::mutex m;
+    detail::socket_handle fd = detail::no_socket;
+    detail::socket_pid owner = 0;
+    std::unique_ptr<redisReader, reader_free> reader;
+    std::string id, addr;  // the server's names of it (CLIENT INFO)
+    struct {
+      std::string id, addr;
+    } lost;  // a connection of this one's place whose write's reply was lost: ended before anything else
+    void close() noexcept {
+      if (fd != detail::no_socket && owner == detail::socket_owner()) detail::close_socket(fd);
+      fd = detail::no_socket;
+      reader.reset();
+    }
+    bool open() const noexcept { return fd != detail::no_socket && owner == detail::socket_owner(); }
+  };
+
+  enum class script_id { write, write_n, read_aged, keys, count };
+
+  // The scripts. Versions come from {N}:seq; TIME is the server's clock (a
+  // script may call it: Redis 7 replicates a script's effects, not the
+  // script).
+  static constexpr std::string_view write_lua = R"lua(
+local cur = redis.call('HGET', KEYS[1], 'v')
+local mode = ARGV[1]
+if mode == 'c' or mode == 'o' then
+  if cur then
+    if mode == 'o' then return {cur, redis.call('HGET', KEYS[1], 'd')} end
+    return false
+  end
+elseif cur ~= ARGV[2] then
+  return false
+end
+if mode == 'e' then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[3], ARGV[4])
+  redis.call('PUBLISH', ARGV[5], 'e')
+  return 1
+end
+local t = redis.call('TIME')
+local v = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], 'v', string.format('%.0f', v), 'd', ARGV[3], 't',
+           string.format('%.0f', t[1] * 1000 + math.floor(t[2] / 1000)))
+if not cur then redis.call('ZADD', KEYS[3], 0, ARGV[4]) end
+redis.call('PUBLISH', ARGV[5], 'w')
+return v
+)lua";
+  // KEYS: seq, index, then each item's record; ARGV: the tag, then per item
+  // key, expected version ('0': create) and value. Every item is checked
+  // before any is written; the items that lost their race are 0.
+  static constexpr std::string_view write_n_lua = R"lua(
+local n = #KEYS - 2
+local ok = {}
+for i = 1, n do
+  local cur = redis.call('HGET', KEYS[i + 2], 'v')
+  local want = ARGV[3 * i]
+  if want == '0' then ok[i] = not cur else ok[i] = (cur == want) end
+end
+local t = redis.call('TIME')
+local ms = string.format('%.0f', t[1] * 1000 + math.floor(t[2] / 1000))
+local out = {}
+for i = 1, n do
+  if ok[i] then
+    local key = ARGV[3 * i - 1]
+    local v = redis.call('INCR', KEYS[1])
+    redis.call('HSET', KEYS[i + 2], 'v', string.format('%.0f', v), 'd', ARGV[3 * i + 1], 't', ms)
+    if ARGV[3 * i] == '0' then redis.call('ZADD', KEYS[2], 0, key) end
+    redis.call('PUBLISH', ARGV[1] .. ':c:' .. key, 'w')
+    out[i] = v
+  else
+    out[i] = 0
+  end
+end
+return out
+)lua";
+  static constexpr std::string_view read_aged_lua = R"lua(
+local r = redis.call('HMGET', KEYS[1], 'v', 'd', 't')
+if not r[1] then return false end
+local t = redis.call('TIME')
+local age = t[1] * 1000 + math.floor(t[2] / 1000) - tonumber(r[3])
+if age < 0 then age = 0 end
+return {r[1], r[2], age}
+)lua";
+  static constexpr std::string_view keys_lua = R"lua(
+local page = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[2], ARGV[3], 'LIMIT', 0, tonumber(ARGV[4]))
+local out = {#page, page[#page] or ''}
+for _, k in ipairs(page) do
+  if redis.call('EXISTS', ARGV[1] .. k) == 1 then out[#out + 1] = k else redis.call('ZREM', KEYS[1], k) end
+end
+return out
+)lua";
+  static std::string_view script_text(script_id s) noexcept {
+    switch (s) {
+      case script_id::write: return write_lua;
+      case script_id::write_n: return write_n_lua;
+      case script_id::read_aged: return read_aged_lua;
+      case script_id::keys: return keys_lua;
+      case script_id::count: break;
+    }
+    return {};
+  }
+
+  // The waiters' connection: SUBSCRIBEd to the channels of the keys waited
+  // for (at most 256; then it starts again).
+  class listener_connection {
+  public:
+    bool wait(const redis_store& store, const std::string& chan, std::chrono::nanoseconds timeout) {
+      std::lock_guard g{c_.m};
+      const auto until = std::chrono::steady_clock::now() + timeout;
+      try {
+        if (!c_.open()) {
+          channels_.clear();
+          store.connect(c_, std::min(until, store.deadline(time_limit::max())));
+        }
+        if (!channels_.contains(chan)) {
+          if (channels_.size() >= 256) {
+            store.send(c_, {"UNSUBSCRIBE"}, until);
+            channels_.clear();
+          }
+          store.send(c_, {"SUBSCRIBE", chan}, until);
+          channels_.insert(chan);
+          return true;  // a change before this could not be seen: read again
+        }
+        for (;;) {
+          auto r = store.receive(c_, until, true);
+          if (!r) return false;  // the time passed
+          if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 && r->element[0]->type == REDIS_REPLY_STRING &&
+              std::string_view(r->element[0]->str, r->element[0]->len) == "message" &&
+              r->element[1]->type == REDIS_REPLY_STRING &&
+              std::string_view(r->element[1]->str, r->element[1]->len) == chan)
+            return true;
+          // Another key's change, or a (un)subscribe confirmation: wait on.
+        }
+      } catch (const std::system_error&) {
+        c_.close();
+        channels_.clear();
+        return true;  // the connection was lost: changes may have been missed
+      }
+    }
+    void close() noexcept { c_.close(); }
+
+  private:
+    connection c_;
+    std::set<std::string> channels_;
+  };
+
+  // ----- keys and channels
+
+  std::string rec_key(std::string_view key) const {
+    std::string k = tag_;
+    k += ":r:";
+    k += key;
+    return k;
+  }
+  std::string seq_key() const { return tag_ + ":seq"; }
+  std::string index_key() const { return tag_ + ":keys"; }
+  std::string channel(std::string_view key) const {
+    std::string c = tag_;
+    c += ":c:";
+    c += key;
+    return c;
+  }
+
+  // ----- the URL
+
+  static int hex_digit(char c) noexcept {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  }
+  static std::string percent_decoded(std::string_view s) {
+    std::string out;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (s[i] == '%' && i + 2 < s.size() && hex_digit(s[i + 1]) >= 0 && hex_digit(s[i + 2]) >= 0) {
+        out += static_cast<char>(hex_digit(s[i + 1]) * 16 + hex_digit(s[i + 2]));
+        i += 2;
+      } else {
+        out += s[i];
+      }
+    }
+    return out;
+  }
+  void parse_url(std::string_view url) {
+    const auto bad = [&](std::string_view why) {
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::redis_store: bad URL '{}': {} (redis://[[USER]:PASSWORD@]HOST[:PORT][/DB])",
+                                          redacted(url), why));
+    };
+    if (url.starts_with("rediss://"))
+      throw std::system_error(std::make_error_code(std::errc::not_supported),
+                              "dibs::redis_store: rediss:// (TLS) is not supported: hiredis 0.14, the client library "
+                              "of Debian 12, has no TLS; reach the server over a TLS tunnel (stunnel, spiped) or a "
+                              "private network");
+    if (!url.starts_with("redis://")) bad("it must start with redis://");
+    std::string_view rest = url.substr(8);
+    if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
+      const auto cred = rest.substr(0, at);
+      rest = rest.substr(at + 1);
+      const auto colon = cred.find(':');
+      if (colon == std::string_view::npos) {
+        password_ = percent_decoded(cred);  // redis://PASSWORD@host, as redis-cli takes it
+      } else {
+        user_ = percent_decoded(cred.substr(0, colon));
+        password_ = percent_decoded(cred.substr(colon + 1));
+      }
+    }
+    std::string_view hostport = rest;
+    if (const auto slash = rest.find('/'); slash != std::string_view::npos) {
+      hostport = rest.substr(0, slash);
+      const auto db = rest.substr(slash + 1);
+      if (!db.empty()) {
+        int n = -1;
+        const auto [p, ec] = std::from_chars(db.data(), db.data() + db.size(), n);
+        if (ec != std::errc{} || p != db.data() + db.size() || n < 0) bad("the database must be a number");
+        db_ = n;
+      }
+    }
+    if (hostport.starts_with('[')) {  // [::1]:6379
+      const auto close = hostport.find(']');
+      if (close == std::string_view::npos) bad("an IPv6 address must end with ']'");
+      host_ = std::string(hostport.substr(1, close - 1));
+      hostport = hostport.substr(close + 1);
+      if (!hostport.empty() && hostport.front() == ':') port_ = std::string(hostport.substr(1));
+      else if (!hostport.empty()) bad("':' must follow the IPv6 address");
+    } else if (const auto colon = hostport.rfind(':'); colon != std::string_view::npos) {
+      host_ = std::string(hostport.substr(0, colon));
+      port_ = std::string(hostport.substr(colon + 1));
+    } else {
+      host_ = std::string(hostport);
+    }
+    if (host_.empty()) bad("no host");
+    int p = 0;
+    const auto [ptr, ec] = std::from_chars(port_.data(), port_.data() + port_.size(), p);
+    if (port_.empty() || ec != std::errc{} || ptr != port_.data() + port_.size() || p < 1 || p > 65535)
+      bad("the port must be 1 to 65535");
+    server_ = fmt::format("{}:{}/{}", host_, port_, db_);
+  }
+  // The URL without its password, for messages.
+  static std::string redacted(std::string_view url) {
+    const auto at = url.rfind('@');
+    const auto scheme = url.find("://");
+    if (at == std::string_view::npos || scheme == std::string_view::npos || at < scheme) return std::string(url);
+    return std::string(url.substr(0, scheme + 3)) + "***" + std::string(url.substr(at));
+  }
+
+  // ----- connections
+
+  time_limit deadline(time_limit t) const { return std::min(t, std::chrono::steady_clock::now() + opts_.timeout); }
+
+  // Opens `c` (closing what it had): connects, logs in, selects the
+  // database, learns its CLIENT ID, and ends the connection whose reply was
+  // lost, if any. Throws as the constructor says.
+  void connect(connection& c, time_limit until) const {
+    const auto lost = c.lost;
+    c.close();
+    auto tcp = detail::connect_tcp(host_, port_, until);
+    if (!tcp.resolved)
+      throw std::system_error(make_error_code(errc::timed_out),
+                              fmt::format("dibs::redis_store: cannot find server {}: the name was not resolved within "
+                                          "{} ms (redis_store_options::timeout)",
+                                          server_, opts_.timeout.count()));
+    if (tcp.resolve_error != 0)
+      throw std::system_error(make_error_code(errc::connection_lost),
+                              fmt::format("dibs::redis_store: cannot find server {}: {}", server_,
+                                          detail::resolve_error_text(tcp.resolve_error)));
+    if (tcp.socket == detail::no_socket) {
+      if (tcp.timed_out)
+        throw std::system_error(make_error_code(errc::timed_out),
+                                fmt::format("dibs::redis_store: cannot connect to {} within {} ms: {}; is the Redis "
+                                            "server running?",
+                                            server_, opts_.timeout.count(), tcp.tried));
+      throw std::system_error(tcp.error, fmt::format("dibs::redis_store: cannot connect to {} ({}); is the Redis "
+                                                     "server running?",
+                                                     server_, tcp.tried));
+    }
+    c.fd = tcp.socket;
+    c.owner = detail::socket_owner();
+    c.reader.reset(::redisReaderCreate());
+    if (!c.reader) throw std::bad_alloc();
+    // HELLO is not used: RESP2 is what hiredis 0.14 reads.
+    if (!password_.empty()) {
+      std::vector<std::string> auth{"AUTH"};
+      if (!user_.empty()) auth.push_back(user_);
+      auth.push_back(password_);
+      send(c, auth, until);
+      const auto r = receive(c, until, false);
+      if (r->type == REDIS_REPLY_ERROR) {
+        const std::string e(r->str, r->len);
+        c.close();
+        throw std::system_error(std::make_error_code(std::errc::permission_denied),
+                                fmt::format("dibs::redis_store: the server {} refused the login{}: {}", server_,
+                                            user_.empty() ? std::string() : " of user '" + user_ + "'", e));
+      }
+    }
+    if (db_ != 0) expect_ok(c, {"SELECT", std::to_string(db_)}, until, "select the database");
+    send(c, {"CLIENT", "INFO"}, until);
+    const auto info = receive(c, until, false);
+    if (info->type == REDIS_REPLY_ERROR) {
+      const std::string e(info->str, info->len);
+      c.close();
+      if (e.starts_with("NOAUTH"))
+        throw std::system_error(std::make_error_code(std::errc::permission_denied),
+                                fmt::format("dibs::redis_store: the server {} wants a password (give it in the URL: "
+                                            "redis://:PASSWORD@{}): {}",
+                                            server_, host_, e));
+      throw std::system_error(make_error_code(errc::corrupt_record),
+                              fmt::format("dibs::redis_store: {} does not answer as Redis 7 does (CLIENT INFO: {})",
+                                          server_, e));
+    }
+    // "id=7 addr=127.0.0.1:40112 laddr=... ": the server's names of this
+    // connection.
+    const std::string line = text(info.get());
+    const auto field = [&](std::string_view name) -> std::string {
+      const auto at = line.find(std::string(name) + "=");
+      if (at == std::string::npos || (at != 0 && line[at - 1] != ' ')) return {};
+      const auto start = at + name.size() + 1;
+      return line.substr(start, line.find(' ', start) - start);
+    };
+    const std::string id = field("id"), addr = field("addr");
+    if (info->type != REDIS_REPLY_STRING || id.empty() || addr.empty()) not_redis(c, "CLIENT INFO");
+    if (!lost.id.empty()) {
+      // Ends the connection whose write's reply never came: once it is
+      // gone, that write either ran or never will, and a read-back tells.
+      // By its id and its address both, so that a server restarted since
+      // (ids start again) ends no other client.
+      send(c, {"CLIENT", "KILL", "ID", lost.id, "ADDR", lost.addr}, until);
+      (void)receive(c, until, false);  // an error: it was gone already
+    }
+    c.id = id;
+    c.addr = addr;
+    c.lost = {};
+  }
+
+  [[noreturn]] void not_redis(connection& c, std::string_view what) const {
+    c.close();
+    throw std::system_error(make_error_code(errc::corrupt_record),
+                            fmt::format("dibs::redis_store: {} does not answer {} as a Redis server does: is it one?",
+                                        server_, what));
+  }
+
+  void expect_ok(connection& c, std::initializer_list<std::string_view> args, time_limit until,
+                 std::string_view what) const {
+    send(c, args, until);
+    const auto r = receive(c, until, false);
+    if (r->type == REDIS_REPLY_ERROR) {
+      const std::string e(r->str, r->len);
+      c.close();
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::redis_store: cannot {} on {}: {}", what, server_, e));
+    }
+  }
+
+  void check_fsync(connection& c) const {
+    const auto until = deadline(time_limit::max());
+    send(c, {"CONFIG", "GET", "append*"}, until);
+    const auto r = receive(c, until, false);
+    if (r->type != REDIS_REPLY_ARRAY)
+      throw std::system_error(
+          make_error_code(errc::invalid_argument),
+          fmt::format("dibs::redis_store: require_fsync_always: cannot read the server's appendonly and appendfsync "
+                      "(CONFIG GET: {}); allow CONFIG GET to this user, or set require_fsync_always = false",
+                      server_, r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : "no list"));
+    std::string appendonly, appendfsync;
+    for (std::size_t i = 0; i + 1 < r->elements; i += 2) {
+      const auto name = text(r->element[i]);
+      if (name == "appendonly") appendonly = text(r->element[i + 1]);
+      if (name == "appendfsync") appendfsync = text(r->element[i + 1]);
+    }
+    if (appendonly != "yes" || appendfsync != "always")
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::redis_store: the server {} has appendonly {} and appendfsync {}: "
+                                          "require_fsync_always wants appendonly yes and appendfsync always (an "
+                                          "acknowledged write can otherwise be lost with the server's machine)",
+                                          server_, appendonly, appendfsync));
+  }
+
+  void send(connection& c, std::initializer_list<std::string_view> args, time_limit until,
+            bool* sent = nullptr) const {
+    send<std::initializer_list<std::string_view>>(c, args, until, sent);
+  }
+
+  // Sends one command. Throws errc::connection_lost (the connection closed:
+  // nothing of it was sent, or it may have been: `sent` says) or timed_out.
+  template <class Args>
+  void send(connection& c, const Args& args, time_limit until, bool* sent = nullptr) const {
+    std::vector<const char*> argv;
+    std::vector<std::size_t> lens;
+    for (const auto& a : args) {
+      argv.push_back(std::data(a));
+      lens.push_back(std::size(a));
+    }
+    char* cmd = nullptr;
+    const int n = ::redisFormatCommandArgv(&cmd, static_cast<int>(argv.size()), argv.data(), lens.data());
+    if (n < 0 || !cmd) throw std::bad_alloc();
+    std::unique_ptr<char, void (*)(char*)> guard{cmd, ::redisFreeCommand};
+    std::size_t done = 0;
+    while (done < static_cast<std::size_t>(n)) {
+      const auto w = detail::send_socket(c.fd, cmd + done, static_cast<std::size_t>(n) - done);
+      if (w > 0) {
+        done += static_cast<std::size_t>(w);
+        if (sent) *sent = true;
+        continue;
+      }
+      if (w < 0 && detail::socket_would_block()) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+        if (left.count() > 0 && detail::wait_socket(c.fd, true, left) >= 0) continue;
+        c.close();
+        throw std::system_error(make_error_code(errc::timed_out),
+                                fmt::format("dibs::redis_store: the server {} took no request within the time", server_));
+      }
+      const std::string why = w < 0 ? detail::last_socket_error_text() : "closed";
+      c.close();
+      throw std::system_error(make_error_code(errc::connection_lost),
+                              fmt::format("dibs::redis_store: the connection to {} broke: {}", server_, why));
+    }
+  }
+
+  // Reads the next reply by `until`. Returns nothing if the time passed and
+  // `may_time_out` (the connection stays usable); otherwise throws
+  // errc::timed_out or errc::connection_lost, closing the connection.
+  reply receive(connection& c, time_limit until, bool may_time_out) const {
+    for (;;) {
+      void* out = nullptr;
+      if (::redisReaderGetReply(c.reader.get(), &out) != REDIS_OK) {
+        c.close();
+        throw std::system_error(make_error_code(errc::connection_lost),
+                                fmt::format("dibs::redis_store: {} sent what is not the Redis protocol", server_));
+      }
+      if (out) return reply{static_cast<redisReply*>(out)};
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      const int ready = left.count() > 0 ? detail::wait_socket(c.fd, false, left) : 0;
+      if (ready == 0) {
+        if (may_time_out) return nullptr;
+        c.close();
+        throw std::system_error(make_error_code(errc::timed_out),
+                                fmt::format("dibs::redis_store: no reply from {} in time", server_));
+      }
+      char buf[16384];
+      const auto n = ready > 0 ? detail::recv_socket(c.fd, buf, sizeof buf) : -1;
+      if (n < 0 && detail::socket_would_block()) continue;
+      if (n <= 0) {
+        const std::string why = n < 0 ? detail::last_socket_error_text() : "the server closed it";
+        c.close();
+        throw std::system_error(make_error_code(errc::connection_lost),
+                                fmt::format("dibs::redis_store: the connection to {} broke: {}", server_, why));
+      }
+      if (::redisReaderFeed(c.reader.get(), buf, static_cast<std::size_t>(n)) != REDIS_OK) throw std::bad_alloc();
+    }
+  }
+
+  // The calling thread's connection (see postgres_store::current()).
+  connection& current() {
+    if (detail::renewal_keeper::in_task()) return renewals_;
+    thread_local std::vector<std::pair<std::uint64_t, std::size_t>> given;
+    for (const auto& [id, i] : given)
+      if (id == id_) return *sessions_[i];
+    if (given.size() > 64) given.clear();
+    const std::size_t i = next_session_.fetch_add(1, std::memory_order_relaxed) % sessions_.size();
+    given.emplace_back(id_, i);
+    return *sessions_[i];
+  }
+  static std::uint64_t next_id() {
+    static std::atomic<std::uint64_t> n{0};
+    return ++n;
+  }
+
+  // Runs one command on the calling thread's connection, by `t` (and the
+  // store's timeout). A reply lost after a write was sent: outcome_unknown.
+  // The server's refusals: see refusal().
+  template <class Args>
+  reply run_args(const Args& args, time_limit t, bool is_write, std::string_view what, std::string_view key) {
+    connection& c = current();
+    std::lock_guard g{c.m};
+    const auto until = deadline(t);
+    if (!c.open()) connect(c, until);
+    bool sent = false;
+    try {
+      send(c, args, until, &sent);
+      auto r = receive(c, until, false);
+      return r;
+    } catch (const std::system_error& e) {
+      if (is_write && sent) {
+        c.lost = {c.id, c.addr};  // ended by the next connect, before the read-back
+        throw std::system_error(make_error_code(errc::outcome_unknown),
+                                fmt::format("dibs::redis_store: {} of key '{}' in {}: {}", what, show_key(key), where(),
+                                            e.what()));
+      }
+      throw;
+    }
+  }
+  reply run(std::initializer_list<std::string_view> args, time_limit t, bool is_write, std::string_view what,
+            std::string_view key) {
+    auto r = run_args(args, t, is_write, what, key);
+    if (r->type == REDIS_REPLY_ERROR) refusal(r.get(), what, key);
+    return r;
+  }
+
+  // EVALSHA of a script, loading it (SCRIPT LOAD) where the server does not
+  // have it (NOSCRIPT: nothing ran).
+  reply script(script_id s, const std::vector<std::string>& keys, const std::vector<std::string>& args, time_limit t,
+               bool is_write, std::string_view what, std::string_view key) {
+    const auto i = static_cast<std::size_t>(s);
+    for (int attempt = 0;; ++attempt) {
+      std::string sha;
+      {
+        std::lock_guard g{shas_m_};
+        sha = shas_[i];
+      }
+      if (sha.empty()) {
+        auto r = run_args(std::initializer_list<std::string_view>{"SCRIPT", "LOAD", script_text(s)}, t, false,
+                          "load dibs's scripts", {});
+        if (r->type != REDIS_REPLY_STRING) refusal(r.get(), "load dibs's scripts", {});
+        sha = text(r.get());
+        std::lock_guard g{shas_m_};
+        shas_[i] = sha;
+      }
+      std::vector<std::string_view> argv{"EVALSHA", sha};
+      const std::string nkeys = std::to_string(keys.size());
+      argv.push_back(nkeys);
+      for (const auto& k : keys) argv.push_back(k);
+      for (const auto& a : args) argv.push_back(a);
+      auto r = run_args(argv, t, is_write, what, key);
+      if (r->type == REDIS_REPLY_ERROR && std::string_view(r->str, r->len).starts_with("NOSCRIPT") && attempt < 2) {
+        std::lock_guard g{shas_m_};
+        shas_[i].clear();
+        continue;
+      }
+      if (r->type == REDIS_REPLY_ERROR) refusal(r.get(), what, key);
+      return r;
+    }
+  }
+
+  reply write(std::string_view key, std::string_view mode, const std::string& expected, std::string_view value,
+              time_limit t, std::string_view what) {
+    return script(script_id::write, {rec_key(key), seq_key(), index_key()},
+                  {std::string(mode), expected, std::string(value), std::string(key), channel(key)}, t, true, what,
+                  key);
+  }
+
+  // Throws what the server's error reply `r` means: the server loading its
+  // data, busy with a script, or out of memory: transient; a read-only
+  // replica, a refused login or anything else: not.
+  [[noreturn]] void refusal(const redisReply* r, std::string_view what, std::string_view key) const {
+    const std::string e(r->str, r->len);
+    const std::string about = key.empty() ? std::string(what) : fmt::format("{} of key '{}'", what, show_key(key));
+    if (e.starts_with("LOADING") || e.starts_with("BUSY") || e.starts_with("TRYAGAIN") || e.starts_with("MASTERDOWN") ||
+        e.starts_with("CLUSTERDOWN"))
+      throw std::system_error(make_error_code(errc::connection_lost),
+                              fmt::format("dibs::redis_store: {} in {}: the server is not ready: {} (transient)", about,
+                                          where(), e));
+    if (e.starts_with("READONLY"))
+      throw std::system_error(std::make_error_code(std::errc::read_only_file_system),
+                              fmt::format("dibs::redis_store: {} in {}: the server is a read-only replica ({}); "
+                                          "connect to the primary",
+                                          about, where(), e));
+    if (e.starts_with("NOAUTH") || e.starts_with("WRONGPASS") || e.starts_with("NOPERM"))
+      throw std::system_error(std::make_error_code(std::errc::permission_denied),
+                              fmt::format("dibs::redis_store: {} in {}: {}", about, where(), e));
+    if (e.starts_with("MOVED") || e.starts_with("ASK"))
+      throw std::system_error(std::make_error_code(std::errc::not_supported),
+                              fmt::format("dibs::redis_store: {} in {}: the server is a Redis Cluster node that does "
+                                          "not have the namespace's slot ({}); connect to the node that has it",
+                                          about, where(), e));
+    throw std::system_error(std::make_error_code(std::errc::io_error),
+                            fmt::format("dibs::redis_store: {} in {}: the server refused: {}", about, where(), e));
+  }
+
+  [[noreturn]] void bad_reply(std::string_view what, std::string_view key) const {
+    throw std::system_error(make_error_code(errc::corrupt_record),
+                            fmt::format("dibs::redis_store: {} of key '{}' in {}: a reply of an unexpected shape (a "
+                                        "record written by another program?)",
+                                        what, show_key(key), where()));
+  }
+
+  static std::string text(const redisReply* r) {
+    if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) return std::string(r->str, r->len);
+    if (r->type == REDIS_REPLY_INTEGER) return std::to_string(r->integer);
+    return {};
+  }
+  std::uint64_t number(const redisReply* r, std::string_view what, std::string_view key) const {
+    if (r->type == REDIS_REPLY_INTEGER && r->integer >= 0) return static_cast<std::uint64_t>(r->integer);
+    std::uint64_t n = 0;
+    if (r->type == REDIS_REPLY_STRING) {
+      const auto [p, ec] = std::from_chars(r->str, r->str + r->len, n);
+      if (ec == std::errc{} && p == r->str + r->len) return n;
+    }
+    bad_reply(what, key);
+  }
+  std::vector<std::optional<dibs::version>> per_item(const reply& r, std::size_t n, std::string_view what) const {
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != n) bad_reply(what, {});
+    std::vector<std::optional<dibs::version>> out;
+    out.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto v = number(r->element[i], what, {});
+      out.push_back(v == 0 ? std::nullopt : std::optional<dibs::version>{v});
+    }
+    return out;
+  }
+
+  redis_store_options opts_;
+  std::string host_, port_ = "6379", user_, password_, server_, tag_;
+  int db_ = 0;
+  std::vector<std::unique_ptr<connection>> sessions_;
+  connection renewals_;
+  const std::uint64_t id_ = next_id();
+  std::atomic<std::size_t> next_session_{0};
+  std::mutex shas_m_;
+  std::string shas_[static_cast<std::size_t>(script_id::count)];
+  mutable listener_connection listener_;
+};
+
+static_assert(listable_store<redis_store>);
+static_assert(timed_shared_store<redis_store>);
+static_assert(store_with_clock<redis_store>);
+static_assert(store_with_wall_clock<redis_store>);
+static_assert(create_or_read_store<redis_store>);
+static_assert(batch_store<redis_store>);
+static_assert(requires(const redis_store& s) { s.wait_for_change("k", std::chrono::seconds{1}); });
+
+}  // namespace dibs
