@@ -355,12 +355,12 @@ void lock_chaos(int workers, int cycles, int kills, int crashes) {
 
 }  // namespace
 
-TEST_CASE("lease_mutex on Redis: 6 processes x 300 locked increments, 6 SIGKILLs and the server SIGKILLed and restarted once: no overlap, tokens only grow") {
+TEST_CASE("lease_mutex on Redis: 6 processes x 200 locked increments, 6 SIGKILLs and the server SIGKILLed and restarted once: no overlap, tokens only grow") {
   if (dibs_test::no_fork_with_threads) {
     WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
     return;
   }
-  lock_chaos(6, 300, 6, 1);
+  lock_chaos(6, 200, 6, 1);
 }
 
 TEST_CASE("lease_mutex on Redis: 6 processes x 2,000 locked increments, 20 SIGKILLs and the server SIGKILLed and restarted 3 times: no overlap, tokens only grow", "[chaos]") {
@@ -397,4 +397,93 @@ TEST_CASE("exactly once on Redis: 4 workers, 600 items, 6 SIGKILLs") {
   const auto items = fresh_ns("items"), journal = fresh_ns("journal");
   dibs_test::check_exactly_once_under_crashes([&] { return open_store(items); }, [&] { return open_store(journal); },
                                               4, 600, 6);
+}
+
+TEST_CASE("redis_store passes the queue checks: priorities, schedules, backoffs, claim_next_n, each item once across 8 processes", "[conformance]") {
+  static_assert(dibs::claim_queue_store<dibs::redis_store>);
+  const auto ns = fresh_ns("queueconf");
+  auto s = open_store(ns);
+  REQUIRE_NOTHROW(dibs::testing::check_queue(s, "q-"));
+  REQUIRE_NOTHROW(dibs::testing::check_queue_race_processes([&] { return open_store(ns); }, 8, 600, "race-"));
+}
+
+TEST_CASE("take_claimable on Redis: the records it writes are byte for byte what marker_claim would, and its indexes follow each write") {
+  const auto ns = fresh_ns("take");
+  auto s = open_store(ns);
+  dibs::marker_claim<dibs::redis_store> claims{s, {.renew = false}};
+  const auto tag = "{" + ns + "}";
+  REQUIRE(claims.offer("a-urgent", {.priority = 5}));
+  REQUIRE(claims.offer("a-later", {.not_before = std::chrono::system_clock::now() + 1h}));
+  REQUIRE(claims.offer("a-now"));
+  REQUIRE(claims.offer("b-now"));
+  REQUIRE(claims.offer("a-low", {.priority = -2}));
+  CHECK(raw({"ZCARD", tag + ":d"}) == "1");       // a-later waits for its time
+  CHECK(raw({"ZCARD", tag + ":q:0"}) == "2");     // a-now, b-now
+  CHECK(raw({"ZCARD", tag + ":q:5"}) == "1");
+  CHECK(raw({"HGET", tag + ":qk", "a-low"}) == "-2");
+  // By priority, then key; only the prefix's; never the one not yet due.
+  std::vector<std::string> order;
+  for (int i = 0; i < 4; ++i) {
+    auto c = claims.claim_next("a-");
+    if (!c) break;
+    order.push_back(c->key());
+    // What the store holds is what the claim says it is: its version and a
+    // record marker_claim reads as its own processing claim, attempt 1.
+    const auto r = s.read(c->key());
+    REQUIRE(r);
+    CHECK(r->version == c->token());
+    const auto h = dibs::detail::claim_record::parse_head(r->value);
+    REQUIRE(h);
+    CHECK(h->state == dibs::claim_state::processing);
+    CHECK(h->attempts == 1u);
+    CHECK(claims.status(c->key()).state == dibs::claim_state::processing);
+    CHECK(raw({"ZSCORE", tag + ":p", c->key()}) == "0");
+    c->release("again", 0ms);
+    CHECK(raw({"ZSCORE", tag + ":p", c->key()}).empty());
+    auto again = claims.try_claim(c->key());
+    REQUIRE(again);
+    CHECK(again->attempts() == 2u);
+    again->complete();
+  }
+  CHECK(order == std::vector<std::string>{"a-urgent", "a-now", "a-low"});
+  CHECK(raw({"ZCARD", tag + ":qp"}) == "1");  // only priority 0 is left: b-now
+  auto b = claims.claim_next();
+  REQUIRE(b);
+  CHECK(b->key() == "b-now");
+  CHECK(s.processing_keys() == std::vector<std::string>{"b-now"});
+  b->complete();
+  CHECK_FALSE(claims.claim_next());
+  CHECK(s.processing_keys().empty());
+  CHECK(raw({"EXISTS", tag + ":q:0"}) == "0");
+  // A queued record deleted by hand is dropped from the queue when met.
+  REQUIRE(claims.offer("gone"));
+  REQUIRE(raw({"DEL", tag + ":r:gone"}) == "1");
+  CHECK_FALSE(claims.claim_next());
+  CHECK(raw({"HEXISTS", tag + ":qk", "gone"}) == "0");
+}
+
+TEST_CASE("claim_next on Redis: 8 workers take 3,000 offered items without knowing their keys, 10 SIGKILLs, each done once", "[chaos]") {
+  const auto items = fresh_ns("queue"), journal = fresh_ns("queue_journal");
+  dibs_test::check_claim_next_exactly_once([&] { return open_store(items); }, [&] { return open_store(journal); }, 8,
+                                           3000, 10, 1500ms);
+}
+
+TEST_CASE("claim_next on Redis: 4 workers take 600 offered items without knowing their keys, 4 SIGKILLs, each done once") {
+  const auto items = fresh_ns("queue"), journal = fresh_ns("queue_journal");
+  dibs_test::check_claim_next_exactly_once([&] { return open_store(items); }, [&] { return open_store(journal); }, 4,
+                                           600, 4, 1500ms);
+}
+
+TEST_CASE("worker_pool on Redis: 6 pool processes take 3,000 items while the server is SIGKILLed and restarted and 10 workers are SIGKILLed, each completed once", "[chaos]") {
+  if (dibs_test::no_fork_with_threads) {
+    WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
+    return;
+  }
+  const auto items = fresh_ns("pool_items"), journal = fresh_ns("pool_journal");
+  dibs_test::check_pool_exactly_once([&] { return open_store(items); }, [&] { return open_store(journal); }, 6, 3000,
+                                     10, 2s, [&](const std::function<bool()>&) {
+                                       std::this_thread::sleep_for(400ms);
+                                       script("kill");
+                                       script("restart");
+                                     });
 }

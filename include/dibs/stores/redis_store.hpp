@@ -37,6 +37,10 @@
 // their own.
 #pragma once
 
+#ifdef _WIN32
+#error "dibs/stores/redis_store.hpp is not ported to Windows yet (Debian has no hiredis for mingw-w64); docs/windows.md lists the headers that are"
+#endif
+
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
@@ -59,6 +63,7 @@
 
 #include <fmt/format.h>
 
+#include <dibs/detail/claim_record.hpp>
 #include <dibs/detail/renewal_keeper.hpp>
 #include <dibs/detail/tcp.hpp>
 #include <dibs/error.hpp>
@@ -113,6 +118,7 @@ public:
     for (const auto& c : sessions_) c->close();
     renewals_.close();
     listener_.close();
+    offers_.close();
   }
 
   std::optional<record> read(std::string_view key) { return read(key, time_limit::max()); }
@@ -220,14 +226,54 @@ public:
                     "replace a batch of records");
   }
 
+  /// For marker_claim::claim_next and claim_next_n (dibs::claim_queue_store):
+  /// in one script, claims up to `n` claimable items whose key starts with
+  /// `prefix` (offered or released, their not_before come by the server's
+  /// clock), the highest priority first, then in key order, through the
+  /// queue's indexes (a range of a sorted set per priority: the cost does not
+  /// grow with the items done or waiting); each one's new value is the
+  /// processing head with the attempt counted and its priority kept, then
+  /// `rest`. Returns: their keys and new records, in that order.
+  std::vector<std::pair<std::string, record>> take_claimable(std::string_view prefix, std::string_view rest,
+                                                             std::uint32_t n, time_limit t = time_limit::max()) {
+    validate_value(prefix, rest);
+    const auto [min, max] = lex_range(prefix);
+    const auto r = script(script_id::take, {seq_key()}, {tag_, min, max, std::to_string(std::max<std::uint32_t>(n, 1)), std::string(rest)},
+                          t, true, "claim the next item", {});
+    if (r->type != REDIS_REPLY_ARRAY || r->elements % 4 != 0) bad_reply("claim the next item", {});
+    std::vector<std::pair<std::string, record>> out;
+    out.reserve(r->elements / 4);
+    for (std::size_t i = 0; i < r->elements; i += 4) {
+      const auto attempts = number(r->element[i + 2], "claim the next item", {});
+      std::int64_t priority = 0;
+      const auto p = text(r->element[i + 3]);
+      (void)std::from_chars(p.data(), p.data() + p.size(), priority);
+      out.emplace_back(text(r->element[i]),
+                       record{detail::claim_record::taken_head(attempts, priority) + std::string(rest),
+                              number(r->element[i + 1], "claim the next item", {})});
+    }
+    return out;
+  }
+
+  /// For marker_claim's sweeps (dibs::claim_queue_store). Returns: the keys
+  /// that start with `prefix` whose record is a processing claim (from the
+  /// index of processing claims).
+  std::vector<std::string> processing_keys(std::string_view prefix = {}) {
+    return lex_list(tag_ + ":p", prefix, "list claims in progress");
+  }
+
+  /// For dibs::worker_pool: blocks until a write of any process made an
+  /// item claimable now (the scripts PUBLISH on {N}:offered) or `timeout`
+  /// passes. The first wait subscribes and returns true at once (look
+  /// again). Returns: true if an offer was seen, or may have been missed.
+  bool wait_for_offer(std::chrono::nanoseconds timeout) const {
+    return offers_.wait(*this, tag_ + ":offered", timeout);
+  }
+
   /// Returns: the keys of the live records that start with `prefix`, from
   /// the store's index of keys (a range of a sorted set, read in pages).
   std::vector<std::string> keys(std::string_view prefix = {}) {
-    std::string upper(prefix);  // the first string above every key with the prefix (none: "+")
-    while (!upper.empty() && static_cast<unsigned char>(upper.back()) == 0xff) upper.pop_back();
-    if (!upper.empty()) upper.back() = static_cast<char>(static_cast<unsigned char>(upper.back()) + 1);
-    const std::string max = upper.empty() ? "+" : "(" + upper;
-    std::string min = "[" + std::string(prefix);
+    auto [min, max] = lex_range(prefix);
     std::vector<std::string> out;
     for (;;) {
       // {scanned, last scanned, live keys...}: a key whose hash is gone (a
@@ -299,14 +345,75 @@ private:
     bool open() const noexcept { return fd != detail::no_socket && owner == detail::socket_owner(); }
   };
 
-  enum class script_id { write, write_n, read_aged, keys, count };
+  enum class script_id { write, write_n, read_aged, keys, take, count };
 
   // The scripts. Versions come from {N}:seq; TIME is the server's clock (a
   // script may call it: Redis 7 replicates a script's effects, not the
-  // script).
+  // script). Every write keeps the queue's indexes (queue_lua) in step with
+  // the record, as postgres_store's trigger keeps its columns:
+  //   {N}:qp       the priorities that have claimable keys (score -priority)
+  //   {N}:q:P      the claimable keys of priority P (score 0: key order)
+  //   {N}:qk       key -> P, where it is queued
+  //   {N}:d        offered or released keys whose not_before is still to
+  //                come (score: not_before, ms); take moves them to {N}:q:P
+  //   {N}:p        the processing claims (score 0), for processing_keys()
+  // A record's head is read as detail/claim_record.hpp's parse_head()
+  // reads it; the test compares the two.
+  static constexpr std::string_view queue_lua = R"lua(
+local function num(x) return string.format('%.0f', x) end
+local function head(v)
+  if not v or string.sub(v, 1, 13) ~= 'dibs-claim 1\n' then return nil end
+  local state = string.match(v, '^state ([a-z]+)\n', 14)
+  if not state or #state > 20 then return nil end
+  local h = {state = state}
+  local a = string.match(v, '^attempts (%d+)\n', 14 + 7 + #state)
+  if a and #a <= 9 then h.attempts = tonumber(a) end
+  local p = string.match(v, '\npriority (%-?%d+)\n', 13)
+  if p and #string.gsub(p, '-', '') <= 18 then h.prio = num(tonumber(p)) else h.prio = '0' end
+  local nb = string.match(v, '\nnot_before (%d+)\n', 13)
+  if nb and #nb <= 18 then h.nb = tonumber(nb) end
+  return h
+end
+local function waiting(h) return h and (h.state == 'offered' or h.state == 'released') and h.attempts end
+local offered = false
+local function queue(tag, key, prio)
+  redis.call('ZADD', tag .. ':q:' .. prio, 0, key)
+  redis.call('HSET', tag .. ':qk', key, prio)
+  redis.call('ZADD', tag .. ':qp', -tonumber(prio), prio)
+  offered = true
+end
+local function unindex(tag, key)
+  local p = redis.call('HGET', tag .. ':qk', key)
+  if p then
+    redis.call('ZREM', tag .. ':q:' .. p, key)
+    redis.call('HDEL', tag .. ':qk', key)
+    if redis.call('ZCARD', tag .. ':q:' .. p) == 0 then redis.call('ZREM', tag .. ':qp', p) end
+  end
+  redis.call('ZREM', tag .. ':d', key)
+  redis.call('ZREM', tag .. ':p', key)
+end
+local function index(tag, key, v, now)
+  unindex(tag, key)
+  local h = head(v)
+  if waiting(h) then
+    if h.nb and h.nb > now then redis.call('ZADD', tag .. ':d', h.nb, key) else queue(tag, key, h.prio) end
+  elseif h and h.state == 'processing' then
+    redis.call('ZADD', tag .. ':p', 0, key)
+  end
+end
+local function told(tag) if offered then redis.call('PUBLISH', tag .. ':offered', '1') end end
+local function clock()
+  local t = redis.call('TIME')
+  return t[1] * 1000 + math.floor(t[2] / 1000)
+end
+)lua";
+  // KEYS: the record, seq, the key index; ARGV: mode (c create, o create
+  // or read, r replace, e erase), the expected version, the value, the key,
+  // its channel, the tag.
   static constexpr std::string_view write_lua = R"lua(
 local cur = redis.call('HGET', KEYS[1], 'v')
 local mode = ARGV[1]
+local tag = ARGV[6]
 if mode == 'c' or mode == 'o' then
   if cur then
     if mode == 'o' then return {cur, redis.call('HGET', KEYS[1], 'd')} end
@@ -318,42 +425,89 @@ end
 if mode == 'e' then
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[3], ARGV[4])
+  unindex(tag, ARGV[4])
   redis.call('PUBLISH', ARGV[5], 'e')
   return 1
 end
-local t = redis.call('TIME')
+local now = clock()
 local v = redis.call('INCR', KEYS[2])
-redis.call('HSET', KEYS[1], 'v', string.format('%.0f', v), 'd', ARGV[3], 't',
-           string.format('%.0f', t[1] * 1000 + math.floor(t[2] / 1000)))
+redis.call('HSET', KEYS[1], 'v', num(v), 'd', ARGV[3], 't', num(now))
 if not cur then redis.call('ZADD', KEYS[3], 0, ARGV[4]) end
+index(tag, ARGV[4], ARGV[3], now)
 redis.call('PUBLISH', ARGV[5], 'w')
+told(tag)
 return v
 )lua";
-  // KEYS: seq, index, then each item's record; ARGV: the tag, then per item
-  // key, expected version ('0': create) and value. Every item is checked
-  // before any is written; the items that lost their race are 0.
+  // KEYS: seq, the key index, then each item's record; ARGV: the tag, then
+  // per item key, expected version ('0': create) and value. Every item is
+  // checked before any is written; the items that lost their race are 0.
   static constexpr std::string_view write_n_lua = R"lua(
 local n = #KEYS - 2
+local tag = ARGV[1]
 local ok = {}
 for i = 1, n do
   local cur = redis.call('HGET', KEYS[i + 2], 'v')
   local want = ARGV[3 * i]
   if want == '0' then ok[i] = not cur else ok[i] = (cur == want) end
 end
-local t = redis.call('TIME')
-local ms = string.format('%.0f', t[1] * 1000 + math.floor(t[2] / 1000))
+local now = clock()
 local out = {}
 for i = 1, n do
   if ok[i] then
     local key = ARGV[3 * i - 1]
     local v = redis.call('INCR', KEYS[1])
-    redis.call('HSET', KEYS[i + 2], 'v', string.format('%.0f', v), 'd', ARGV[3 * i + 1], 't', ms)
+    redis.call('HSET', KEYS[i + 2], 'v', num(v), 'd', ARGV[3 * i + 1], 't', num(now))
     if ARGV[3 * i] == '0' then redis.call('ZADD', KEYS[2], 0, key) end
-    redis.call('PUBLISH', ARGV[1] .. ':c:' .. key, 'w')
+    index(tag, key, ARGV[3 * i + 1], now)
+    redis.call('PUBLISH', tag .. ':c:' .. key, 'w')
     out[i] = v
   else
     out[i] = 0
   end
+end
+told(tag)
+return out
+)lua";
+  // KEYS: seq; ARGV: the tag, the key range (ZRANGEBYLEX min and max), how
+  // many, the rest of the record. Returns per claim: key, version,
+  // attempts, priority.
+  static constexpr std::string_view take_lua = R"lua(
+local tag = ARGV[1]
+local now = clock()
+local due = redis.call('ZRANGEBYSCORE', tag .. ':d', '-inf', now, 'LIMIT', 0, 1000)
+for _, k in ipairs(due) do
+  redis.call('ZREM', tag .. ':d', k)
+  local h = head(redis.call('HGET', tag .. ':r:' .. k, 'd'))
+  if waiting(h) then queue(tag, k, h.prio) end
+end
+local want = tonumber(ARGV[4])
+local out = {}
+local taken = 0
+for _, p in ipairs(redis.call('ZRANGE', tag .. ':qp', 0, -1)) do
+  while taken < want do
+    local ks = redis.call('ZRANGEBYLEX', tag .. ':q:' .. p, ARGV[2], ARGV[3], 'LIMIT', 0, want - taken)
+    if #ks == 0 then break end
+    for _, k in ipairs(ks) do
+      local rk = tag .. ':r:' .. k
+      local h = head(redis.call('HGET', rk, 'd'))
+      unindex(tag, k)
+      if waiting(h) then
+        local a = h.attempts + 1
+        local v = redis.call('INCR', KEYS[1])
+        local value = 'dibs-claim 1\nstate processing\nattempts ' .. num(a) .. '\n'
+        if p ~= '0' then value = value .. 'priority ' .. p .. '\n' end
+        redis.call('HSET', rk, 'v', num(v), 'd', value .. ARGV[5], 't', num(now))
+        redis.call('ZADD', tag .. ':p', 0, k)
+        redis.call('PUBLISH', tag .. ':c:' .. k, 'w')
+        out[#out + 1] = k
+        out[#out + 1] = v
+        out[#out + 1] = a
+        out[#out + 1] = p
+        taken = taken + 1
+      end
+    end
+  end
+  if taken >= want then break end
 end
 return out
 )lua";
@@ -365,6 +519,8 @@ local age = t[1] * 1000 + math.floor(t[2] / 1000) - tonumber(r[3])
 if age < 0 then age = 0 end
 return {r[1], r[2], age}
 )lua";
+  // KEYS: the key index; ARGV: the records' prefix, the range, how many.
+  // Returns {scanned, last scanned, live keys...}.
   static constexpr std::string_view keys_lua = R"lua(
 local page = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[2], ARGV[3], 'LIMIT', 0, tonumber(ARGV[4]))
 local out = {#page, page[#page] or ''}
@@ -373,12 +529,13 @@ for _, k in ipairs(page) do
 end
 return out
 )lua";
-  static std::string_view script_text(script_id s) noexcept {
+  static std::string script_text(script_id s) {
     switch (s) {
-      case script_id::write: return write_lua;
-      case script_id::write_n: return write_n_lua;
-      case script_id::read_aged: return read_aged_lua;
-      case script_id::keys: return keys_lua;
+      case script_id::write: return std::string(queue_lua) + std::string(write_lua);
+      case script_id::write_n: return std::string(queue_lua) + std::string(write_n_lua);
+      case script_id::take: return std::string(queue_lua) + std::string(take_lua);
+      case script_id::read_aged: return std::string(read_aged_lua);
+      case script_id::keys: return std::string(keys_lua);
       case script_id::count: break;
     }
     return {};
@@ -394,7 +551,7 @@ return out
       try {
         if (!c_.open()) {
           channels_.clear();
-          store.connect(c_, std::min(until, store.deadline(time_limit::max())));
+          store.connect(c_, store.deadline(until));
         }
         if (!channels_.contains(chan)) {
           if (channels_.size() >= 256) {
@@ -429,6 +586,29 @@ return out
   };
 
   // ----- keys and channels
+
+  // The ZRANGEBYLEX range of the keys starting with `prefix`: from
+  // "[prefix" to "(upper", upper being the first string above all of them
+  // (none: "+").
+  static std::pair<std::string, std::string> lex_range(std::string_view prefix) {
+    std::string upper(prefix);
+    while (!upper.empty() && static_cast<unsigned char>(upper.back()) == 0xff) upper.pop_back();
+    if (!upper.empty()) upper.back() = static_cast<char>(static_cast<unsigned char>(upper.back()) + 1);
+    return {prefix.empty() ? std::string("-") : "[" + std::string(prefix), upper.empty() ? std::string("+") : "(" + upper};
+  }
+  // The members of the sorted set `zset` (score 0) starting with `prefix`,
+  // read in pages.
+  std::vector<std::string> lex_list(const std::string& zset, std::string_view prefix, std::string_view what) {
+    auto [min, max] = lex_range(prefix);
+    std::vector<std::string> out;
+    for (;;) {
+      const auto r = run({"ZRANGEBYLEX", zset, min, max, "LIMIT", "0", "1000"}, time_limit::max(), false, what, {});
+      if (r->type != REDIS_REPLY_ARRAY) bad_reply(what, {});
+      for (std::size_t i = 0; i < r->elements; ++i) out.push_back(text(r->element[i]));
+      if (r->elements < 1000) return out;
+      min = "(" + out.back();
+    }
+  }
 
   std::string rec_key(std::string_view key) const {
     std::string k = tag_;
@@ -530,7 +710,17 @@ return out
 
   // ----- connections
 
-  time_limit deadline(time_limit t) const { return std::min(t, std::chrono::steady_clock::now() + opts_.timeout); }
+  // How long a command may take: until `t`, but at least min_reply and at
+  // most the store's timeout. A command of dibs's never waits inside the
+  // server for another client (a script runs whole, at once), so a timed
+  // operation's `t` (try_lock's 20 ms) is not for contention here, only
+  // for a server that stopped answering: a round trip on a loaded machine
+  // may take longer than 20 ms, and giving up then would be a lie ("busy").
+  static constexpr std::chrono::milliseconds min_reply{1000};
+  time_limit deadline(time_limit t) const {
+    const auto now = std::chrono::steady_clock::now();
+    return std::min(now + opts_.timeout, std::max(t, now + min_reply));
+  }
 
   // Opens `c` (closing what it had): connects, logs in, selects the
   // database, learns its CLIENT ID, and ends the connection whose reply was
@@ -792,7 +982,8 @@ return out
         sha = shas_[i];
       }
       if (sha.empty()) {
-        auto r = run_args(std::initializer_list<std::string_view>{"SCRIPT", "LOAD", script_text(s)}, t, false,
+        const std::string text_of_script = script_text(s);
+        auto r = run_args(std::initializer_list<std::string_view>{"SCRIPT", "LOAD", text_of_script}, t, false,
                           "load dibs's scripts", {});
         if (r->type != REDIS_REPLY_STRING) refusal(r.get(), "load dibs's scripts", {});
         sha = text(r.get());
@@ -818,7 +1009,7 @@ return out
   reply write(std::string_view key, std::string_view mode, const std::string& expected, std::string_view value,
               time_limit t, std::string_view what) {
     return script(script_id::write, {rec_key(key), seq_key(), index_key()},
-                  {std::string(mode), expected, std::string(value), std::string(key), channel(key)}, t, true, what,
+                  {std::string(mode), expected, std::string(value), std::string(key), channel(key), tag_}, t, true, what,
                   key);
   }
 
@@ -891,7 +1082,8 @@ return out
   std::atomic<std::size_t> next_session_{0};
   std::mutex shas_m_;
   std::string shas_[static_cast<std::size_t>(script_id::count)];
-  mutable listener_connection listener_;
+  // The waiters' connections are the waiters', not the store's state.
+  mutable listener_connection listener_, offers_;
 };
 
 static_assert(listable_store<redis_store>);
@@ -901,5 +1093,6 @@ static_assert(store_with_wall_clock<redis_store>);
 static_assert(create_or_read_store<redis_store>);
 static_assert(batch_store<redis_store>);
 static_assert(requires(const redis_store& s) { s.wait_for_change("k", std::chrono::seconds{1}); });
+static_assert(requires(const redis_store& s) { s.wait_for_offer(std::chrono::seconds{1}); });
 
 }  // namespace dibs
