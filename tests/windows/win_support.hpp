@@ -147,9 +147,19 @@ inline void put(const fs::path& p, const std::string& text) {
   fs::rename(tmp, p);
 }
 
+// The text of `p`. Just after put() renames a file into place, Wine (and a
+// scanner on Windows) can still hold the renamed file open with DELETE
+// access for a moment, and an open for reading fails with a sharing
+// violation: a file that exists but does not open yet is tried again (up to
+// 30 s), never read as empty.
 inline std::string get(const fs::path& p) {
-  std::ifstream in{p, std::ios::binary};
-  return {std::istreambuf_iterator<char>{in}, {}};
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  for (;;) {
+    std::ifstream in{p, std::ios::binary};
+    if (in.is_open()) return {std::istreambuf_iterator<char>{in}, {}};
+    if (!fs::exists(p) || std::chrono::steady_clock::now() > until) return {};
+    std::this_thread::sleep_for(5ms);
+  }
 }
 
 inline std::vector<std::string> words(const std::string& s) {
