@@ -86,6 +86,13 @@ struct redis_store_options {
   /// (appendonly yes, appendfsync always), checked at connect: what a lock
   /// or claim that must survive a crash of the server's machine needs.
   bool require_fsync_always = false;
+  /// Replicas each write must have reached before it counts (WAIT after
+  /// every write): 0, the default, waits for none. A write that reached
+  /// fewer within `replica_timeout` is errc::outcome_unknown: it is on the
+  /// primary, and a failover to a replica that lacks it would lose it (see
+  /// docs/stores.md, redis_store: what the server's settings give).
+  int replicas = 0;
+  std::chrono::milliseconds replica_timeout{2000};
 };
 
 class redis_store {
@@ -105,6 +112,11 @@ public:
     if (opts_.sessions == 0 || opts_.sessions > 64)
       throw std::system_error(make_error_code(errc::invalid_argument),
                               fmt::format("dibs::redis_store: sessions must be 1 to 64 (got {})", opts_.sessions));
+    if (opts_.replicas < 0 || opts_.replicas > 100 || opts_.replica_timeout.count() < 1)
+      throw std::system_error(make_error_code(errc::invalid_argument),
+                              fmt::format("dibs::redis_store: replicas must be 0 to 100 and replica_timeout at least "
+                                          "1 ms (got {} and {} ms)",
+                                          opts_.replicas, opts_.replica_timeout.count()));
     tag_ = "{" + opts_.ns + "}";
     for (std::size_t i = 0; i < opts_.sessions; ++i) sessions_.push_back(std::make_unique<connection>());
     connection& first = current();
@@ -952,6 +964,7 @@ return out
     try {
       send(c, args, until, &sent);
       auto r = receive(c, until, false);
+      if (is_write && opts_.replicas > 0 && r->type != REDIS_REPLY_ERROR) await_replicas(c);
       return r;
     } catch (const std::system_error& e) {
       if (is_write && sent) {
@@ -961,8 +974,28 @@ return out
                                             e.what()));
       }
       throw;
+    } catch (const std::runtime_error& e) {  // await_replicas: too few replicas have the write
+      throw std::system_error(make_error_code(errc::outcome_unknown),
+                              fmt::format("dibs::redis_store: {} of key '{}' in {}: {}", what, show_key(key), where(),
+                                          e.what()));
     }
   }
+  // WAIT for opts_.replicas after a write on `c` (the server counts the
+  // replicas that have every write of this connection so far). Throws:
+  // errc::outcome_unknown if fewer had it within opts_.replica_timeout.
+  // A WAIT that fails otherwise (the connection broke) is caught by
+  // run_args as a lost reply: outcome_unknown as well.
+  void await_replicas(connection& c) {
+    const auto n = std::to_string(opts_.replicas), ms = std::to_string(opts_.replica_timeout.count());
+    send(c, {"WAIT", n, ms}, std::chrono::steady_clock::now() + opts_.timeout);
+    const auto r = receive(c, std::chrono::steady_clock::now() + opts_.replica_timeout + opts_.timeout, false);
+    if (r->type == REDIS_REPLY_INTEGER && r->integer >= opts_.replicas) return;
+    const std::string got = r->type == REDIS_REPLY_INTEGER ? std::to_string(r->integer) : text(r.get());
+    throw std::runtime_error(fmt::format("the write reached {} of the {} replicas asked for (WAIT {} {}): it is on "
+                                         "the primary, and a failover to a replica without it would lose it",
+                                         got, opts_.replicas, opts_.replicas, ms));
+  }
+
   reply run(std::initializer_list<std::string_view> args, time_limit t, bool is_write, std::string_view what,
             std::string_view key) {
     auto r = run_args(args, t, is_write, what, key);
