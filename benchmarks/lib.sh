@@ -32,9 +32,9 @@ bench_build() {
   cmake --build "$dir" --target "$@"
 }
 
-# bench_server pg|imap [ARGS...]: starts a throwaway server of scripts/pg.sh
-# or scripts/imap.sh on loopback, exports how to reach it (DIBS_PG_CONNINFO,
-# or the DIBS_IMAP_* variables), and stops and removes it when the shell exits.
+# bench_server pg|imap|redis [ARGS...]: starts a throwaway server of
+# scripts/pg.sh, scripts/imap.sh or scripts/redis.sh on loopback, exports how
+# to reach it (DIBS_PG_CONNINFO, the DIBS_IMAP_* variables, DIBS_REDIS_URL), and stops and removes it when the shell exits.
 bench_server() {
   local kind=$1
   shift
@@ -44,6 +44,7 @@ bench_server() {
   "$ROOT/scripts/$kind.sh" start "$BENCH_SERVER_DIR" "$@" >/dev/null
   case $kind in
     pg) DIBS_PG_CONNINFO=$(cat "$BENCH_SERVER_DIR/conninfo"); export DIBS_PG_CONNINFO ;;
+    redis) DIBS_REDIS_URL=$(cat "$BENCH_SERVER_DIR/url"); export DIBS_REDIS_URL ;;
     imap)
       set -a
       # shellcheck disable=SC1091
