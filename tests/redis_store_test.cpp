@@ -214,6 +214,9 @@ TEST_CASE("bad input on Redis: a wrong password, no server, not a Redis server, 
   // Bad names, before anything is sent.
   CHECK(code([&] { dibs::redis_store s{url(), {.ns = "a b"}}; }) == dibs::errc::invalid_argument);
   CHECK(code([&] { dibs::redis_store s{url(), {.ns = ""}}; }) == dibs::errc::invalid_argument);
+  CHECK(code([&] { dibs::redis_store s{url(), {.ns = ns, .replicas = -1}}; }) == dibs::errc::invalid_argument);
+  CHECK(message([&] { dibs::redis_store s{url(), {.ns = ns, .replicas = 1, .replica_timeout = 0ms}}; })
+            .find("replica_timeout at least 1 ms") != std::string::npos);
   CHECK(code([&] { dibs::redis_store s{"http://127.0.0.1:6379", {.ns = ns}}; }) == dibs::errc::invalid_argument);
   CHECK(code([&] { dibs::redis_store s{"redis://127.0.0.1:99999", {.ns = ns}}; }) == dibs::errc::invalid_argument);
   CHECK(code([&] { dibs::redis_store s{"rediss://127.0.0.1:6379", {.ns = ns}}; }) == std::errc::not_supported);
