@@ -4,14 +4,15 @@
 # recovered; on IMAP also every message shown done ($Completed, or in Done)
 # and none found twice.
 #
-#   cmake -DDEMO=path/to/shared_inbox -DOUT=summary.json [-DSTORE=postgres -DPG_DIR=dir]
+#   cmake -DDEMO=path/to/shared_inbox -DOUT=summary.json [-DSTORE=postgres -DPG_DIR=dir] [-DSTORE=redis -DREDIS_DIR=dir]
 #         [-DSTORE=imap -DIMAP_SCRIPT=scripts/imap.sh -DIMAP_DIR=dir [-DEXCHANGE_PROXY=tests/scripts/imap_proxy.py]]
 #         [-DRUNNER=launcher] [-DMESSAGES=N -DKILLS=K -DRATE=R] -P check_shared_inbox.cmake
 #
 # RUNNER runs the demo (scripts/wine-run.sh for the Windows build); MESSAGES,
 # KILLS and RATE replace the run's size (where processes start slowly, a
 # longer delivery lets the kills land while workers work).
-# PG_DIR: a server of scripts/pg.sh (its conninfo file). IMAP_DIR: where this
+# PG_DIR: a server of scripts/pg.sh (its conninfo file); REDIS_DIR: one of
+# scripts/redis.sh (its url file). IMAP_DIR: where this
 # script starts a throwaway Dovecot with IMAP_SCRIPT for the run (and stops it).
 # EXCHANGE_PROXY: the demo reaches that Dovecot through the proxy, which
 # makes it look like Exchange Online's IMAP (no \\* in PERMANENTFLAGS, no
@@ -24,6 +25,9 @@ set(store_args)
 if(STORE STREQUAL "postgres")
   file(STRINGS ${PG_DIR}/conninfo conninfo LIMIT_COUNT 1)
   set(store_args --store postgres --pg ${conninfo})
+elseif(STORE STREQUAL "redis")
+  file(STRINGS ${REDIS_DIR}/url url LIMIT_COUNT 1)
+  set(store_args --store redis --redis ${url})
 elseif(STORE STREQUAL "imap")
   # A smaller run: each message costs a few IMAP round trips. At 100 a second
   # the delivery lasts 1.2 s, and the kills land in it.

@@ -61,6 +61,9 @@
 #ifndef DIBS_DEMO_IMAP
 #define DIBS_DEMO_IMAP 0
 #endif
+#ifndef DIBS_DEMO_REDIS
+#define DIBS_DEMO_REDIS 0
+#endif
 #if DIBS_DEMO_IMAP
 #include <dibs/imap/client.hpp>
 #include <dibs/imap/mailbox.hpp>
@@ -69,6 +72,9 @@
 #include <dibs/marker_claim.hpp>
 #if DIBS_DEMO_POSTGRES
 #include <dibs/stores/postgres_store.hpp>
+#endif
+#if DIBS_DEMO_REDIS
+#include <dibs/stores/redis_store.hpp>
 #endif
 #include <dibs/retry.hpp>
 #include <dibs/shared_log.hpp>
@@ -114,6 +120,7 @@ struct args {
   bool keep = false;
   std::string store = "sqlite";
   std::string pg;  // conninfo, for --store postgres
+  std::string redis;  // URL, for --store redis
   // For --store imap: the OAuth2 token command and the authorization
   // identity (empty: from the environment, see imap_options()).
   std::string imap_token_cmd;
@@ -131,7 +138,7 @@ struct args {
 
 [[noreturn]] void usage(int code) {
   std::fputs(
-      "usage: shared_inbox [--store sqlite|postgres|imap] [--pg CONNINFO] [--imap-token-cmd CMD]\n"
+      "usage: shared_inbox [--store sqlite|postgres|imap|redis] [--pg CONNINFO] [--redis URL] [--imap-token-cmd CMD]\n"
       "                    [--imap-authzid ADDR] [--imap-claims imap|sqlite] [--lease S] [--workers M]\n"
       "                    [--messages N] [--kills K] [--rate R] [--hold-us U] [--dir D] [--json FILE] [--keep]\n"
       "\n"
@@ -149,9 +156,12 @@ struct args {
       "                 in --dir, the default), postgres (tables on a server) or imap (the\n"
       "                 messages and claims in mailboxes demo-<pid> and demo-<pid>-claims on\n"
       "                 the IMAP server of $DIBS_IMAP_HOST, _PORT, _USER, _PASSWORD; the\n"
-      "                 results and the log in --dir)\n"
+      "                 results and the log in --dir) or redis (the messages and claims on a\n"
+      "                 Redis server, in namespaces of the run; the results and the log in --dir)\n"
       "  --pg C         the PostgreSQL server, a libpq connection string (default:\n"
       "                 $DIBS_PG_CONNINFO, else the PG* environment)\n"
+      "  --redis URL    the Redis server, redis://[USER:PASSWORD@]HOST[:PORT][/DB] (default:\n"
+      "                 $DIBS_REDIS_URL)\n"
       "  --imap-token-cmd CMD\n"
       "                 log in to the IMAP server with an OAuth2 access token (XOAUTH2 or\n"
       "                 OAUTHBEARER, as Exchange Online and Gmail want) that the shell command\n"
@@ -215,6 +225,7 @@ args parse(int argc, char** argv) {
     else if (opt == "--keep") a.keep = true;
     else if (opt == "--store") a.store = value();
     else if (opt == "--pg") a.pg = value();
+    else if (opt == "--redis") a.redis = value();
     else if (opt == "--imap-token-cmd") a.imap_token_cmd = value();
     else if (opt == "--imap-authzid") a.imap_authzid = value();
     else if (opt == "--imap-claims") a.imap_claims = value();
@@ -228,20 +239,26 @@ args parse(int argc, char** argv) {
       usage(2);
     }
   }
-  if (a.store != "sqlite" && a.store != "postgres" && a.store != "imap") {
-    std::fprintf(stderr, "shared_inbox: --store must be sqlite, postgres or imap (got '%s')\n", a.store.c_str());
+  if (a.store != "sqlite" && a.store != "postgres" && a.store != "imap" && a.store != "redis") {
+    std::fprintf(stderr, "shared_inbox: --store must be sqlite, postgres, imap or redis (got '%s')\n", a.store.c_str());
     std::exit(2);
   }
   if (a.imap_claims != "imap" && a.imap_claims != "sqlite") {
     std::fprintf(stderr, "shared_inbox: --imap-claims must be imap or sqlite (got '%s')\n", a.imap_claims.c_str());
     std::exit(2);
   }
-  if ((a.store == "postgres" && !DIBS_DEMO_POSTGRES) || (a.store == "imap" && !DIBS_DEMO_IMAP)) {
+  if ((a.store == "postgres" && !DIBS_DEMO_POSTGRES) || (a.store == "imap" && !DIBS_DEMO_IMAP) ||
+      (a.store == "redis" && !DIBS_DEMO_REDIS)) {
     std::fprintf(stderr, "shared_inbox: this build has no --store %s (it was built without its client library)\n",
                  a.store.c_str());
     std::exit(2);
   }
   if (a.pg.empty() && std::getenv("DIBS_PG_CONNINFO")) a.pg = std::getenv("DIBS_PG_CONNINFO");
+  if (a.redis.empty() && std::getenv("DIBS_REDIS_URL")) a.redis = std::getenv("DIBS_REDIS_URL");
+  if (a.store == "redis" && a.redis.empty()) {
+    std::fprintf(stderr, "shared_inbox: --store redis needs --redis URL or $DIBS_REDIS_URL\n");
+    std::exit(2);
+  }
   return a;
 }
 
@@ -508,6 +525,95 @@ public:
 
 private:
   std::string conninfo_, run_;
+};
+#endif
+
+
+#if DIBS_DEMO_REDIS
+// The mailbox on a Redis server (--redis URL): each message a record of the
+// namespace RUN-mail (key msg-NNNNNN, value "SEQ BODY"), delivered in
+// batches (create_n, one script each); the claims in the namespace RUN
+// (marker_claim<redis_store>); the results database and the log in --dir,
+// on SQLite.
+class redis_engine : public sqlite_results_engine {
+public:
+  using store = dibs::redis_store;
+
+  explicit redis_engine(const args& a) : sqlite_results_engine(a), url_(a.redis), run_(a.run) {}
+  store open_mailbox() const { return store{url_, {.ns = run_}}; }
+  store open_mail() const { return store{url_, {.ns = run_ + "-mail"}}; }
+  std::string where() const {
+    return fmt::format("Redis {}: messages in namespace '{}-mail', claims in '{}'", open_mail().server(), run_, run_);
+  }
+
+  void create() const {
+    for (bool mail : {true, false}) {
+      store s = mail ? open_mail() : open_mailbox();
+      if (!s.keys().empty())
+        throw std::runtime_error(fmt::format("shared_inbox: {} is not empty; give another --run", s.where()));
+    }
+    create_results();
+  }
+  // Erases the run's records (messages and claims).
+  void drop() const {
+    for (bool mail : {true, false}) {
+      store s = mail ? open_mail() : open_mailbox();
+      for (const auto& k : s.keys())
+        if (const auto r = s.read(k)) (void)s.erase(k, r->version);
+    }
+  }
+  std::string kept() const { return fmt::format("Redis namespaces kept: '{}-mail' and '{}'", run_, run_); }
+
+  class delivery_db {
+  public:
+    explicit delivery_db(const redis_engine& e) : mail_(e.open_mail()) {}
+    void insert(const std::vector<message>& batch) {
+      std::vector<std::string> values;
+      for (const auto& m : batch) values.push_back(fmt::format("{} {}", m.seq, m.body));
+      std::vector<dibs::key_value> records;
+      for (std::size_t i = 0; i < batch.size(); ++i) records.push_back({batch[i].key, values[i]});
+      (void)mail_.create_n(records);  // one script: the batch lands whole
+    }
+
+  private:
+    store mail_;
+  };
+
+  class worker_db : public results_access {
+  public:
+    explicit worker_db(const redis_engine& e) : results_access(e), mailbox(e.open_mailbox()), mail_(e.open_mail()) {}
+    store mailbox;
+
+    // The messages after `after`, in order: delivered in order, each batch
+    // whole, so the first one missing ends them.
+    std::vector<message> fresh(std::int64_t after) {
+      std::vector<message> out;
+      for (auto seq = after + 1; out.size() < 500; ++seq) {
+        const auto r = mail_.read(message_key(static_cast<int>(seq)));
+        if (!r) break;
+        const auto space = r->value.find(' ');
+        out.push_back({message_key(static_cast<int>(seq)), r->value.substr(space + 1), seq});
+      }
+      return out;
+    }
+
+  private:
+    store mail_;
+  };
+
+  // The parent's view: the messages delivered, and the claims completed
+  // (those made, less those still in progress: a claim of this demo is
+  // never released, and never fails within its 10 attempts).
+  struct monitor {
+    store mail, claims;
+  };
+  monitor open_monitor() const { return {open_mail(), open_mailbox()}; }
+  long delivered(monitor& m) const { return static_cast<long>(m.mail.keys().size()); }
+  long completed(monitor& m) const {
+    return static_cast<long>(m.claims.keys().size()) - static_cast<long>(m.claims.processing_keys().size());
+  }
+private:
+  std::string url_, run_;
 };
 #endif
 
@@ -1109,7 +1215,7 @@ int run_demo(args a) {
   const std::string d = dir.string();
   // Every process gets the same place: the directory (the log; SQLite's
   // files), the store, the server and the run's name.
-  const std::vector<std::string> place = {"--dir", d, "--store", a.store, "--pg", a.pg, "--run", a.run,
+  const std::vector<std::string> place = {"--dir", d, "--store", a.store, "--pg", a.pg, "--redis", a.redis, "--run", a.run,
                                            "--imap-token-cmd", a.imap_token_cmd, "--imap-authzid", a.imap_authzid,
                                            "--imap-claims", a.imap_claims, "--lease", std::to_string(a.lease_s)};
   auto with_place = [&](std::vector<std::string> v) {
@@ -1204,7 +1310,8 @@ int run_demo(args a) {
 
   const mailbox_state st = inspect(engine, a.messages);
   f = check(engine, p, f, killed_ids, st);
-  print_table(f, stdout, a.store == "postgres" ? "PostgreSQL" : a.store == "imap" ? "IMAP" : "SQLite");
+  print_table(f, stdout,
+              a.store == "postgres" ? "PostgreSQL" : a.store == "imap" ? "IMAP" : a.store == "redis" ? "Redis" : "SQLite");
   if (!st.listing.empty()) std::printf("\n");
   for (const auto& line : st.listing) std::printf("%s\n", line.c_str());
   if (!a.json.empty()) write_json(f, a.json);
@@ -1240,6 +1347,9 @@ int main(int argc, char** argv) {
   try {
 #if DIBS_DEMO_POSTGRES
     if (a.store == "postgres") return run_role<postgres_engine>(a);
+#endif
+#if DIBS_DEMO_REDIS
+    if (a.store == "redis") return run_role<redis_engine>(a);
 #endif
 #if DIBS_DEMO_IMAP
     if (a.store == "imap")

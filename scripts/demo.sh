@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The README's first command: set up, build, and run the main demo.
 #
-#   scripts/demo.sh [--store postgres|imap] [shared_inbox options]
+#   scripts/demo.sh [--store postgres|imap|redis] [shared_inbox options]
 #
 # With --store postgres (and no --pg or $DIBS_PG_CONNINFO) it starts a
 # throwaway PostgreSQL on loopback for the run (scripts/pg.sh) and stops it
-# at the end. With --store imap (and no $DIBS_IMAP_HOST) it starts a
+# at the end; so does --store redis (and no --redis or $DIBS_REDIS_URL) with
+# a throwaway Redis (scripts/redis.sh). With --store imap (and no $DIBS_IMAP_HOST) it starts a
 # throwaway Dovecot on loopback (scripts/imap.sh) the same way. With
 # $DIBS_IMAP_HOST set it uses that server: one that takes OAuth2 tokens only
 # (Exchange Online, Gmail) with --imap-token-cmd CMD (CMD prints an access
@@ -23,12 +24,13 @@ cd "$(dirname "$0")/.."
 store=sqlite given=0 prev=
 for a in "$@"; do
   case $prev in --store) store=$a ;; esac
-  case $a in --store=*) store=${a#--store=} ;; --pg | --pg=*) given=1 ;; esac
+  case $a in --store=*) store=${a#--store=} ;; --pg | --pg=* | --redis | --redis=*) given=1 ;; esac
   prev=$a
 done
 groups=(demo)
 if [ "$store" = postgres ] && [ "$given" = 0 ] && [ -z "${DIBS_PG_CONNINFO:-}" ]; then groups+=(postgres); fi
 if [ "$store" = imap ] && [ -z "${DIBS_IMAP_HOST:-}" ]; then groups+=(imap); fi
+if [ "$store" = redis ] && [ "$given" = 0 ] && [ -z "${DIBS_REDIS_URL:-}" ]; then groups+=(redis); fi
 scripts/install-deps.sh "${groups[@]}"
 cmake --preset demo >/dev/null
 cmake --build --preset demo --target shared_inbox
@@ -39,6 +41,14 @@ if [ "$store" = postgres ] && [ "$given" = 0 ] && [ -z "${DIBS_PG_CONNINFO:-}" ]
   echo "starting a throwaway PostgreSQL server (scripts/pg.sh) ..."
   scripts/pg.sh start "$server"
   DIBS_PG_CONNINFO=$(cat "$server/conninfo") "$demo" "$@"
+  exit
+fi
+if [ "$store" = redis ] && [ "$given" = 0 ] && [ -z "${DIBS_REDIS_URL:-}" ]; then
+  server=$(mktemp -d "${TMPDIR:-/tmp}/dibs-demo-redis.XXXXXX")
+  trap 'scripts/redis.sh stop "$server"; rm -rf "$server"' EXIT
+  echo "starting a throwaway Redis server (scripts/redis.sh) ..."
+  scripts/redis.sh start "$server"
+  DIBS_REDIS_URL=$(cat "$server/url") "$demo" "$@"
   exit
 fi
 if [ "$store" = imap ] && [ -z "${DIBS_IMAP_HOST:-}" ]; then
