@@ -46,8 +46,9 @@ inline std::optional<int> resolve(const std::string& host, const std::string& po
     addrinfo* found = nullptr;
   };
   auto job = std::make_shared<lookup>();
+  std::thread resolver;
   try {
-    std::thread([job, host, port, hints] {
+    resolver = std::thread([job, host, port, hints] {
       addrinfo* f = nullptr;
       const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &f);
       std::lock_guard lock{job->m};
@@ -59,15 +60,23 @@ inline std::optional<int> resolve(const std::string& host, const std::string& po
       job->found = f;
       job->done = true;
       job->cv.notify_one();
-    }).detach();
+    });
   } catch (const std::system_error&) {  // no thread to be had: resolve here, unbounded
     return ::getaddrinfo(host.c_str(), port.c_str(), &hints, found);
   }
   std::unique_lock lock{job->m};
   if (!job->cv.wait_until(lock, until, [&] { return job->done; })) {
-    job->abandoned = true;
+    job->abandoned = true;  // it frees what it finds, and the lookup, on its own
+    lock.unlock();
+    resolver.detach();
     return std::nullopt;
   }
+  lock.unlock();
+  // Done: the thread is ending. Joined, so that the lookup (its condition
+  // variable) is freed here, after the wait, and never by the thread while
+  // this one may still be inside the wait's return (ThreadSanitizer saw
+  // that as a race, through libstdc++'s uninstrumented thread exit).
+  resolver.join();
   *found = job->found;
   return job->rc;
 }
