@@ -6,6 +6,7 @@
 #   bench_server pg --durable                     # throwaway server, stopped at exit
 #   ... | field items_per_s | median
 #   ratio "$dibs" "$hand"                         # dibs/hand, 2 decimals
+#   results=FILE; run NAME ROUND COMMAND...; med NAME; per A B   # rounds of ways
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -52,4 +53,28 @@ bench_server() {
       set +a
       ;;
   esac
+}
+
+# The rounds of a runner that runs each way once a round (run_queue_peers.sh,
+# run_redis_benchmarks.sh). Set `results` to a file first.
+# run NAME ROUND COMMAND...: runs one way, checks it printed its object
+# (with "items_per_s"), tags it with the row name and round, and keeps it
+# in $results.
+run() {
+  local name=$1 round=$2 line
+  shift 2
+  line=$("$@")
+  [[ $line == *'"items_per_s"'* ]] || { echo "$(basename "$0"): $name printed no result: $line" >&2; exit 1; }
+  line=${line%\}}", \"name\": \"$name\", \"round\": $round}"
+  echo "$line" | tee -a "$results"
+}
+# med NAME: the median items_per_s of NAME's rounds.
+med() { grep "\"name\": \"$1\"" "$results" | field items_per_s | median; }
+# per A B: the median over rounds of A / B within a round (the two ran
+# seconds apart, so the machine's load drifts less between them).
+per() {
+  grep -E "\"name\": \"($1|$2)\"" "$results" |
+    sed -n 's/.*"items_per_s": \([0-9.]*\).*"name": "\([a-z_0-9]*\)", "round": \([0-9]*\).*/\3 \2 \1/p' |
+    awk -v a="$1" -v b="$2" '$2 == a { x[$1] = $3 } $2 == b { y[$1] = $3 }
+      END { for (r in x) if (r in y && y[r] > 0) print x[r] / y[r] }' | median
 }

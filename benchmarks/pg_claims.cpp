@@ -59,7 +59,7 @@
 
 #include <fmt/format.h>
 
-#include "procs.hpp"
+#include "drain.hpp"
 
 namespace {
 
@@ -276,24 +276,14 @@ struct polling_store {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string bench = "claim", way = "dibs";
-  int procs = 1;
-  long items = 5000, batch = 0, threads = 8;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--bench") bench = argv[i + 1];
-    else if (a == "--way") way = argv[i + 1];
-    else if (a == "--procs") procs = std::atoi(argv[i + 1]);
-    else if (a == "--items") items = std::atol(argv[i + 1]);
-    else if (a == "--batch") batch = std::atol(argv[i + 1]);
-    else if (a == "--threads") threads = std::atol(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "usage: pg_claims --bench <claim|next|drain|enqueue|handoff> --way <dibs|hand|floor|shape> "
-                           "(handoff: <notify|poll>; drain: <dibs|complete_n|pool|pool_renew>; enqueue: <dibs|offer_n>) [--procs P] "
-                           "[--items M] [--batch N] [--threads T]\n");
-      return 2;
-    }
-  }
+  const auto args = dibs_bench::parse_bench_args(
+      argc, argv,
+      "usage: pg_claims --bench <claim|next|drain|enqueue|handoff> --way <dibs|hand|floor|shape> "
+      "(handoff: <notify|poll>; drain: <dibs|complete_n|pool|pool_renew>; enqueue: <dibs|offer_n>) [--procs P] "
+      "[--items M] [--batch N] [--threads T]\n");
+  std::string bench = args.bench, way = args.way;  // not bindings: lambdas below capture them (clang 14)
+  int procs = args.procs;
+  long items = args.items, batch = args.batch, threads = args.threads;
   try {
     if (procs < 1 || procs > 64 || items < 1 || items > 200'000 || batch < 0 || batch > 200'000) return 2;
     if (bench == "drain" && way != "dibs" && way != "complete_n" && way != "pool" && way != "pool_renew") return 2;
@@ -378,37 +368,7 @@ int main(int argc, char** argv) {
         // No renewal thread: a batch is held for a few milliseconds, far
         // within a lease (graphile-worker's jobs, alike, have no heartbeat).
         queue claims{store, {.renew = way == "pool_renew"}};
-        long won = 0;
-        if (way == "pool" || way == "pool_renew") {
-          std::atomic<long> handled{0};
-          dibs::worker_pool pool{claims, [&](const auto&) { ++handled; },
-                                 {.concurrency = static_cast<std::size_t>(threads),
-                                  .prefetch = static_cast<std::size_t>(batch)}};
-          g.wait();
-          const auto st = pool.drain();
-          g.end();
-          if (st.completed != static_cast<std::uint64_t>(handled.load()) || st.errors != 0)
-            throw std::runtime_error("drain: the pool did not complete every item it handled");
-          sh->done[p] = static_cast<long>(st.completed);
-          return;
-        }
-        g.wait();
-        for (;;) {
-          auto got = claims.claim_next_n(static_cast<std::size_t>(batch));
-          if (got.empty()) break;
-          if (way == "complete_n") {
-            const auto done = claims.complete_n(got);
-            if (std::count(done.begin(), done.end(), true) != static_cast<long>(got.size()))
-              throw std::runtime_error("drain: a claim was taken over before its completion");
-          } else {
-            for (auto& c : got) c.complete();
-          }
-          won += static_cast<long>(got.size());
-          // The time ends at the last completion, not at the empty claim
-          // (and the recovery sweep it may run) that tells a worker it is done.
-          g.end();
-        }
-        sh->done[p] = won;
+        sh->done[p] = dibs_bench::drain_worker(claims, way, batch, threads, g);
       });
       extra = way.starts_with("pool") ? fmt::format(", \"batch\": {}, \"threads\": {}", batch, threads)
                             : fmt::format(", \"batch\": {}", batch);

@@ -80,18 +80,8 @@ mkdir -p "$OUT"
 echo "== starting a throwaway PostgreSQL server (durable: fsync and synchronous commit on)"
 bench_server pg --durable
 
-# run NAME ROUND COMMAND...: runs one way, checks it printed its object,
-# tags it with the row name and round, and keeps it in $OUT/queue_peers.jsonl.
-results=$OUT/queue_peers.jsonl
+results=$OUT/queue_peers.jsonl  # run, med and per (lib.sh) keep and read the rounds there
 : >"$results"
-run() {
-  local name=$1 round=$2 line
-  shift 2
-  line=$("$@")
-  [[ $line == *'"items_per_s"'* ]] || { echo "run_queue_peers.sh: $name printed no result: $line" >&2; exit 1; }
-  line=${line%\}}", \"name\": \"$name\", \"round\": $round}"
-  echo "$line" | tee -a "$results"
-}
 gw() { node "$GW/bench.js" --modules "$PEERS/node_modules" "$@"; }
 
 echo "== $runs round(s): drain $drain_items items, enqueue $enqueue_items items"
@@ -109,15 +99,6 @@ for ((r = 1; r <= runs; r++)); do
   run gw_add_chunk $r gw --bench enqueue --items $enqueue_items --batch $chunk
 done
 
-med() { grep "\"name\": \"$1\"" "$results" | field items_per_s | median; }
-# per A B: the median over rounds of A / B within a round (the two ran
-# seconds apart, so the machine's load drifts less between them).
-per() {
-  grep -E "\"name\": \"($1|$2)\"" "$results" |
-    sed -n 's/.*"items_per_s": \([0-9.]*\).*"name": "\([a-z_]*\)", "round": \([0-9]*\).*/\3 \2 \1/p' |
-    awk -v a="$1" -v b="$2" '$2 == a { x[$1] = $3 } $2 == b { y[$1] = $3 }
-      END { for (r in x) if (r in y && y[r] > 0) print x[r] / y[r] }' | median
-}
 row() {  # FIGURE DIBS_LABEL DIBS_NAME GW_LABEL GW_NAME
   local d g
   d=$(med "$3") g=$(med "$5")

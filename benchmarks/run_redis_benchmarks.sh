@@ -78,16 +78,8 @@ mkdir -p "$OUT"
 echo "== starting a throwaway Redis server (appendonly yes, appendfsync $fsync)"
 bench_server redis --fsync "$fsync"
 
-results=$OUT/redis.jsonl
+results=$OUT/redis.jsonl  # run, med and per (lib.sh) keep and read the rounds there
 : >"$results"
-run() {  # NAME ROUND COMMAND...: runs one way, keeps its line tagged in $results
-  local name=$1 round=$2 line
-  shift 2
-  line=$("$@")
-  [[ $line == *'"items_per_s"'* ]] || { echo "run_redis_benchmarks.sh: $name printed no result: $line" >&2; exit 1; }
-  line=${line%\}}", \"name\": \"$name\", \"round\": $round}"
-  echo "$line" | tee -a "$results"
-}
 peer() { node "$NPM_DIR/bench.js" --modules "$PEERS/node_modules" "$@"; }
 
 echo "== $runs round(s): lock $locks, queue $drain_items items, claim $claim_items keys"
@@ -105,13 +97,6 @@ for ((r = 1; r <= runs; r++)); do
   run hand_claim $r "$B" --bench claim --way hand --items $claim_items
 done
 
-med() { grep "\"name\": \"$1\"" "$results" | field items_per_s | median; }
-per() {  # A B: the median over rounds of A / B within a round
-  grep -E "\"name\": \"($1|$2)\"" "$results" |
-    sed -n 's/.*"items_per_s": \([0-9.]*\).*"name": "\([a-z_0-9]*\)", "round": \([0-9]*\).*/\3 \2 \1/p' |
-    awk -v a="$1" -v b="$2" '$2 == a { x[$1] = $3 } $2 == b { y[$1] = $3 }
-      END { for (r in x) if (r in y && y[r] > 0) print x[r] / y[r] }' | median
-}
 best() {  # NAMES...: the name whose median is highest
   local n best_name= best_v=0 v
   for n in "$@"; do

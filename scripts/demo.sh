@@ -35,20 +35,24 @@ scripts/install-deps.sh "${groups[@]}"
 cmake --preset demo >/dev/null
 cmake --build --preset demo --target shared_inbox
 demo=build/demo/examples/shared_inbox
+# with_server KIND NAME VARIABLE FILE: starts a throwaway server of
+# scripts/KIND.sh (stopped and removed at exit) and runs the demo with
+# VARIABLE set to the server's FILE (how to reach it).
+with_server() {
+  local kind=$1 name=$2 variable=$3 file=$4
+  server=$(mktemp -d "${TMPDIR:-/tmp}/dibs-demo-$kind.XXXXXX")
+  trap 'scripts/'"$kind"'.sh stop "$server"; rm -rf "$server"' EXIT
+  echo "starting a throwaway $name server (scripts/$kind.sh) ..."
+  "scripts/$kind.sh" start "$server"
+  env "$variable=$(cat "$server/$file")" "$demo" "${args[@]}"
+}
+args=("$@")
 if [ "$store" = postgres ] && [ "$given" = 0 ] && [ -z "${DIBS_PG_CONNINFO:-}" ]; then
-  server=$(mktemp -d "${TMPDIR:-/tmp}/dibs-demo-pg.XXXXXX")
-  trap 'scripts/pg.sh stop "$server"; rm -rf "$server"' EXIT
-  echo "starting a throwaway PostgreSQL server (scripts/pg.sh) ..."
-  scripts/pg.sh start "$server"
-  DIBS_PG_CONNINFO=$(cat "$server/conninfo") "$demo" "$@"
+  with_server pg PostgreSQL DIBS_PG_CONNINFO conninfo
   exit
 fi
 if [ "$store" = redis ] && [ "$given" = 0 ] && [ -z "${DIBS_REDIS_URL:-}" ]; then
-  server=$(mktemp -d "${TMPDIR:-/tmp}/dibs-demo-redis.XXXXXX")
-  trap 'scripts/redis.sh stop "$server"; rm -rf "$server"' EXIT
-  echo "starting a throwaway Redis server (scripts/redis.sh) ..."
-  scripts/redis.sh start "$server"
-  DIBS_REDIS_URL=$(cat "$server/url") "$demo" "$@"
+  with_server redis Redis DIBS_REDIS_URL url
   exit
 fi
 if [ "$store" = imap ] && [ -z "${DIBS_IMAP_HOST:-}" ]; then
