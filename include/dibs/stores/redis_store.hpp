@@ -404,8 +404,18 @@ local function unindex(tag, key)
   redis.call('ZREM', tag .. ':d', key)
   redis.call('ZREM', tag .. ':p', key)
 end
-local function index(tag, key, v, now)
-  unindex(tag, key)
+-- Takes `key` out of the indexes its previous value `old` put it in: a
+-- processing claim is in {N}:p, a waiting one in the queue's; any other
+-- record (nil: none before) in none. (A hash a person deleted by hand
+-- leaves its entries behind: take() and the sweeps drop those they meet.)
+local function unindex_old(tag, key, old)
+  local h = head(old)
+  if not h then return end
+  if h.state == 'processing' then redis.call('ZREM', tag .. ':p', key)
+  elseif waiting(h) then unindex(tag, key) end
+end
+local function index(tag, key, v, now, old)
+  unindex_old(tag, key, old)
   local h = head(v)
   if waiting(h) then
     if h.nb and h.nb > now then redis.call('ZADD', tag .. ':d', h.nb, key) else queue(tag, key, h.prio) end
@@ -423,12 +433,13 @@ end
   // or read, r replace, e erase), the expected version, the value, the key,
   // its channel, the tag.
   static constexpr std::string_view write_lua = R"lua(
-local cur = redis.call('HGET', KEYS[1], 'v')
+local r = redis.call('HMGET', KEYS[1], 'v', 'd')
+local cur, old = r[1], r[2]
 local mode = ARGV[1]
 local tag = ARGV[6]
 if mode == 'c' or mode == 'o' then
   if cur then
-    if mode == 'o' then return {cur, redis.call('HGET', KEYS[1], 'd')} end
+    if mode == 'o' then return {cur, old} end
     return false
   end
 elseif cur ~= ARGV[2] then
@@ -437,7 +448,7 @@ end
 if mode == 'e' then
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[3], ARGV[4])
-  unindex(tag, ARGV[4])
+  unindex_old(tag, ARGV[4], old)
   redis.call('PUBLISH', ARGV[5], 'e')
   return 1
 end
@@ -445,7 +456,7 @@ local now = clock()
 local v = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'v', num(v), 'd', ARGV[3], 't', num(now))
 if not cur then redis.call('ZADD', KEYS[3], 0, ARGV[4]) end
-index(tag, ARGV[4], ARGV[3], now)
+index(tag, ARGV[4], ARGV[3], now, old)
 redis.call('PUBLISH', ARGV[5], 'w')
 told(tag)
 return v
@@ -456,9 +467,11 @@ return v
   static constexpr std::string_view write_n_lua = R"lua(
 local n = #KEYS - 2
 local tag = ARGV[1]
-local ok = {}
+local ok, old = {}, {}
 for i = 1, n do
-  local cur = redis.call('HGET', KEYS[i + 2], 'v')
+  local r = redis.call('HMGET', KEYS[i + 2], 'v', 'd')
+  local cur = r[1]
+  old[i] = r[2]
   local want = ARGV[3 * i]
   if want == '0' then ok[i] = not cur else ok[i] = (cur == want) end
 end
@@ -470,7 +483,7 @@ for i = 1, n do
     local v = redis.call('INCR', KEYS[1])
     redis.call('HSET', KEYS[i + 2], 'v', num(v), 'd', ARGV[3 * i + 1], 't', num(now))
     if ARGV[3 * i] == '0' then redis.call('ZADD', KEYS[2], 0, key) end
-    index(tag, key, ARGV[3 * i + 1], now)
+    index(tag, key, ARGV[3 * i + 1], now, old[i])
     redis.call('PUBLISH', tag .. ':c:' .. key, 'w')
     out[i] = v
   else
