@@ -114,6 +114,13 @@ endif()
 
 add_library(dibs_sqlite3 STATIC ${dibs_sqlite_dir}/sqlite3.c)
 target_include_directories(dibs_sqlite3 SYSTEM PUBLIC ${dibs_sqlite_dir})
+# Its optimisation, when not the build type's: the windows presets build it
+# at -O1 (at -O3 it was the longest compile of their build, 100 s; the
+# tests under Wine do not need SQLite's fastest code).
+set(DIBS_SQLITE3_OPTIMIZATION "" CACHE STRING "Optimisation flag for the bundled sqlite3.c (e.g. -O1); empty: the build type's")
+if(DIBS_SQLITE3_OPTIMIZATION)
+  target_compile_options(dibs_sqlite3 PRIVATE ${DIBS_SQLITE3_OPTIMIZATION})
+endif()
 # Debian 12's libsqlite3 (3.40.1), as PRAGMA compile_options lists it, less
 # what only concerns Linux (MUTEX_PTHREADS: here MUTEX_W32) or speed alone.
 # What a program can see: THREADSAFE=1 (serialized unless a connection asks

@@ -97,7 +97,7 @@ std::string demo_program() {
 
 }  // namespace auth_test
 
-TEST_CASE("XOAUTH2 and OAUTHBEARER, with SASL-IR and without: logged in, SELECT and APPEND work, the log names the mechanism") {
+TEST_CASE("XOAUTH2 and OAUTHBEARER, with SASL-IR and without: logged in, SELECT and APPEND work, the log names the mechanism", "[server-alone]") {
   for (const auto mech : {auth_mechanism::xoauth2, auth_mechanism::oauthbearer, auth_mechanism::automatic})
     for (const bool sasl_ir : {true, false}) {
       // automatic: OAUTHBEARER, which Dovecot announces.
@@ -116,7 +116,7 @@ TEST_CASE("XOAUTH2 and OAUTHBEARER, with SASL-IR and without: logged in, SELECT 
     }
 }
 
-TEST_CASE("AUTHENTICATE PLAIN: a user's own mailbox, dibs as master user into other's (seen by other), not as third") {
+TEST_CASE("AUTHENTICATE PLAIN: a user's own mailbox, dibs as master user into other's (seen by other), not as third", "[server-alone]") {
   auto plain = imap::options();
   plain.auth = auth_mechanism::plain;
   {

@@ -241,7 +241,7 @@ TEST_CASE("imap_mailbox: 4 workers, 1,000 messages, 12 SIGKILLs: each message ha
   CHECK(r.shown_other == 0);
 }
 
-TEST_CASE("imap_mailbox: the server SIGKILLed and restarted mid-run: nothing lost or doubled, workers reconnect", "[chaos]") {
+TEST_CASE("imap_mailbox: the server SIGKILLed and restarted mid-run: nothing lost or doubled, workers reconnect", "[chaos][server-alone]") {
   const auto mailbox = dibs_test::imap::fresh_folder("crash");
   const auto claims = dibs_test::imap::fresh_folder("crashclaims");
   {
@@ -267,7 +267,7 @@ TEST_CASE("imap_mailbox: the server SIGKILLed and restarted mid-run: nothing los
 }
 
 TEST_CASE("imap_mailbox: the server SIGKILLed and restarted 5 times mid-run, repairing its index after each: "
-          "no message failed, each handled once", "[chaos]") {
+          "no message failed, each handled once", "[chaos][server-alone]") {
   // A server killed during an APPEND leaves the message's file behind
   // without its index entry (sdbox), and after the restart Dovecot answers
   // the next APPEND to that folder NO [SERVERBUG] while it rebuilds the
@@ -772,7 +772,7 @@ private:
 }  // namespace
 
 TEST_CASE("imap_mailbox, folder view: 4 workers, SIGKILLs, the server SIGKILLed and restarted: each message ends in "
-          "Done once, as Python's imaplib sees it", "[chaos]") {
+          "Done once, as Python's imaplib sees it", "[chaos][server-alone]") {
   const auto mailbox = dibs_test::imap::fresh_folder("fchaos");
   const auto claims = dibs_test::imap::fresh_folder("fchaosclaims");
   constexpr int total = 240, after_restart = 40;

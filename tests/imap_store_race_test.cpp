@@ -108,7 +108,7 @@ std::set<int> imap_processes() {
 }
 }  // namespace
 
-TEST_CASE("a write that lands after its writer gave up on it, and is then made again, counts once") {
+TEST_CASE("a write that lands after its writer gave up on it, and is then made again, counts once", "[server-alone]") {
   auto server = imap::options();
   server.timeout = 1s;
   const auto f = imap::fresh_folder("late");

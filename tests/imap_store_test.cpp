@@ -567,7 +567,7 @@ TEST_CASE("a dropped connection is reconnected by the next operation") {
   CHECK_FALSE(s.read("k"));
 }
 
-TEST_CASE("the server SIGKILLed and restarted under an open store: transient errors, then every record back", "[chaos]") {
+TEST_CASE("the server SIGKILLed and restarted under an open store: transient errors, then every record back", "[chaos][server-alone]") {
   const auto f = imap::fresh_folder("crash");
   auto s = open_store(f);
   std::map<std::string, dibs::record> before;
@@ -612,7 +612,7 @@ TEST_CASE("the server SIGKILLed and restarted under an open store: transient err
   CHECK(s.keys().size() == 11);
 }
 
-TEST_CASE("after a crash mid-APPEND, the server's NO [SERVERBUG] to the next APPEND is transient, and the write counts once") {
+TEST_CASE("after a crash mid-APPEND, the server's NO [SERVERBUG] to the next APPEND is transient, and the write counts once", "[server-alone]") {
   const auto f = imap::fresh_folder("serverbug");
   auto s = open_store(f);
   const auto v = s.create("k", "before");

@@ -5,12 +5,19 @@
 # `ctest -L chaos` or `ctest -LE chaos` select by what a test is. A test of
 # a unit program that has a tag is labelled by its tags only.
 #
+# A server program's test takes one slot of its server (a ctest resource,
+# tests/resources.json): the tests on one server run side by side, each in
+# a folder, table or namespace of its own. One tagged [server-alone] (it
+# kills, restarts or pauses the server, or counts what the server logs)
+# takes every slot, so it runs with no other test on that server.
+#
 # In:  dibs_program (the test program), dibs_prefix ("NAME:"), dibs_tests
-#      (the ctest names the discovery added), dibs_kind.
+#      (the ctest names the discovery added), dibs_kind, dibs_server (the
+#      resource, for a server program).
 if(NOT EXISTS "${dibs_program}")
   return()
 endif()
-foreach(tag IN ITEMS chaos conformance)
+foreach(tag IN ITEMS chaos conformance server-alone)
   execute_process(COMMAND "${dibs_program}" "[${tag}]" --list-test-names-only
                   OUTPUT_VARIABLE names RESULT_VARIABLE rc ERROR_QUIET)
   string(REPLACE "\n" ";" names "${names}")
@@ -35,11 +42,22 @@ foreach(t IN LISTS dibs_tests)
     set(labels "${dibs_kind};${dibs_tags_${key}}")
   endif()
   set_tests_properties("${t}" PROPERTIES LABELS "${labels}")
+  if(NOT dibs_server STREQUAL "")
+    if(labels MATCHES "(^|;)server-alone(;|$)")
+      set_tests_properties("${t}" PROPERTIES RESOURCE_GROUPS "${dibs_server}:4")
+    else()
+      set_tests_properties("${t}" PROPERTIES RESOURCE_GROUPS "${dibs_server}:1")
+    endif()
+  endif()
   # What starts first when ctest has no timings yet (a fresh clone): the
-  # server tests, which take turns on their server (a chain of about 75 s
-  # each), then the chaos runs; the many short tests fill the slots around
-  # them. Left in the order they are declared, the long ones were a tail.
-  if(dibs_kind STREQUAL "server")
+  # tests that take their server alone (one after another on it), then the
+  # other server tests, then the chaos runs; the many short tests fill the
+  # slots around them. Left in the order they are declared, the long ones
+  # were a tail.
+  if(labels MATCHES "(^|;)server-alone(;|$)")
+    # First of its server's: alone, while the slots are all free.
+    set_tests_properties("${t}" PROPERTIES COST 2000)
+  elseif(dibs_kind STREQUAL "server")
     set_tests_properties("${t}" PROPERTIES COST 1000)
   elseif(labels MATCHES "(^|;)chaos(;|$)")
     set_tests_properties("${t}" PROPERTIES COST 500)

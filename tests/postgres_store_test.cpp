@@ -305,7 +305,7 @@ TEST_CASE("exactly once on PostgreSQL: 8 workers, 5,000 items, 20 SIGKILLs", "[c
   dibs_test::check_exactly_once_under_crashes([&] { return pg_open(items); }, [&] { return pg_open(journal); });
 }
 
-TEST_CASE("exactly once while the server is killed with SIGKILL twice and restarted on the same data", "[chaos]") {
+TEST_CASE("exactly once while the server is killed with SIGKILL twice and restarted on the same data", "[chaos][server-alone]") {
   if (dibs_test::no_fork_with_threads) {  // workers are started again while the killer thread runs
     WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
     return;
@@ -402,7 +402,7 @@ TEST_CASE("claim_next on PostgreSQL: 8 workers take 3,000 offered items without 
                                            1500ms);
 }
 
-TEST_CASE("worker_pool on PostgreSQL: 6 pool processes take 3,000 items while the server is SIGKILLed and restarted and 10 workers are SIGKILLed, each completed once", "[chaos]") {
+TEST_CASE("worker_pool on PostgreSQL: 6 pool processes take 3,000 items while the server is SIGKILLed and restarted and 10 workers are SIGKILLed, each completed once", "[chaos][server-alone]") {
   if (dibs_test::no_fork_with_threads) {  // workers are started again while the killer thread runs
     WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
     return;
@@ -1502,7 +1502,7 @@ TEST_CASE("schema 2 to 3 migration: the first opener migrates the table while wo
   CHECK_FALSE(claims.claim_next("x-"));
 }
 
-TEST_CASE("completing a claim on PostgreSQL changes no indexed column: a HOT update, and the trigger leaves dibs's rows alone") {
+TEST_CASE("completing a claim on PostgreSQL changes no indexed column: a HOT update, and the trigger leaves dibs's rows alone", "[server-alone]") {
   const auto t = pg::fresh_table("hot");
   auto s = pg_open(t);
   dibs::marker_claim<dibs::postgres_store> claims{s, {.renew = false}};

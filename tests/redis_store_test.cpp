@@ -147,7 +147,7 @@ TEST_CASE("a waiter on Redis wakes on the holder's unlock (PUBLISH), not on its 
   CHECK(woke_ns.load() - unlocked_ns < 30'000'000'000LL);  // far below the 60 s wait: a loaded machine keeps it
 }
 
-TEST_CASE("bad input on Redis: a wrong password, no server, not a Redis server, a read-only replica, a server that does not fsync always, bad names") {
+TEST_CASE("bad input on Redis: a wrong password, no server, not a Redis server, a read-only replica, a server that does not fsync always, bad names", "[server-alone]") {
   const auto ns = fresh_ns("bad");
   const std::string port = first_line(dir() + "/port");
   auto code = [](auto&& f) -> std::error_code {
@@ -241,7 +241,7 @@ TEST_CASE("bad input on Redis: a wrong password, no server, not a Redis server, 
   script("stop", replica);
 }
 
-TEST_CASE("a write whose reply was held back is outcome_unknown, and its connection is ended so that it never lands") {
+TEST_CASE("a write whose reply was held back is outcome_unknown, and its connection is ended so that it never lands", "[server-alone]") {
   // CLIENT PAUSE WRITE holds every write (and a script that may write) back
   // while reads go on: the store's create times out waiting for its reply.
   // The store's next command ends that connection first (CLIENT KILL ID and
@@ -358,7 +358,7 @@ void lock_chaos(int workers, int cycles, int kills, int crashes) {
 
 }  // namespace
 
-TEST_CASE("lease_mutex on Redis: 6 processes x 200 locked increments, 6 SIGKILLs and the server SIGKILLed and restarted once: no overlap, tokens only grow") {
+TEST_CASE("lease_mutex on Redis: 6 processes x 200 locked increments, 6 SIGKILLs and the server SIGKILLed and restarted once: no overlap, tokens only grow", "[server-alone]") {
   if (dibs_test::no_fork_with_threads) {
     WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
     return;
@@ -366,15 +366,18 @@ TEST_CASE("lease_mutex on Redis: 6 processes x 200 locked increments, 6 SIGKILLs
   lock_chaos(6, 200, 6, 1);
 }
 
-TEST_CASE("lease_mutex on Redis: 6 processes x 2,000 locked increments, 20 SIGKILLs and the server SIGKILLed and restarted 3 times: no overlap, tokens only grow", "[chaos]") {
+TEST_CASE("lease_mutex on Redis: 6 processes x 600 locked increments, 20 SIGKILLs and the server SIGKILLed and restarted 3 times: no overlap, tokens only grow", "[chaos][server-alone]") {
   if (dibs_test::no_fork_with_threads) {
     WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
     return;
   }
-  lock_chaos(6, 2000, 20, 3);
+  // 600 each (2,000 until issue 31): 32 s alone, but 192 s in the clang
+  // preset's run beside the other tests, each increment two fsync'd writes;
+  // the 23 kills and crashes still come a share of the increments apart.
+  lock_chaos(6, 600, 20, 3);
 }
 
-TEST_CASE("exactly once on Redis: 8 workers, 5,000 items, 20 SIGKILLs, the server SIGKILLed and restarted twice", "[chaos]") {
+TEST_CASE("exactly once on Redis: 8 workers, 5,000 items, 20 SIGKILLs, the server SIGKILLed and restarted twice", "[chaos][server-alone]") {
   if (dibs_test::no_fork_with_threads) {
     WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
     return;
@@ -477,7 +480,7 @@ TEST_CASE("claim_next on Redis: 4 workers take 600 offered items without knowing
                                            600, 4, 1500ms);
 }
 
-TEST_CASE("worker_pool on Redis: 6 pool processes take 3,000 items while the server is SIGKILLed and restarted and 10 workers are SIGKILLed, each completed once", "[chaos]") {
+TEST_CASE("worker_pool on Redis: 6 pool processes take 3,000 items while the server is SIGKILLed and restarted and 10 workers are SIGKILLed, each completed once", "[chaos][server-alone]") {
   if (dibs_test::no_fork_with_threads) {
     WARN("SKIPPED under a sanitizer that cannot fork while threads run (TSan, ASan)");
     return;
