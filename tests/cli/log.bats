@@ -43,7 +43,7 @@ teardown() {
   # log reads until its input ends, which nothing ends before the kill.
   stdin_jobs=()
   for j in 9 10; do
-    (for ((i = 1; ; i++)); do line "$j" "$i"; printf '%s\n' "$l" || break; sleep 0.002; done) |
+    (for ((i = 1; ; i++)); do line "$j" "$i"; printf '%s\n' "$l" || break; nap 0.002; done) |
       dibs log out.log 2> "stdin_err.$j" &
     stdin_jobs+=($!)
   done
