@@ -498,11 +498,11 @@ start)
   if [ "$tls" -eq 1 ]; then make_certs "$home"; fi
   make_oauth2_key "$home"
   for _ in $(seq 1 50); do
-    port=$((20000 + RANDOM % 40000))
+    port=$((20000 + RANDOM % 12000))  # below the ephemeral range (32768 up)
     port_free "$port" || continue
     tls_port=
     if [ "$tls" -eq 1 ]; then
-      tls_port=$((20000 + RANDOM % 40000))
+      tls_port=$((20000 + RANDOM % 12000))  # below the ephemeral range (32768 up)
       if [ "$tls_port" -eq "$port" ] || ! port_free "$tls_port"; then continue; fi
     fi
     write_config "$dir" "$home" "$port" "$tls_port"

@@ -96,7 +96,7 @@ start)
     as_owner "$(bindir)/pg_ctl" -D "$home/data" -m fast -w -t 60 -s stop || true
   fi
   for _ in $(seq 1 50); do
-    port=$((20000 + RANDOM % 40000))
+    port=$((20000 + RANDOM % 12000))  # below the ephemeral range (32768 up)
     port_free "$port" || continue
     if start_server "$home" "$port" 2>"$home/start.err"; then
       echo "$port" >"$dir/port"

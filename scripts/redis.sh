@@ -37,9 +37,12 @@ cli() {  # DIR ARGS...: redis-cli against DIR's server
   REDISCLI_AUTH=$(cat "$d/password") redis-cli -h 127.0.0.1 -p "$(cat "$d/port")" "$@"
 }
 
-wait_ready() {  # DIR
+wait_ready() {  # DIR: 0 once it answers; 2 if it could not listen on its port (taken meanwhile)
   for _ in $(seq 1 300); do
     [ "$(cli "$1" PING 2>/dev/null)" = PONG ] && return 0
+    # It daemonizes before it binds: a port another process took after
+    # port_free looked is only in its log, and the server has ended.
+    if grep -qs 'Failed listening on port' "$1/server.log"; then return 2; fi
     sleep 0.1
   done
   die "server in $1 not ready on port $(cat "$1/port") after 30 s (tail of $1/server.log: $(tail -n 3 "$1/server.log" 2>/dev/null | tr '\n' ' '))"
@@ -98,13 +101,17 @@ start)
   fi
   [ -f "$dir/password" ] || head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/password"
   for _ in $(seq 1 50); do
-    port=$((20000 + RANDOM % 40000))
+    # Below Linux's ephemeral range (32768 up), where no client's socket
+    # takes the port between this look and the server's bind.
+    port=$((20000 + RANDOM % 12000))
     port_free "$port" || continue
     write_conf "$dir" "$port" "$fsync" "$primary"
     echo "$port" >"$dir/port"
     : >"$dir/server.log"
     if start_server "$dir"; then
-      wait_ready "$dir"
+      rc=0
+      wait_ready "$dir" || rc=$?
+      [ "$rc" -eq 2 ] && continue  # taken meanwhile (another test's server): another port
       if [ -n "$primary" ]; then  # a replica: ready once it has its primary's data
         for _ in $(seq 1 300); do
           cli "$dir" INFO replication 2>/dev/null | grep -q '^master_link_status:up' && break
@@ -136,9 +143,13 @@ kill)
 restart)
   [ -f "$dir/redis.conf" ] || die "no server was started in $dir"
   for _ in $(seq 1 100); do
+    # The log of this try alone (wait_ready reads it), the earlier ones kept.
+    cat "$dir/server.log" >>"$dir/server.log.old" 2>/dev/null || true
+    : >"$dir/server.log"
     if start_server "$dir"; then
-      wait_ready "$dir"
-      exit 0
+      rc=0
+      wait_ready "$dir" || rc=$?
+      [ "$rc" -eq 0 ] && exit 0
     fi
     sleep 0.2  # the port still held by the killed server's socket
   done
