@@ -10,7 +10,7 @@ line() {
   if (($2 % 25 == 0)); then l="job $1 line $2 $pad"; else l="job $1 line $2"; fi
 }
 
-# Lines per job: 500 (as the clang preset runs it); the default preset sets
+# Lines per job: 500 (ctest --preset full); the other test presets set
 # DIBS_CLI_LOG_LINES to 250, the sanitizer presets lower
 # (every line is a dibs process, which a sanitizer makes tens of times slower
 # to start; the invariants checked are the same).
