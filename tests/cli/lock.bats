@@ -160,7 +160,8 @@ runs_min=${DIBS_CLI_LOCK_RUNS:-100}
 }
 
 @test "a COMMAND that ends at once leaves the lock free (dibs removes the record even then)" {
-  for i in $(seq 1 20); do
+  # 20 times, fewer where the loops are shorter (8 under the sanitizers).
+  for ((i = 0; i < (runs_min < 20 ? runs_min : 20); i++)); do
     dibs lock x.lock -- true
     run dibs status x.lock
     [ "$output" = "x.lock: free" ]

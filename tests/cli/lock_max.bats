@@ -134,7 +134,7 @@ holders_in() { [ "$(cat got.* 2>/dev/null | wc -l)" -eq "$1" ]; }
   [[ "$output" == *"no semaphore"* ]]
 }
 
-@test "dibs lock --max 2 --store: the semaphore kept in a store, named; two hold, a third is refused (-n), status --semaphore and status STORE list it; 4 shells x 20 runs never 3 inside" {
+@test "dibs lock --max 2 --store: the semaphore kept in a store, named; two hold, a third is refused (-n), status --semaphore and status STORE list it; 4 shells x $runs runs never 3 inside" {
   store="sqlite:$PWD/sem.db"
   hold='echo "$DIBS_PERMIT $DIBS_TOKEN" > got.$$; until [ -e release ]; do sleep 0.05; done'
   dibs lock --max 2 --store "$store" exports -- sh -c "$hold" &
@@ -166,12 +166,12 @@ holders_in() { [ "$(cat got.* 2>/dev/null | wc -l)" -eq "$1" ]; }
   crit_files
   pids=()
   for l in 1 2 3 4; do
-    (for i in $(seq 1 20); do dibs lock --max 2 -w 60s --store "$store" exports -- sh -c "$crit"; done) &
+    (for ((i = 0; i < runs; i++)); do dibs lock --max 2 -w 60s --store "$store" exports -- sh -c "$crit"; done) &
     pids+=($!)
   done
   wait "${pids[@]}"
   [ ! -s overlaps ] || { cat overlaps >&2; false; }
-  [ "$(wc -l < inside)" -eq 80 ]
+  [ "$(wc -l < inside)" -eq $((4 * runs)) ]
   [ "$(sort -n inside | tail -1)" -le 2 ]
   for p in 0 1; do
     [ -s journal.$p ]
