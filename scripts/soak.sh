@@ -49,7 +49,10 @@ fi
 
 scripts/install-deps.sh --preset "$preset"
 build=build/$preset
-if [ ! -f "$build/CTestTestfile.cmake" ]; then cmake --preset "$preset"; fi
+# Configured every time, not only when the build directory is new: a
+# preset whose cache variables changed (an optimisation level) is soaked as
+# the preset now says, not as it was first built.
+cmake --preset "$preset" > /dev/null
 cmake --build --preset "$preset"
 
 load_pids=()
